@@ -1,0 +1,201 @@
+//! The error type. Every variant that involves a file names it.
+
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::name::{InvalidInput, SessionId};
+use crate::record::DecodeError;
+
+/// A failure of a lease operation. Contention is not an error: see [`Grant::Held`](crate::Grant).
+///
+/// Messages are lower-case, name the file involved, and the cause is available via
+/// [`std::error::Error::source`].
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// An I/O step failed on `path`.
+    ///
+    /// Remedy: check the file system (space, permissions, mount) and retry; the operation left
+    /// the lease state as it was.
+    Io {
+        /// What was being done (`"open"`, `"read"`, `"write"`, `"fsync"`, `"rename"`, ...).
+        op: &'static str,
+        /// The file or directory involved.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// The record file is corrupt. Nothing was written and no lock was kept.
+    ///
+    /// Remedy: inspect the file; an operator must repair or remove it. It is never silently
+    /// treated as free, since that would reset the fencing token.
+    Corrupt {
+        /// The record file.
+        path: PathBuf,
+        /// Why it is corrupt.
+        source: DecodeError,
+    },
+    /// A path inside the lease directory is a symbolic link, which is never followed.
+    ///
+    /// Remedy: remove the link; the lease directory should be writable by its users only.
+    Symlink {
+        /// The link.
+        path: PathBuf,
+    },
+    /// A path inside the lease directory is not a regular file (a directory, FIFO, socket, ...).
+    NotAFile {
+        /// The path.
+        path: PathBuf,
+    },
+    /// The lease directory is writable by every user, so anyone could replace its files.
+    ///
+    /// Remedy: `chmod o-w` the directory, or use a private one.
+    WorldWritable {
+        /// The directory.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// The lease path exists but is not a directory.
+    NotADirectory {
+        /// The path.
+        path: PathBuf,
+    },
+    /// The lease directory is on a network file system, where `flock(2)` is not reliable.
+    ///
+    /// Remedy: use a local directory, or opt in with
+    /// [`FlockLeaseBuilder::allow_network_filesystem`](crate::FlockLeaseBuilder::allow_network_filesystem)
+    /// if every process runs on the same host and the file system's locks are known to work.
+    NetworkFilesystem {
+        /// The directory.
+        path: PathBuf,
+        /// The file-system name (`"nfs"`, `"cifs"`, ...).
+        fs: &'static str,
+    },
+    /// The stable transition lock could not be taken before the deadline: another transition on
+    /// this id is stuck (its process may be stopped).
+    Timeout {
+        /// The lock file.
+        path: PathBuf,
+        /// How long this call waited.
+        waited: Duration,
+    },
+    /// The liveness lock of the generation about to be granted is already held by someone:
+    /// the record was moved back (restored from a backup, edited) under a live holder.
+    ///
+    /// Remedy: restore the record with a token at least as high as every `.live` file's.
+    LiveLockBusy {
+        /// The liveness file.
+        path: PathBuf,
+    },
+    /// A takeover is due but the token is already `u64::MAX`; tokens never wrap.
+    TokenExhausted {
+        /// The session id.
+        id: SessionId,
+    },
+    /// `now + ttl` lies past the year 9999: the clock or the TTL is unusable.
+    ExpiryOutOfRange {
+        /// The session id.
+        id: SessionId,
+    },
+    /// An argument was refused.
+    InvalidInput(InvalidInput),
+}
+
+impl Error {
+    /// The file or directory involved, if any.
+    pub fn path(&self) -> Option<&Path> {
+        match self {
+            Error::Io { path, .. }
+            | Error::Corrupt { path, .. }
+            | Error::Symlink { path }
+            | Error::NotAFile { path }
+            | Error::WorldWritable { path, .. }
+            | Error::NotADirectory { path }
+            | Error::NetworkFilesystem { path, .. }
+            | Error::Timeout { path, .. }
+            | Error::LiveLockBusy { path } => Some(path),
+            Error::TokenExhausted { .. } | Error::ExpiryOutOfRange { .. } | Error::InvalidInput(_) => {
+                None
+            }
+        }
+    }
+
+    /// The underlying I/O error kind, for [`Error::Io`].
+    pub fn io_kind(&self) -> Option<io::ErrorKind> {
+        match self {
+            Error::Io { source, .. } => Some(source.kind()),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn io(op: &'static str, path: &Path, source: io::Error) -> Error {
+        Error::Io {
+            op,
+            path: path.to_owned(),
+            source,
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Io { op, path, source } => write!(f, "{op} {}: {source}", path.display()),
+            Error::Corrupt { path, source } => {
+                write!(f, "corrupt lease record {}: {source}", path.display())
+            }
+            Error::Symlink { path } => {
+                write!(f, "refusing to follow symbolic link {}", path.display())
+            }
+            Error::NotAFile { path } => write!(f, "{} is not a regular file", path.display()),
+            Error::WorldWritable { path, mode } => write!(
+                f,
+                "lease directory {} is world-writable (mode {mode:o}); remove o+w",
+                path.display()
+            ),
+            Error::NotADirectory { path } => write!(f, "{} is not a directory", path.display()),
+            Error::NetworkFilesystem { path, fs } => write!(
+                f,
+                "lease directory {} is on a network file system ({fs}) where flock is unreliable",
+                path.display()
+            ),
+            Error::Timeout { path, waited } => write!(
+                f,
+                "timed out after {waited:?} waiting for transition lock {}",
+                path.display()
+            ),
+            Error::LiveLockBusy { path } => write!(
+                f,
+                "liveness lock {} of a new generation is already held; was the record restored?",
+                path.display()
+            ),
+            Error::TokenExhausted { id } => {
+                write!(f, "fencing token of session {id:?} is exhausted (u64::MAX)")
+            }
+            Error::ExpiryOutOfRange { id } => {
+                write!(f, "expiry of session {id:?} would lie past the year 9999")
+            }
+            Error::InvalidInput(e) => write!(f, "invalid input: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Io { source, .. } => Some(source),
+            Error::Corrupt { source, .. } => Some(source),
+            Error::InvalidInput(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<InvalidInput> for Error {
+    fn from(e: InvalidInput) -> Error {
+        Error::InvalidInput(e)
+    }
+}

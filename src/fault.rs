@@ -1,0 +1,129 @@
+//! The I/O seam of [`FlockLease`](crate::FlockLease): every file-system step it takes is named
+//! by a [`FaultPoint`], and a test build (feature `fault-injection`) can make any one of them
+//! fail through [`FlockLeaseBuilder::faults`](crate::FlockLeaseBuilder).
+
+use std::fmt;
+use std::path::Path;
+#[cfg(feature = "fault-injection")]
+use std::{io, sync::Arc};
+
+use crate::error::Error;
+
+/// One file-system step of a transition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum FaultPoint {
+    /// Opening (creating) `<stem>.lock`.
+    OpenStable,
+    /// Locking `<stem>.lock`.
+    LockStable,
+    /// Checking the locked `<stem>.lock` is still the file at its path.
+    StatStable,
+    /// Opening the record for reading.
+    OpenRecord,
+    /// Reading the record.
+    ReadRecord,
+    /// Opening a generation's liveness file to probe it.
+    OpenProbe,
+    /// Probing a generation's liveness lock.
+    LockProbe,
+    /// Creating a new generation's liveness file.
+    OpenLive,
+    /// Locking a new generation's liveness file.
+    LockLive,
+    /// Checking the local generation's liveness file is still in place.
+    StatLive,
+    /// Creating the temporary record file.
+    CreateTemp,
+    /// Writing the temporary record file.
+    WriteTemp,
+    /// Fsyncing the temporary record file.
+    SyncTemp,
+    /// Renaming the temporary file over the record.
+    Rename,
+    /// Fsyncing the directory after the rename.
+    SyncDir,
+    /// Deleting an obsolete liveness file.
+    Unlink,
+}
+
+impl FaultPoint {
+    /// Every fault point, in the order a transition may reach them.
+    pub const ALL: [FaultPoint; 16] = [
+        FaultPoint::OpenStable,
+        FaultPoint::LockStable,
+        FaultPoint::StatStable,
+        FaultPoint::OpenRecord,
+        FaultPoint::ReadRecord,
+        FaultPoint::OpenProbe,
+        FaultPoint::LockProbe,
+        FaultPoint::OpenLive,
+        FaultPoint::LockLive,
+        FaultPoint::StatLive,
+        FaultPoint::CreateTemp,
+        FaultPoint::WriteTemp,
+        FaultPoint::SyncTemp,
+        FaultPoint::Rename,
+        FaultPoint::SyncDir,
+        FaultPoint::Unlink,
+    ];
+}
+
+/// A fault hook: called before each step; returning an error makes that step fail with it.
+#[cfg(feature = "fault-injection")]
+pub type FaultHook = Arc<dyn Fn(FaultPoint, &Path) -> Option<io::Error> + Send + Sync>;
+
+/// The hook as the adapter keeps it (nothing at all without the feature).
+#[derive(Clone, Default)]
+pub(crate) struct Faults {
+    #[cfg(feature = "fault-injection")]
+    hook: Option<FaultHook>,
+}
+
+impl Faults {
+    #[cfg(feature = "fault-injection")]
+    pub(crate) fn new(hook: FaultHook) -> Faults {
+        Faults { hook: Some(hook) }
+    }
+
+    /// Fails with the injected error if the hook asks for one at `point`.
+    #[inline]
+    pub(crate) fn check(&self, point: FaultPoint, path: &Path) -> Result<(), Error> {
+        #[cfg(feature = "fault-injection")]
+        if let Some(e) = self.hook.as_ref().and_then(|h| h(point, path)) {
+            return Err(Error::io(point.op(), path, e));
+        }
+        let _ = (point, path);
+        Ok(())
+    }
+}
+
+impl FaultPoint {
+    #[cfg(feature = "fault-injection")]
+    fn op(self) -> &'static str {
+        match self {
+            FaultPoint::OpenStable
+            | FaultPoint::OpenRecord
+            | FaultPoint::OpenProbe
+            | FaultPoint::OpenLive
+            | FaultPoint::CreateTemp => "open",
+            FaultPoint::LockStable | FaultPoint::LockProbe | FaultPoint::LockLive => "lock",
+            FaultPoint::StatStable | FaultPoint::StatLive => "stat",
+            FaultPoint::ReadRecord => "read",
+            FaultPoint::WriteTemp => "write",
+            FaultPoint::SyncTemp | FaultPoint::SyncDir => "fsync",
+            FaultPoint::Rename => "rename",
+            FaultPoint::Unlink => "unlink",
+        }
+    }
+}
+
+impl fmt::Debug for Faults {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        #[cfg(feature = "fault-injection")]
+        let on = self.hook.is_some();
+        #[cfg(not(feature = "fault-injection"))]
+        let on = false;
+        f.debug_struct("Faults").field("injecting", &on).finish()
+    }
+}

@@ -1,0 +1,624 @@
+//! [`FlockLease`]: the real adapter over a lease directory, with `flock(2)` locks.
+//!
+//! Per session id, with `<stem>` its [safe name](crate::stem):
+//!
+//! | file | role |
+//! | --- | --- |
+//! | `<stem>.lock` | stable transition lock, held only during one acquire/renew/release |
+//! | `<stem>.<token>.live` | liveness lock of one generation, held by its process for its whole life |
+//! | `<stem>.lease.json` | the record, replaced atomically through `<stem>.lease.json.tmp` |
+//!
+//! This module only does file work; every decision comes from [`machine`](crate::machine)
+//! through [`driver::run`](crate::driver::run).
+
+use std::collections::HashMap;
+use std::fs::{self, DirBuilder, File, OpenOptions, TryLockError};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::clock::{Clock, SystemClock};
+use crate::driver::{self, Transaction};
+use crate::error::Error;
+use crate::fault::{FaultPoint, Faults};
+use crate::lease::{DEFAULT_TTL, Grant, Lease, SessionLease};
+use crate::machine::{Event, Liveness, Local, Outcome};
+use crate::name::{Owner, SessionId};
+use crate::record::{self, MAX_RECORD_BYTES, Record};
+
+/// The default bound on waiting for an id's transition lock: 5 seconds.
+pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// When the record is forced to stable storage.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Durability {
+    /// Fsync the temporary record before the rename, and the directory after a rename that
+    /// changes the owner or the token: a token handed out survives power loss, and the record is
+    /// never left empty. The default.
+    #[default]
+    Full,
+    /// No fsync. Survives process crashes, not power loss; for tmpfs, tests and benchmarks.
+    NoSync,
+}
+
+/// Lease manager over a lease directory shared by cooperating processes on one host.
+///
+/// Each instance is one "lease-manager instance": it keeps the liveness locks of the
+/// generations it granted until they are released or lost. Dropping it (or the process dying)
+/// drops those locks, and other processes may then take the leases over at once.
+///
+/// `FlockLease` is `Send + Sync`: calls on one id are serialized within the instance, calls on
+/// different ids never wait for each other.
+///
+/// # Examples
+///
+/// ```
+/// use flocklease::{FlockLease, Grant, Owner, SessionId, SessionLease};
+///
+/// let dir = tempfile::tempdir().unwrap();
+/// let leases = FlockLease::open(dir.path()).unwrap();
+/// let id = SessionId::new("billing-run").unwrap();
+/// let me = Owner::new("worker-1").unwrap();
+///
+/// let Grant::Granted(lease) = leases.acquire(&id, &me).unwrap() else {
+///     panic!("someone else holds it");
+/// };
+/// assert_eq!(lease.token, 1);
+/// let lease = leases.renew(&lease).unwrap().lease().expect("still ours");
+/// leases.release(&lease).unwrap();
+/// ```
+#[derive(Debug)]
+pub struct FlockLease {
+    dir: PathBuf,
+    dir_file: File,
+    ttl: Duration,
+    clock: Arc<dyn Clock>,
+    lock_timeout: Duration,
+    durability: Durability,
+    slots: Mutex<HashMap<String, Arc<Mutex<Slot>>>>,
+    faults: Faults,
+}
+
+/// Options for [`FlockLease`]; start from [`FlockLease::builder`].
+#[derive(Debug)]
+#[must_use]
+pub struct FlockLeaseBuilder {
+    dir: PathBuf,
+    ttl: Duration,
+    clock: Arc<dyn Clock>,
+    lock_timeout: Duration,
+    durability: Durability,
+    allow_network_fs: bool,
+    faults: Faults,
+}
+
+impl FlockLease {
+    /// Opens (creating it with mode 0700 if needed) the lease directory `dir` with the default
+    /// options: TTL 30 s, system clock, [`Durability::Full`], a 5 s bound on lock waits.
+    ///
+    /// # Errors
+    ///
+    /// See [`FlockLeaseBuilder::open`].
+    pub fn open(dir: impl AsRef<Path>) -> Result<FlockLease, Error> {
+        FlockLease::builder(dir).open()
+    }
+
+    /// A builder for a lease directory `dir`.
+    pub fn builder(dir: impl AsRef<Path>) -> FlockLeaseBuilder {
+        FlockLeaseBuilder {
+            dir: dir.as_ref().to_owned(),
+            ttl: DEFAULT_TTL,
+            clock: Arc::new(SystemClock),
+            lock_timeout: DEFAULT_LOCK_TIMEOUT,
+            durability: Durability::Full,
+            allow_network_fs: false,
+            faults: Faults::default(),
+        }
+    }
+
+    /// The lease directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The lease time-to-live.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    fn transition(&self, id: &SessionId, event: Event) -> Result<Outcome, Error> {
+        let stem = id.stem();
+        let slot = self.slot(&stem);
+        // In-process serialization of one id; each holder is bounded by its lock timeout.
+        let mut slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
+        let paths = Paths::new(&self.dir, stem);
+        let lock = self.lock_stable(&paths.lock)?;
+        let mut tx = FlockTx {
+            lease: self,
+            paths: &paths,
+            slot: &mut slot,
+        };
+        let outcome = driver::run(&mut tx, id, self.clock.now(), self.ttl, event);
+        drop(lock);
+        outcome
+    }
+
+    fn slot(&self, stem: &str) -> Arc<Mutex<Slot>> {
+        let mut slots = lock_map(&self.slots);
+        Arc::clone(slots.entry(stem.to_owned()).or_default())
+    }
+
+    /// Takes `<stem>.lock`, waiting at most the lock timeout, and checks that the locked file is
+    /// still the one at that path (an operator or a tmp cleaner may have replaced it).
+    fn lock_stable(&self, path: &Path) -> Result<File, Error> {
+        let start = Instant::now();
+        let mut pause = Duration::from_micros(50);
+        loop {
+            let file = self.open_file(path, Access::LockCreate)?;
+            loop {
+                self.faults.check(FaultPoint::LockStable, path)?;
+                match file.try_lock() {
+                    Ok(()) => break,
+                    Err(TryLockError::WouldBlock) => {}
+                    Err(TryLockError::Error(e)) => return Err(Error::io("lock", path, e)),
+                }
+                let waited = start.elapsed();
+                if waited >= self.lock_timeout {
+                    return Err(Error::Timeout {
+                        path: path.to_owned(),
+                        waited,
+                    });
+                }
+                thread::sleep(pause.min(self.lock_timeout - waited));
+                pause = (pause * 2).min(Duration::from_millis(5));
+            }
+            self.faults.check(FaultPoint::StatStable, path)?;
+            let held = file.metadata().map_err(|e| Error::io("stat", path, e))?;
+            if !held.is_file() {
+                return Err(Error::NotAFile {
+                    path: path.to_owned(),
+                });
+            }
+            match fs::symlink_metadata(path) {
+                Ok(now) if now.dev() == held.dev() && now.ino() == held.ino() => return Ok(file),
+                // Replaced or removed while we waited: lock whatever is there now.
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io("stat", path, e)),
+            }
+            if start.elapsed() >= self.lock_timeout {
+                return Err(Error::Timeout {
+                    path: path.to_owned(),
+                    waited: start.elapsed(),
+                });
+            }
+        }
+    }
+
+    /// Opens a file in the lease directory without following symbolic links or blocking on
+    /// special files. New files get mode 0600; every descriptor is close-on-exec.
+    fn open_file(&self, path: &Path, access: Access) -> Result<File, Error> {
+        self.faults.check(access.fault_point(), path)?;
+        let mut opts = OpenOptions::new();
+        match access {
+            Access::LockCreate | Access::LiveCreate => {
+                opts.read(true).write(true).create(true);
+            }
+            Access::Probe | Access::Read => {
+                opts.read(true);
+            }
+            Access::Temp => {
+                opts.write(true).create(true).truncate(true);
+            }
+        }
+        opts.mode(0o600)
+            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK);
+        opts.open(path).map_err(|e| open_error(path, e))
+    }
+}
+
+impl FlockLeaseBuilder {
+    /// The lease time-to-live; zero means the default (30 s).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = if ttl.is_zero() { DEFAULT_TTL } else { ttl };
+        self
+    }
+
+    /// The clock expiry is computed with (default: [`SystemClock`]).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// How long one call may wait for an id's transition lock before [`Error::Timeout`].
+    pub fn lock_timeout(mut self, timeout: Duration) -> Self {
+        self.lock_timeout = timeout;
+        self
+    }
+
+    /// When to fsync (default [`Durability::Full`]).
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    /// Accepts a lease directory on a network file system (NFS, SMB/CIFS, Ceph, 9p, ...),
+    /// which is refused by default because `flock(2)` is not reliable there. Only for a
+    /// directory used by processes of one host whose file system honours `flock`.
+    pub fn allow_network_filesystem(mut self, allow: bool) -> Self {
+        self.allow_network_fs = allow;
+        self
+    }
+
+    /// Makes chosen I/O steps fail, for tests. See [`fault`](crate::fault).
+    #[cfg(feature = "fault-injection")]
+    pub fn faults(mut self, faults: crate::fault::FaultHook) -> Self {
+        self.faults = Faults::new(faults);
+        self
+    }
+
+    /// Opens the lease directory, creating it (mode 0700, parents as needed) if missing.
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::NotADirectory`] when the path is something else;
+    /// - [`Error::WorldWritable`] when any user may write to it;
+    /// - [`Error::NetworkFilesystem`] when it is on a network file system and that was not
+    ///   allowed;
+    /// - [`Error::Io`] when it cannot be created, inspected or opened.
+    pub fn open(self) -> Result<FlockLease, Error> {
+        let dir = self.dir;
+        match DirBuilder::new().recursive(true).mode(0o700).create(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(Error::io("create directory", &dir, e)),
+        }
+        let meta = fs::metadata(&dir).map_err(|e| Error::io("stat", &dir, e))?;
+        if !meta.is_dir() {
+            return Err(Error::NotADirectory { path: dir });
+        }
+        let mode = meta.permissions().mode() & 0o7777;
+        if mode & 0o002 != 0 {
+            return Err(Error::WorldWritable { path: dir, mode });
+        }
+        if !self.allow_network_fs {
+            let st = nix::sys::statfs::statfs(&dir)
+                .map_err(|e| Error::io("statfs", &dir, io::Error::from(e)))?;
+            if let Some(fs) = network_fs_name(st.filesystem_type().0 as i64) {
+                return Err(Error::NetworkFilesystem { path: dir, fs });
+            }
+        }
+        let dir_file = File::open(&dir).map_err(|e| Error::io("open", &dir, e))?;
+        Ok(FlockLease {
+            dir,
+            dir_file,
+            ttl: self.ttl,
+            clock: self.clock,
+            lock_timeout: self.lock_timeout,
+            durability: self.durability,
+            slots: Mutex::new(HashMap::new()),
+            faults: self.faults,
+        })
+    }
+}
+
+impl SessionLease for FlockLease {
+    fn acquire(&self, id: &SessionId, owner: &Owner) -> Result<Grant, Error> {
+        let event = Event::Acquire {
+            owner: owner.clone(),
+        };
+        Ok(driver::grant(self.transition(id, event)?, id, owner))
+    }
+
+    fn renew(&self, lease: &Lease) -> Result<Grant, Error> {
+        let event = Event::Renew {
+            owner: lease.owner.clone(),
+            token: lease.token,
+        };
+        let outcome = self.transition(&lease.session_id, event)?;
+        Ok(driver::grant(outcome, &lease.session_id, &lease.owner))
+    }
+
+    fn release(&self, lease: &Lease) -> Result<(), Error> {
+        let event = Event::Release {
+            owner: lease.owner.clone(),
+            token: lease.token,
+        };
+        self.transition(&lease.session_id, event).map(drop)
+    }
+}
+
+/// What this instance holds for one id.
+#[derive(Debug, Default)]
+struct Slot {
+    local: Option<LocalGen>,
+}
+
+/// A generation this instance holds: the locked liveness file stays open for its whole life.
+#[derive(Debug)]
+struct LocalGen {
+    local: Local,
+    file: File,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Access {
+    LockCreate,
+    LiveCreate,
+    Probe,
+    Read,
+    Temp,
+}
+
+impl Access {
+    fn fault_point(self) -> FaultPoint {
+        match self {
+            Access::LockCreate => FaultPoint::OpenStable,
+            Access::LiveCreate => FaultPoint::OpenLive,
+            Access::Probe => FaultPoint::OpenProbe,
+            Access::Read => FaultPoint::OpenRecord,
+            Access::Temp => FaultPoint::CreateTemp,
+        }
+    }
+}
+
+struct Paths {
+    stem: String,
+    lock: PathBuf,
+    record: PathBuf,
+    temp: PathBuf,
+    dir: PathBuf,
+}
+
+impl Paths {
+    fn new(dir: &Path, stem: String) -> Paths {
+        Paths {
+            lock: dir.join(format!("{stem}.lock")),
+            record: dir.join(format!("{stem}.lease.json")),
+            temp: dir.join(format!("{stem}.lease.json.tmp")),
+            dir: dir.to_owned(),
+            stem,
+        }
+    }
+
+    fn live(&self, token: u64) -> PathBuf {
+        self.dir.join(format!("{}.{token}.live", self.stem))
+    }
+}
+
+struct FlockTx<'a> {
+    lease: &'a FlockLease,
+    paths: &'a Paths,
+    slot: &'a mut Slot,
+}
+
+impl FlockTx<'_> {
+    fn durable(&self) -> bool {
+        self.lease.durability == Durability::Full
+    }
+
+    fn write_temp(&self, record: &Record) -> Result<(), Error> {
+        let path = &self.paths.temp;
+        let mut tmp = self.lease.open_file(path, Access::Temp)?;
+        self.lease.faults.check(FaultPoint::WriteTemp, path)?;
+        tmp.write_all(&record::encode(record))
+            .map_err(|e| Error::io("write", path, e))?;
+        if self.durable() {
+            self.lease.faults.check(FaultPoint::SyncTemp, path)?;
+            tmp.sync_data().map_err(|e| Error::io("fsync", path, e))?;
+        }
+        Ok(())
+    }
+}
+
+impl Transaction for FlockTx<'_> {
+    type Pending = File;
+
+    fn read(&mut self) -> Result<Option<Record>, Error> {
+        let path = &self.paths.record;
+        let file = match self.lease.open_file(path, Access::Read) {
+            Ok(f) => f,
+            Err(e) if e.io_kind() == Some(io::ErrorKind::NotFound) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        self.lease.faults.check(FaultPoint::ReadRecord, path)?;
+        let mut buf = Vec::with_capacity(256);
+        file.take(MAX_RECORD_BYTES as u64 + 1)
+            .read_to_end(&mut buf)
+            .map_err(|e| match e.raw_os_error() {
+                Some(nix::libc::EISDIR) => Error::NotAFile { path: path.clone() },
+                _ => Error::io("read", path, e),
+            })?;
+        record::decode(&buf)
+            .map(Some)
+            .map_err(|source| Error::Corrupt {
+                path: path.clone(),
+                source,
+            })
+    }
+
+    fn local(&self) -> Option<Local> {
+        self.slot.local.as_ref().map(|g| g.local.clone())
+    }
+
+    fn probe(&mut self, token: u64) -> Result<Liveness, Error> {
+        let path = self.paths.live(token);
+        let file = match self.lease.open_file(&path, Access::Probe) {
+            Ok(f) => f,
+            Err(e) if e.io_kind() == Some(io::ErrorKind::NotFound) => return Ok(Liveness::Missing),
+            Err(e) => return Err(e),
+        };
+        self.lease.faults.check(FaultPoint::LockProbe, &path)?;
+        match file.try_lock() {
+            // Closing the probe's descriptor releases the lock again.
+            Ok(()) => Ok(Liveness::Dead),
+            Err(TryLockError::WouldBlock) => Ok(Liveness::Live),
+            Err(TryLockError::Error(e)) => Err(Error::io("lock", &path, e)),
+        }
+    }
+
+    fn lock_live(&mut self, token: u64) -> Result<File, Error> {
+        let path = self.paths.live(token);
+        let file = self.lease.open_file(&path, Access::LiveCreate)?;
+        self.lease.faults.check(FaultPoint::LockLive, &path)?;
+        match file.try_lock() {
+            Ok(()) => Ok(file),
+            Err(TryLockError::WouldBlock) => Err(Error::LiveLockBusy { path }),
+            Err(TryLockError::Error(e)) => Err(Error::io("lock", &path, e)),
+        }
+    }
+
+    fn ensure_live(&mut self, token: u64) -> Result<(), Error> {
+        let path = self.paths.live(token);
+        let Some(generation) = self.slot.local.as_mut() else {
+            return Ok(());
+        };
+        self.lease.faults.check(FaultPoint::StatLive, &path)?;
+        let held = generation
+            .file
+            .metadata()
+            .map_err(|e| Error::io("stat", &path, e))?;
+        match fs::symlink_metadata(&path) {
+            Ok(m) if m.dev() == held.dev() && m.ino() == held.ino() => return Ok(()),
+            Ok(_) => {
+                // Something else stands at our path: it is not ours to keep.
+                fs::remove_file(&path).map_err(|e| Error::io("unlink", &path, e))?;
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io("stat", &path, e)),
+        }
+        // Restore: a fresh file at the path, locked, replaces the orphaned descriptor.
+        let file = self.lease.open_file(&path, Access::LiveCreate)?;
+        match file.try_lock() {
+            Ok(()) => {
+                generation.file = file;
+                Ok(())
+            }
+            Err(TryLockError::WouldBlock) => Err(Error::LiveLockBusy { path }),
+            Err(TryLockError::Error(e)) => Err(Error::io("lock", &path, e)),
+        }
+    }
+
+    fn commit(&mut self, record: &Record, sync_dir: bool) -> Result<(), Error> {
+        if let Err(e) = self.write_temp(record) {
+            let _ = fs::remove_file(&self.paths.temp);
+            return Err(e);
+        }
+        let (from, to) = (&self.paths.temp, &self.paths.record);
+        let renamed = self
+            .lease
+            .faults
+            .check(FaultPoint::Rename, to)
+            .and_then(|()| fs::rename(from, to).map_err(|e| Error::io("rename", to, e)));
+        if let Err(e) = renamed {
+            let _ = fs::remove_file(from);
+            return Err(e);
+        }
+        if sync_dir && self.durable() {
+            // Until the directory is synced the new owner or token may not survive power loss:
+            // report a failure here, so the caller does not use a token that could be reissued.
+            // The driver then drops the new generation's lock; the record names a dead
+            // generation that the next acquire replaces at once with a greater token.
+            let dir = &self.lease.dir;
+            self.lease.faults.check(FaultPoint::SyncDir, dir)?;
+            self.lease
+                .dir_file
+                .sync_all()
+                .map_err(|e| Error::io("fsync", dir, e))?;
+        }
+        Ok(())
+    }
+
+    fn close_local(&mut self, token: u64) {
+        if self.slot.local.as_ref().is_some_and(|g| g.local.token == token) {
+            // Closing the descriptor releases the liveness lock.
+            self.slot.local = None;
+        }
+    }
+
+    fn delete_live(&mut self, token: u64) {
+        let path = self.paths.live(token);
+        if self.lease.faults.check(FaultPoint::Unlink, &path).is_ok() {
+            let _ = fs::remove_file(path);
+        }
+    }
+
+    fn sweep(&mut self, below: u64) {
+        let Ok(entries) = fs::read_dir(&self.paths.dir) else {
+            return;
+        };
+        let prefix = format!("{}.", self.paths.stem);
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(&prefix)) else {
+                continue;
+            };
+            let stale = rest == "lease.json.tmp"
+                || rest
+                    .strip_suffix(".live")
+                    .and_then(|t| t.parse::<u64>().ok())
+                    .is_some_and(|t| t < below);
+            if stale {
+                let _ = fs::remove_file(entry.path());
+            }
+        }
+    }
+
+    fn adopt(&mut self, file: File, local: Local) {
+        self.slot.local = Some(LocalGen { local, file });
+    }
+}
+
+fn open_error(path: &Path, e: io::Error) -> Error {
+    match e.raw_os_error() {
+        Some(nix::libc::ELOOP) => Error::Symlink {
+            path: path.to_owned(),
+        },
+        Some(nix::libc::EISDIR | nix::libc::ENXIO) => Error::NotAFile {
+            path: path.to_owned(),
+        },
+        _ => Error::io("open", path, e),
+    }
+}
+
+fn lock_map<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The map only caches slots; a panic elsewhere cannot leave it inconsistent.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The name of a network or cluster file system by its `statfs` magic, if it is one.
+fn network_fs_name(magic: i64) -> Option<&'static str> {
+    Some(match magic {
+        0x6969 => "nfs",
+        0x517b => "smb",
+        0xff53_4d42 => "cifs",
+        0xfe53_4d42 => "smb2",
+        0x5346_414f => "afs",
+        0x7375_7245 => "coda",
+        0x564c => "ncp",
+        0x00c3_6400 => "ceph",
+        0x0102_1997 => "9p",
+        0x0bd0_0bd0 => "lustre",
+        0x0116_1970 => "gfs2",
+        0x7461_636f => "ocfs2",
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn network_magics_are_recognised() {
+        assert_eq!(network_fs_name(0x6969), Some("nfs"));
+        assert_eq!(network_fs_name(0xff53_4d42), Some("cifs"));
+        // tmpfs and ext4 are local.
+        assert_eq!(network_fs_name(0x0102_1994), None);
+        assert_eq!(network_fs_name(0xef53), None);
+    }
+}

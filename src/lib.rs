@@ -1,0 +1,90 @@
+//! Single-host session leases with a monotone fencing token, kept in a lease directory with
+//! `flock(2)` locks and an atomic JSON record.
+//!
+//! A *session lease* gives one owner the exclusive right to drive one session id for a limited
+//! time. [`SessionLease::acquire`] returns a [`Lease`] `{ session_id, owner, token, expiry }`, or
+//! [`Grant::Held`] when another live owner holds it; [`SessionLease::renew`] extends it with
+//! the same token; [`SessionLease::release`] gives it up.
+//!
+//! ```text
+//!            acquire (free / released / expired / holder crashed)   token := token + 1
+//!   free ───────────────────────────────────────────────────────────────▶ held by A
+//!    ▲                                                                   │   │ renew: same token,
+//!    │ release: tombstone {owner: "", same token}                        │   │ expiry := now + ttl
+//!    └───────────────────────────────────────────────────────────────────┘ ◀─┘
+//!                 held by A ── A crashes or its expiry passes ──▶ B may take over (token + 1)
+//! ```
+//!
+//! # Guarantees
+//!
+//! - **Fencing.** The token of an id strictly increases with every takeover, never changes on
+//!   renew and never goes back, across release, process restart and (with
+//!   [`Durability::Full`]) power loss.
+//! - **Crash takeover at once.** Each generation keeps its own liveness `flock`, which the
+//!   kernel drops when the holding process dies: another process acquires immediately, without
+//!   waiting for the expiry.
+//! - **Expiry.** An expired lease can always be taken over, even if its holder still runs.
+//! - **Stale calls are harmless.** A release or renew of a superseded generation never changes
+//!   the record or unlocks a successor.
+//! - **Suspension.** A holder suspended past its TTL can still renew if nobody took over.
+//! - **Failures are errors, contention is data.** [`Grant::Held`] is never a failure; every
+//!   [`Error`] names the file involved; a corrupt record is an error, never "free".
+//!
+//! # Non-guarantees
+//!
+//! - Leases are **advisory** and **single-host**: they coordinate cooperating processes that
+//!   share one lease directory on one machine. Network file systems are refused by default.
+//! - Expiry is wall-clock time: a clock stepped forward can expire a lease early. Use the
+//!   token, not the expiry, to fence the protected resource.
+//! - A holder is not told when its lease expires; it learns on its next renew.
+//! - Deleting the record by hand resets the token; the crate never deletes it.
+//!
+//! # Architecture
+//!
+//! One pure transition function, [`machine::step`], decides every transition. The real adapter
+//! [`FlockLease`], the in-memory adapter [`MemLease`] and the model checker interpret its
+//! decisions through one interpreter, [`driver::run`].
+//!
+//! # Examples
+//!
+//! ```
+//! use flocklease::{FlockLease, Grant, Owner, SessionId, SessionLease};
+//!
+//! # fn main() -> Result<(), flocklease::Error> {
+//! let dir = tempfile::tempdir().unwrap();
+//! let leases = FlockLease::open(dir.path())?;
+//! let id = SessionId::new("nightly-report")?;
+//!
+//! match leases.acquire(&id, &Owner::new("host-a/pid-42")?)? {
+//!     Grant::Granted(lease) => {
+//!         // Fence writes to the protected resource with `lease.token`.
+//!         println!("leased with token {} until {}", lease.token, lease.expiry);
+//!         leases.release(&lease)?;
+//!     }
+//!     Grant::Held => println!("somebody else is running it"),
+//! }
+//! # Ok(())
+//! # }
+//! ```
+
+pub mod clock;
+pub mod conformance;
+pub mod driver;
+pub mod error;
+pub mod fault;
+pub mod flock;
+pub mod lease;
+pub mod machine;
+pub mod memory;
+pub mod name;
+pub mod record;
+pub mod timestamp;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use error::Error;
+pub use flock::{DEFAULT_LOCK_TIMEOUT, Durability, FlockLease, FlockLeaseBuilder};
+pub use lease::{DEFAULT_TTL, Grant, Lease, SessionLease};
+pub use memory::{MemLease, MemStore};
+pub use name::{InvalidInput, Owner, SessionId, stem};
+pub use record::Record;
+pub use timestamp::Timestamp;

@@ -1,0 +1,693 @@
+//! The pure transition function: every acquire, renew and release decision lives here.
+//!
+//! [`step`] maps (record as read, liveness of the recorded generation, what this instance holds
+//! locally, now, TTL, event) to a [`Plan`]: the preparation to do, the record to commit, the
+//! cleanup to do after the commit, and the [`Outcome`] to report. It never touches the file
+//! system, a clock or a thread, so the flock adapter, the in-memory adapter and the model
+//! checker interpret the very same decisions.
+//!
+//! # How an adapter interprets a plan
+//!
+//! Under the id's stable lock, with the record freshly read:
+//!
+//! 1. Call [`step`]. If it answers [`Decision::Probe`], probe the liveness lock of that token
+//!    (without creating its file), set [`Input::liveness`] and call [`step`] again.
+//! 2. Run [`Plan::prepare`] in order. If a step fails, undo the preparation done so far (close
+//!    any generation locked by [`Prepare::LockLive`]), report the error and change nothing else.
+//! 3. If [`Plan::commit`] is set, replace the record atomically. On failure, undo the
+//!    preparation and report the error: the old record stands, the local state is unchanged.
+//! 4. Run [`Plan::cleanup`] in order. The record is committed (or nothing was to be
+//!    committed), so a cleanup failure is never reported; what it leaves behind is swept later.
+//! 5. Report [`Plan::outcome`].
+//!
+//! After a successful commit, the generation locked by [`Prepare::LockLive`] is the one this
+//! instance holds for the id.
+
+use std::time::Duration;
+
+use crate::name::Owner;
+use crate::record::Record;
+use crate::timestamp::Timestamp;
+
+/// What one transition starts from.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Input {
+    /// The record as read under the stable lock (`None`: no record file). A corrupt record
+    /// never reaches the machine: the adapter reports it as an error.
+    pub record: Option<Record>,
+    /// Liveness of the recorded generation's lock, once probed (see [`Decision::Probe`]).
+    pub liveness: Option<Liveness>,
+    /// The generation this instance holds locally for this id, if any.
+    pub local: Option<Local>,
+    /// The current wall-clock time.
+    pub now: Timestamp,
+    /// The lease time-to-live.
+    pub ttl: Duration,
+    /// What the caller asked for.
+    pub event: Event,
+}
+
+/// A generation whose liveness lock this instance keeps open.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Local {
+    /// The generation's token.
+    pub token: u64,
+    /// The owner it was granted to.
+    pub owner: Owner,
+}
+
+/// A caller's request.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Event {
+    /// Acquire the lease for `owner`.
+    Acquire {
+        /// Who asks.
+        owner: Owner,
+    },
+    /// Renew the lease `(owner, token)`.
+    Renew {
+        /// The lease's owner.
+        owner: Owner,
+        /// The lease's token.
+        token: u64,
+    },
+    /// Release the lease `(owner, token)`.
+    Release {
+        /// The lease's owner.
+        owner: Owner,
+        /// The lease's token.
+        token: u64,
+    },
+}
+
+/// The state of a generation's liveness lock, as a non-creating, non-blocking probe sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Liveness {
+    /// Another open file description holds the lock: its process runs.
+    Live,
+    /// The file exists and the lock was free: its holder died (or closed it).
+    Dead,
+    /// The file does not exist. Not proof of death (an operator may have deleted it), so the
+    /// decision falls back to the record's expiry.
+    Missing,
+}
+
+/// The machine's answer for one input.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[must_use]
+pub enum Decision {
+    /// The decision depends on the liveness of generation `token`: probe it and step again
+    /// with [`Input::liveness`] set.
+    Probe {
+        /// The recorded generation's token.
+        token: u64,
+    },
+    /// The work to do.
+    Plan(Plan),
+}
+
+/// The work one transition does, in order: prepare, commit, clean up; then report.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[must_use]
+pub struct Plan {
+    /// Steps that must succeed before the commit; a failure aborts the transition.
+    pub prepare: Vec<Prepare>,
+    /// The record to write atomically, if any.
+    pub commit: Option<Record>,
+    /// Whether the commit changes the owner or the token, so the directory must be synced
+    /// after the rename for the change to survive power loss (a renew's new expiry need not).
+    pub sync_dir: bool,
+    /// Steps after the commit; their failures are not reported.
+    pub cleanup: Vec<Cleanup>,
+    /// What to report once the commit (if any) succeeded.
+    pub outcome: Outcome,
+}
+
+/// A step before the commit.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Prepare {
+    /// Create (if needed) and lock the liveness file of generation `token` without blocking.
+    /// On commit it becomes this instance's local generation for `owner`.
+    LockLive {
+        /// The new generation's token.
+        token: u64,
+        /// Its owner.
+        owner: Owner,
+    },
+    /// Make sure the liveness file of the locally held generation `token` is still the file
+    /// this instance has locked; restore it if it was deleted.
+    EnsureLive {
+        /// The local generation's token.
+        token: u64,
+    },
+}
+
+/// A step after the commit.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Cleanup {
+    /// Close this instance's liveness lock of generation `token` and forget it.
+    CloseLocal {
+        /// The generation's token.
+        token: u64,
+    },
+    /// Delete the liveness file of generation `token`.
+    DeleteLive {
+        /// The generation's token.
+        token: u64,
+    },
+    /// Delete the liveness files of every generation below `below` and any leftover
+    /// temporary record file: the previous holder did not leave cleanly.
+    Sweep {
+        /// The new generation's token.
+        below: u64,
+    },
+}
+
+/// The result reported to the caller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// The lease is granted (acquire) or extended (renew).
+    Granted {
+        /// The generation's fencing token.
+        token: u64,
+        /// Its new expiry.
+        expiry: Timestamp,
+    },
+    /// Another live holder has it (acquire), or it is lost (renew).
+    Held,
+    /// Released, or nothing to release.
+    Released,
+}
+
+/// A transition that cannot be made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StepError {
+    /// A takeover is due but the token is already `u64::MAX`; tokens never wrap.
+    TokenExhausted,
+    /// `now + ttl` lies past [`Timestamp::MAX`].
+    ExpiryOutOfRange,
+}
+
+/// Decides one transition. Pure: same input, same answer.
+///
+/// # Errors
+///
+/// [`StepError`] when the transition cannot be made at all; nothing is to be done then.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use flocklease::machine::{step, Decision, Event, Input, Outcome};
+/// use flocklease::{Owner, Timestamp};
+///
+/// let input = Input {
+///     record: None,
+///     liveness: None,
+///     local: None,
+///     now: Timestamp::from_unix_secs(1_700_000_000).unwrap(),
+///     ttl: Duration::from_secs(30),
+///     event: Event::Acquire { owner: Owner::new("a").unwrap() },
+/// };
+/// let Decision::Plan(plan) = step(&input).unwrap() else { unreachable!() };
+/// assert!(matches!(plan.outcome, Outcome::Granted { token: 1, .. }));
+/// assert_eq!(plan.commit.unwrap().token, 1);
+/// ```
+pub fn step(input: &Input) -> Result<Decision, StepError> {
+    match &input.event {
+        Event::Acquire { owner } => acquire(input, owner),
+        Event::Renew { owner, token } => Ok(Decision::Plan(renew(input, owner, *token)?)),
+        Event::Release { owner, token } => Ok(Decision::Plan(release(input, owner, *token))),
+    }
+}
+
+fn acquire(input: &Input, owner: &Owner) -> Result<Decision, StepError> {
+    let rec = match &input.record {
+        Some(rec) if !rec.is_tombstone() => rec,
+        // Free: never granted, or released.
+        _ => {
+            let old = input.record.as_ref().map_or(0, |r| r.token);
+            return takeover(input, owner, old, false).map(Decision::Plan);
+        }
+    };
+    if rec.is_expired(input.now) {
+        return takeover(input, owner, rec.token, true).map(Decision::Plan);
+    }
+    let held_here = input.local.as_ref().is_some_and(|l| l.token == rec.token);
+    if held_here {
+        if rec.owner == owner.as_str() {
+            // Refresh: same generation, fresh expiry.
+            let expiry = expiry(input)?;
+            return Ok(Decision::Plan(Plan {
+                prepare: vec![Prepare::EnsureLive { token: rec.token }],
+                commit: Some(Record {
+                    owner: rec.owner.clone(),
+                    token: rec.token,
+                    expiry,
+                }),
+                sync_dir: false,
+                cleanup: vec![],
+                outcome: Outcome::Granted {
+                    token: rec.token,
+                    expiry,
+                },
+            }));
+        }
+        // This instance holds it for another owner: as good as a live foreign holder.
+        return Ok(Decision::Plan(held(vec![])));
+    }
+    match input.liveness {
+        None => Ok(Decision::Probe { token: rec.token }),
+        Some(Liveness::Dead) => takeover(input, owner, rec.token, true).map(Decision::Plan),
+        // Live, or unknown and unexpired: the holder keeps it.
+        Some(Liveness::Live | Liveness::Missing) => {
+            Ok(Decision::Plan(held(close_stale_local(input))))
+        }
+    }
+}
+
+fn renew(input: &Input, owner: &Owner, token: u64) -> Result<Plan, StepError> {
+    if !holds(input, owner, token) {
+        // Never acquired here, or an earlier call already declared it lost.
+        return Ok(held(vec![]));
+    }
+    if !names(input, owner, token) {
+        // A genuine competitor took over: definitive loss.
+        return Ok(held(vec![Cleanup::CloseLocal { token }]));
+    }
+    // Still ours, expired or not: on one host nobody took over in the meantime.
+    let expiry = expiry(input)?;
+    Ok(Plan {
+        prepare: vec![Prepare::EnsureLive { token }],
+        commit: Some(Record {
+            owner: owner.as_str().to_owned(),
+            token,
+            expiry,
+        }),
+        sync_dir: false,
+        cleanup: vec![],
+        outcome: Outcome::Granted { token, expiry },
+    })
+}
+
+fn release(input: &Input, owner: &Owner, token: u64) -> Plan {
+    let released = |cleanup| Plan {
+        prepare: vec![],
+        commit: None,
+        sync_dir: false,
+        cleanup,
+        outcome: Outcome::Released,
+    };
+    if !holds(input, owner, token) {
+        // Stale or foreign: touch nothing.
+        return released(vec![]);
+    }
+    if !names(input, owner, token) {
+        // Superseded: only our own lock goes.
+        return released(vec![Cleanup::CloseLocal { token }]);
+    }
+    Plan {
+        prepare: vec![],
+        commit: Some(Record {
+            owner: String::new(),
+            token,
+            expiry: input.now,
+        }),
+        sync_dir: true,
+        cleanup: vec![Cleanup::DeleteLive { token }, Cleanup::CloseLocal { token }],
+        outcome: Outcome::Released,
+    }
+}
+
+/// A new generation `old + 1` for `owner`. The new liveness lock is taken before the commit;
+/// the previous local generation is closed only after it, so a failed commit loses nothing.
+fn takeover(input: &Input, owner: &Owner, old: u64, unclean: bool) -> Result<Plan, StepError> {
+    let token = old.checked_add(1).ok_or(StepError::TokenExhausted)?;
+    let expiry = expiry(input)?;
+    let mut cleanup: Vec<Cleanup> = input
+        .local
+        .iter()
+        .map(|l| Cleanup::CloseLocal { token: l.token })
+        .collect();
+    if unclean {
+        // The previous holder crashed or overran its TTL: its liveness file (and maybe
+        // leftovers of earlier crashes) is garbage now.
+        cleanup.push(Cleanup::Sweep { below: token });
+    }
+    Ok(Plan {
+        prepare: vec![Prepare::LockLive {
+            token,
+            owner: owner.clone(),
+        }],
+        commit: Some(Record {
+            owner: owner.as_str().to_owned(),
+            token,
+            expiry,
+        }),
+        sync_dir: true,
+        cleanup,
+        outcome: Outcome::Granted { token, expiry },
+    })
+}
+
+fn held(cleanup: Vec<Cleanup>) -> Plan {
+    Plan {
+        prepare: vec![],
+        commit: None,
+        sync_dir: false,
+        cleanup,
+        outcome: Outcome::Held,
+    }
+}
+
+/// A local generation that is no longer the recorded one is dead weight: close it.
+fn close_stale_local(input: &Input) -> Vec<Cleanup> {
+    let current = input.record.as_ref().map(|r| r.token);
+    input
+        .local
+        .iter()
+        .filter(|l| Some(l.token) != current)
+        .map(|l| Cleanup::CloseLocal { token: l.token })
+        .collect()
+}
+
+/// Whether this instance holds generation `token` for `owner`.
+fn holds(input: &Input, owner: &Owner, token: u64) -> bool {
+    input
+        .local
+        .as_ref()
+        .is_some_and(|l| l.token == token && l.owner == *owner)
+}
+
+/// Whether the record names generation `(owner, token)`.
+fn names(input: &Input, owner: &Owner, token: u64) -> bool {
+    input
+        .record
+        .as_ref()
+        .is_some_and(|r| r.token == token && r.owner == owner.as_str())
+}
+
+fn expiry(input: &Input) -> Result<Timestamp, StepError> {
+    input
+        .now
+        .checked_add(input.ttl)
+        .ok_or(StepError::ExpiryOutOfRange)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TTL: Duration = Duration::from_secs(30);
+
+    fn t(secs: i64) -> Timestamp {
+        Timestamp::from_unix_secs(1_700_000_000 + secs).unwrap()
+    }
+    fn o(s: &str) -> Owner {
+        Owner::new(s).unwrap()
+    }
+    fn rec(owner: &str, token: u64, expiry: i64) -> Option<Record> {
+        Some(Record {
+            owner: owner.into(),
+            token,
+            expiry: t(expiry),
+        })
+    }
+    fn local(owner: &str, token: u64) -> Option<Local> {
+        Some(Local {
+            token,
+            owner: o(owner),
+        })
+    }
+    fn input(record: Option<Record>, local: Option<Local>, now: i64, event: Event) -> Input {
+        Input {
+            record,
+            liveness: None,
+            local,
+            now: t(now),
+            ttl: TTL,
+            event,
+        }
+    }
+    fn acq(owner: &str) -> Event {
+        Event::Acquire { owner: o(owner) }
+    }
+    fn renew_ev(owner: &str, token: u64) -> Event {
+        Event::Renew {
+            owner: o(owner),
+            token,
+        }
+    }
+    fn rel(owner: &str, token: u64) -> Event {
+        Event::Release {
+            owner: o(owner),
+            token,
+        }
+    }
+    fn plan(i: &Input) -> Plan {
+        match step(i).unwrap() {
+            Decision::Plan(p) => p,
+            d => panic!("expected a plan, got {d:?}"),
+        }
+    }
+    fn granted(token: u64, now: i64) -> Outcome {
+        Outcome::Granted {
+            token,
+            expiry: t(now + 30),
+        }
+    }
+    fn takeover_plan(owner: &str, token: u64, now: i64, cleanup: Vec<Cleanup>) -> Plan {
+        Plan {
+            prepare: vec![Prepare::LockLive {
+                token,
+                owner: o(owner),
+            }],
+            commit: rec(owner, token, now + 30),
+            sync_dir: true,
+            cleanup,
+            outcome: granted(token, now),
+        }
+    }
+
+    // SPEC 3.1, row 1: absent or tombstone -> takeover with old + 1.
+    #[test]
+    fn acquire_absent_grants_token_one() {
+        let p = plan(&input(None, None, 0, acq("a")));
+        assert_eq!(p, takeover_plan("a", 1, 0, vec![]));
+    }
+
+    #[test]
+    fn acquire_tombstone_grants_next_token_even_if_unexpired() {
+        let p = plan(&input(rec("", 4, 100), None, 0, acq("b")));
+        assert_eq!(p, takeover_plan("b", 5, 0, vec![]));
+    }
+
+    // Row 2: owner = caller, unexpired, held locally -> refresh, same token.
+    #[test]
+    fn acquire_refreshes_own_local_generation() {
+        let p = plan(&input(rec("a", 3, 10), local("a", 3), 5, acq("a")));
+        assert_eq!(
+            p,
+            Plan {
+                prepare: vec![Prepare::EnsureLive { token: 3 }],
+                commit: rec("a", 3, 35),
+                sync_dir: false,
+                cleanup: vec![],
+                outcome: granted(3, 5),
+            }
+        );
+    }
+
+    #[test]
+    fn acquire_by_other_owner_of_a_local_generation_is_held_without_probe() {
+        let p = plan(&input(rec("a", 3, 10), local("a", 3), 5, acq("b")));
+        assert_eq!(p, held(vec![]));
+    }
+
+    // Row 3: unexpired, not held locally -> probe; live -> held; dead -> takeover.
+    #[test]
+    fn acquire_unexpired_foreign_needs_a_probe() {
+        let i = input(rec("a", 3, 10), None, 5, acq("b"));
+        assert_eq!(step(&i), Ok(Decision::Probe { token: 3 }));
+        // Same owner string in another instance counts as foreign.
+        let i = input(rec("a", 3, 10), None, 5, acq("a"));
+        assert_eq!(step(&i), Ok(Decision::Probe { token: 3 }));
+    }
+
+    #[test]
+    fn acquire_live_holder_is_held() {
+        let mut i = input(rec("a", 3, 10), None, 5, acq("b"));
+        i.liveness = Some(Liveness::Live);
+        assert_eq!(plan(&i), held(vec![]));
+    }
+
+    #[test]
+    fn acquire_dead_holder_is_taken_over_at_once() {
+        let mut i = input(rec("a", 3, 10), None, 5, acq("b"));
+        i.liveness = Some(Liveness::Dead);
+        assert_eq!(
+            plan(&i),
+            takeover_plan("b", 4, 5, vec![Cleanup::Sweep { below: 4 }])
+        );
+    }
+
+    #[test]
+    fn acquire_missing_liveness_file_falls_back_to_expiry() {
+        let mut i = input(rec("a", 3, 10), None, 5, acq("b"));
+        i.liveness = Some(Liveness::Missing);
+        assert_eq!(plan(&i), held(vec![]));
+        // Once expired, no probe is needed at all.
+        let i = input(rec("a", 3, 10), None, 10, acq("b"));
+        assert_eq!(
+            plan(&i),
+            takeover_plan("b", 4, 10, vec![Cleanup::Sweep { below: 4 }])
+        );
+    }
+
+    #[test]
+    fn acquire_held_closes_a_stale_local_generation() {
+        let mut i = input(rec("b", 4, 10), local("a", 3), 5, acq("a"));
+        i.liveness = Some(Liveness::Live);
+        assert_eq!(plan(&i), held(vec![Cleanup::CloseLocal { token: 3 }]));
+    }
+
+    // Row 4: expired -> takeover even if the old holder runs; boundary is expired.
+    #[test]
+    fn acquire_expired_is_taken_over_at_the_boundary() {
+        let i = input(rec("a", 3, 10), None, 10, acq("b"));
+        assert_eq!(step(&i), Ok(Decision::Plan(takeover_plan("b", 4, 10, vec![Cleanup::Sweep { below: 4 }]))));
+        let mut before = input(rec("a", 3, 10), None, 9, acq("b"));
+        assert_eq!(step(&before), Ok(Decision::Probe { token: 3 }));
+        before.liveness = Some(Liveness::Live);
+        assert_eq!(plan(&before).outcome, Outcome::Held);
+    }
+
+    #[test]
+    fn acquire_expired_own_local_generation_closes_it_after_commit() {
+        let p = plan(&input(rec("a", 3, 10), local("a", 3), 40, acq("a")));
+        assert_eq!(
+            p,
+            takeover_plan(
+                "a",
+                4,
+                40,
+                vec![Cleanup::CloseLocal { token: 3 }, Cleanup::Sweep { below: 4 }]
+            )
+        );
+    }
+
+    // Row 5: token exhausted.
+    #[test]
+    fn acquire_never_wraps_the_token() {
+        for r in [rec("", u64::MAX, 0), rec("a", u64::MAX, 0)] {
+            let i = input(r, None, 10, acq("b"));
+            assert_eq!(step(&i), Err(StepError::TokenExhausted));
+        }
+        let mut i = input(rec("a", u64::MAX, 100), None, 10, acq("b"));
+        i.liveness = Some(Liveness::Dead);
+        assert_eq!(step(&i), Err(StepError::TokenExhausted));
+        // Renew of the last token still works: it does not raise the token.
+        let i = input(rec("a", u64::MAX, 100), local("a", u64::MAX), 10, renew_ev("a", u64::MAX));
+        assert_eq!(plan(&i).outcome, granted(u64::MAX, 10));
+    }
+
+    #[test]
+    fn expiry_past_the_representable_range_is_an_error() {
+        let mut i = input(None, None, 0, acq("a"));
+        i.now = Timestamp::MAX;
+        assert_eq!(step(&i), Err(StepError::ExpiryOutOfRange));
+    }
+
+    // SPEC 3.2.
+    #[test]
+    fn renew_not_held_locally_is_held() {
+        let i = input(rec("a", 3, 10), None, 5, renew_ev("a", 3));
+        assert_eq!(plan(&i), held(vec![]));
+        // A copy with another token or owner than the local generation.
+        let i = input(rec("a", 3, 10), local("a", 3), 5, renew_ev("a", 2));
+        assert_eq!(plan(&i), held(vec![]));
+        let i = input(rec("a", 3, 10), local("a", 3), 5, renew_ev("b", 3));
+        assert_eq!(plan(&i), held(vec![]));
+    }
+
+    #[test]
+    fn renew_after_takeover_is_definitive_loss() {
+        for r in [rec("b", 4, 40), rec("", 3, 20), None, rec("b", 3, 40)] {
+            let i = input(r, local("a", 3), 35, renew_ev("a", 3));
+            assert_eq!(plan(&i), held(vec![Cleanup::CloseLocal { token: 3 }]));
+        }
+    }
+
+    #[test]
+    fn renew_extends_with_the_same_token_even_after_expiry() {
+        for now in [5, 10, 1000] {
+            let i = input(rec("a", 3, 10), local("a", 3), now, renew_ev("a", 3));
+            assert_eq!(
+                plan(&i),
+                Plan {
+                    prepare: vec![Prepare::EnsureLive { token: 3 }],
+                    commit: rec("a", 3, now + 30),
+                    sync_dir: false,
+                    cleanup: vec![],
+                    outcome: granted(3, now),
+                }
+            );
+        }
+    }
+
+    // SPEC 3.3.
+    #[test]
+    fn release_stale_or_foreign_touches_nothing() {
+        let released = Plan {
+            prepare: vec![],
+            commit: None,
+            sync_dir: false,
+            cleanup: vec![],
+            outcome: Outcome::Released,
+        };
+        // Never acquired here.
+        assert_eq!(plan(&input(rec("a", 3, 10), None, 5, rel("a", 3))), released);
+        // Held here under another owner or token.
+        assert_eq!(plan(&input(rec("a", 3, 10), local("a", 3), 5, rel("b", 3))), released);
+        assert_eq!(plan(&input(rec("a", 3, 10), local("a", 3), 5, rel("a", 2))), released);
+    }
+
+    #[test]
+    fn release_of_a_superseded_generation_only_closes_its_lock() {
+        let p = plan(&input(rec("b", 4, 40), local("a", 3), 35, rel("a", 3)));
+        assert_eq!(
+            p,
+            Plan {
+                prepare: vec![],
+                commit: None,
+                sync_dir: false,
+                cleanup: vec![Cleanup::CloseLocal { token: 3 }],
+                outcome: Outcome::Released,
+            }
+        );
+    }
+
+    #[test]
+    fn release_writes_a_tombstone_with_the_same_token() {
+        for now in [5, 50] {
+            let p = plan(&input(rec("a", 3, 10), local("a", 3), now, rel("a", 3)));
+            assert_eq!(
+                p,
+                Plan {
+                    prepare: vec![],
+                    commit: rec("", 3, now),
+                    sync_dir: true,
+                    cleanup: vec![Cleanup::DeleteLive { token: 3 }, Cleanup::CloseLocal { token: 3 }],
+                    outcome: Outcome::Released,
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn step_is_deterministic() {
+        let i = input(rec("a", 3, 10), local("a", 3), 5, acq("a"));
+        assert_eq!(step(&i), step(&i.clone()));
+    }
+}

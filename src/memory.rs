@@ -1,0 +1,249 @@
+//! [`MemLease`]: the in-process reference adapter, with an injected clock.
+//!
+//! Several `MemLease` instances over one [`MemStore`] behave like several processes over one
+//! lease directory: the store keeps the records and which instance holds which generation's
+//! liveness lock; dropping an instance is a crash (its locks vanish, its files stay).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use crate::clock::Clock;
+use crate::driver::{self, Transaction};
+use crate::error::Error;
+use crate::lease::{DEFAULT_TTL, Grant, Lease, SessionLease};
+use crate::machine::{Event, Liveness, Local};
+use crate::name::{Owner, SessionId};
+use crate::record::Record;
+
+/// The shared state of a set of [`MemLease`] instances: the "directory". Clones share it.
+#[derive(Clone, Debug, Default)]
+pub struct MemStore {
+    inner: Arc<Mutex<StoreState>>,
+    next_instance: Arc<AtomicU64>,
+}
+
+#[derive(Debug, Default)]
+struct StoreState {
+    records: HashMap<SessionId, Record>,
+    /// Liveness files: (id, token) -> the instance holding its lock, if any.
+    live: HashMap<(SessionId, u64), Option<u64>>,
+    /// Per instance, the generation it holds for each id.
+    local: HashMap<u64, HashMap<SessionId, Local>>,
+}
+
+impl MemStore {
+    /// An empty store.
+    pub fn new() -> MemStore {
+        MemStore::default()
+    }
+
+    /// The record of `id`, as a reader of the directory would see it.
+    pub fn record(&self, id: &SessionId) -> Option<Record> {
+        self.lock().records.get(id).cloned()
+    }
+
+    /// Replaces the record of `id` directly (an operator's edit); for tests.
+    pub fn set_record(&self, id: &SessionId, record: Record) {
+        self.lock().records.insert(id.clone(), record);
+    }
+
+    /// How many liveness files exist for `id` (locked or not).
+    pub fn live_files(&self, id: &SessionId) -> usize {
+        self.lock().live.keys().filter(|(i, _)| i == id).count()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, StoreState> {
+        // A panic in another instance cannot leave the maps half-updated in a way that matters
+        // more than losing the store, so carry on with the data.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// An in-process lease manager instance over a [`MemStore`], driving the same machine as
+/// [`FlockLease`](crate::FlockLease). Its time comes from an injected [`Clock`].
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use flocklease::{Grant, ManualClock, MemLease, MemStore, Owner, SessionId, SessionLease, Timestamp};
+///
+/// let clock = ManualClock::new(Timestamp::from_unix_secs(1_700_000_000).unwrap());
+/// let store = MemStore::new();
+/// let a = MemLease::new(store.clone(), Arc::new(clock.clone()), Duration::from_secs(30));
+/// let b = MemLease::new(store, Arc::new(clock.clone()), Duration::from_secs(30));
+/// let id = SessionId::new("job").unwrap();
+///
+/// let lease = a.acquire(&id, &Owner::new("a").unwrap()).unwrap().lease().unwrap();
+/// assert!(b.acquire(&id, &Owner::new("b").unwrap()).unwrap().is_held());
+/// drop(a); // a crash: its liveness lock vanishes
+/// let taken = b.acquire(&id, &Owner::new("b").unwrap()).unwrap().lease().unwrap();
+/// assert!(taken.token > lease.token);
+/// ```
+#[derive(Debug)]
+pub struct MemLease {
+    store: MemStore,
+    instance: u64,
+    clock: Arc<dyn Clock>,
+    ttl: Duration,
+}
+
+impl MemLease {
+    /// A new instance over `store`. A zero `ttl` means [`DEFAULT_TTL`].
+    pub fn new(store: MemStore, clock: Arc<dyn Clock>, ttl: Duration) -> MemLease {
+        let instance = store.next_instance.fetch_add(1, Ordering::Relaxed);
+        MemLease {
+            store,
+            instance,
+            clock,
+            ttl: if ttl.is_zero() { DEFAULT_TTL } else { ttl },
+        }
+    }
+
+    fn transition(&self, id: &SessionId, event: Event) -> Result<crate::machine::Outcome, Error> {
+        let mut state = self.store.lock();
+        let mut tx = MemTx {
+            state: &mut state,
+            instance: self.instance,
+            id,
+        };
+        driver::run(&mut tx, id, self.clock.now(), self.ttl, event)
+    }
+}
+
+impl SessionLease for MemLease {
+    fn acquire(&self, id: &SessionId, owner: &Owner) -> Result<Grant, Error> {
+        let event = Event::Acquire {
+            owner: owner.clone(),
+        };
+        Ok(driver::grant(self.transition(id, event)?, id, owner))
+    }
+
+    fn renew(&self, lease: &Lease) -> Result<Grant, Error> {
+        let event = Event::Renew {
+            owner: lease.owner.clone(),
+            token: lease.token,
+        };
+        let outcome = self.transition(&lease.session_id, event)?;
+        Ok(driver::grant(outcome, &lease.session_id, &lease.owner))
+    }
+
+    fn release(&self, lease: &Lease) -> Result<(), Error> {
+        let event = Event::Release {
+            owner: lease.owner.clone(),
+            token: lease.token,
+        };
+        self.transition(&lease.session_id, event).map(drop)
+    }
+}
+
+impl Drop for MemLease {
+    /// A crash, as the kernel sees it: every liveness lock of this instance is dropped; the
+    /// files and records stay.
+    fn drop(&mut self) {
+        let mut state = self.store.lock();
+        for holder in state.live.values_mut() {
+            if *holder == Some(self.instance) {
+                *holder = None;
+            }
+        }
+        state.local.remove(&self.instance);
+    }
+}
+
+struct MemTx<'a> {
+    state: &'a mut StoreState,
+    instance: u64,
+    id: &'a SessionId,
+}
+
+impl MemTx<'_> {
+    fn key(&self, token: u64) -> (SessionId, u64) {
+        (self.id.clone(), token)
+    }
+}
+
+impl Transaction for MemTx<'_> {
+    type Pending = u64;
+
+    fn read(&mut self) -> Result<Option<Record>, Error> {
+        Ok(self.state.records.get(self.id).cloned())
+    }
+
+    fn local(&self) -> Option<Local> {
+        self.state
+            .local
+            .get(&self.instance)
+            .and_then(|m| m.get(self.id))
+            .cloned()
+    }
+
+    fn probe(&mut self, token: u64) -> Result<Liveness, Error> {
+        Ok(match self.state.live.get(&self.key(token)) {
+            None => Liveness::Missing,
+            Some(Some(_)) => Liveness::Live,
+            Some(None) => Liveness::Dead,
+        })
+    }
+
+    fn lock_live(&mut self, token: u64) -> Result<u64, Error> {
+        let key = self.key(token);
+        let slot = self.state.live.entry(key).or_insert(None);
+        if slot.is_some() {
+            // Only possible when the record was moved back under a live holder.
+            return Err(Error::LiveLockBusy {
+                path: format!("<memory>/{}.{token}.live", self.id.stem()).into(),
+            });
+        }
+        *slot = Some(self.instance);
+        Ok(token)
+    }
+
+    fn ensure_live(&mut self, token: u64) -> Result<(), Error> {
+        let key = self.key(token);
+        self.state.live.insert(key, Some(self.instance));
+        Ok(())
+    }
+
+    fn commit(&mut self, record: &Record, _sync_dir: bool) -> Result<(), Error> {
+        self.state.records.insert(self.id.clone(), record.clone());
+        Ok(())
+    }
+
+    fn close_local(&mut self, token: u64) {
+        let Some(mine) = self.state.local.get_mut(&self.instance) else {
+            return;
+        };
+        if mine.get(self.id).is_some_and(|l| l.token == token) {
+            mine.remove(self.id);
+            let instance = self.instance;
+            if let Some(holder) = self.state.live.get_mut(&self.key(token)) {
+                if *holder == Some(instance) {
+                    *holder = None;
+                }
+            }
+        }
+    }
+
+    fn delete_live(&mut self, token: u64) {
+        let key = self.key(token);
+        self.state.live.remove(&key);
+    }
+
+    fn sweep(&mut self, below: u64) {
+        let id = self.id;
+        self.state.live.retain(|(i, t), _| i != id || *t >= below);
+    }
+
+    fn adopt(&mut self, token: u64, local: Local) {
+        debug_assert_eq!(token, local.token);
+        self.state
+            .local
+            .entry(self.instance)
+            .or_default()
+            .insert(self.id.clone(), local);
+    }
+}

@@ -1,0 +1,267 @@
+//! Session ids, owners and the safe file stem of an id.
+
+use std::fmt;
+
+use sha2::{Digest, Sha256};
+
+/// The longest session id accepted, in bytes.
+pub const MAX_ID_BYTES: usize = 1024;
+/// The longest owner accepted, in bytes.
+pub const MAX_OWNER_BYTES: usize = 1024;
+/// The number of characters of an id kept readable in its stem.
+const PREFIX_CHARS: usize = 40;
+
+/// A validated session id: 1 to [`MAX_ID_BYTES`] bytes, no control characters.
+///
+/// Any such string is allowed; the file names derived from it ([`stem`]) are always safe, so
+/// ids like `a/b` or `../etc/passwd` cannot reach outside the lease directory.
+///
+/// # Examples
+///
+/// ```
+/// use flocklease::SessionId;
+///
+/// let id = SessionId::new("orders/eu-1").unwrap();
+/// assert_eq!(id.stem(), "orders_eu-1-9e6170a68a528904");
+/// assert!(SessionId::new("").is_err());
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SessionId(String);
+
+impl SessionId {
+    /// Validates `id`.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidInput`] when `id` is empty, longer than [`MAX_ID_BYTES`] or contains a control
+    /// character (NUL included).
+    pub fn new(id: impl Into<String>) -> Result<SessionId, InvalidInput> {
+        let id = id.into();
+        check("session id", &id, MAX_ID_BYTES)?;
+        Ok(SessionId(id))
+    }
+
+    /// The id as given.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The safe file stem of this id (see [`stem`]).
+    pub fn stem(&self) -> String {
+        stem(self.0.as_bytes())
+    }
+}
+
+impl fmt::Display for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A validated owner: 1 to [`MAX_OWNER_BYTES`] bytes, no control characters.
+///
+/// An owner is never empty: an empty owner in the record means "not held" (a tombstone).
+///
+/// # Examples
+///
+/// ```
+/// use flocklease::Owner;
+///
+/// assert_eq!(Owner::new("worker-7").unwrap().as_str(), "worker-7");
+/// assert!(Owner::new("").is_err());
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Owner(String);
+
+impl Owner {
+    /// Validates `owner`.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidInput`] when `owner` is empty, longer than [`MAX_OWNER_BYTES`] or contains a
+    /// control character.
+    pub fn new(owner: impl Into<String>) -> Result<Owner, InvalidInput> {
+        let owner = owner.into();
+        check("owner", &owner, MAX_OWNER_BYTES)?;
+        Ok(Owner(owner))
+    }
+
+    /// The owner as given.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Why a session id or owner was refused.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum InvalidInput {
+    /// The value is empty.
+    Empty {
+        /// `"owner"` or `"session id"`.
+        what: &'static str,
+    },
+    /// The value is longer than allowed.
+    TooLong {
+        /// `"owner"` or `"session id"`.
+        what: &'static str,
+        /// Its length in bytes.
+        len: usize,
+        /// The limit in bytes.
+        max: usize,
+    },
+    /// The value contains a control character.
+    ControlCharacter {
+        /// `"owner"` or `"session id"`.
+        what: &'static str,
+        /// Byte offset of the first control character.
+        at: usize,
+    },
+}
+
+impl fmt::Display for InvalidInput {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            InvalidInput::Empty { what } => write!(f, "{what} is empty"),
+            InvalidInput::TooLong { what, len, max } => {
+                write!(f, "{what} is {len} bytes long, over the {max}-byte limit")
+            }
+            InvalidInput::ControlCharacter { what, at } => {
+                write!(f, "{what} has a control character at byte {at}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for InvalidInput {}
+
+/// The safe file stem of a session id given as bytes.
+///
+/// `prefix + "-" + hex(first 8 bytes of SHA-256(id))`. The prefix walks the id character by
+/// character (an invalid UTF-8 byte counts as one character) and stops once it holds 40
+/// characters; an ASCII letter, digit, `-` or `_` is kept, anything else becomes one `_`. An
+/// empty prefix becomes `id`. The stem is therefore at most 57 ASCII bytes of `[A-Za-z0-9_-]`,
+/// never `.` or `..`, and identical to the Go package's.
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(flocklease::stem(b"a/b"), "a_b-c14cddc033f64b9d");
+/// assert_eq!(flocklease::stem("héllo wörld".as_bytes()), "h_llo_w_rld-a1003f7d04a41157");
+/// ```
+pub fn stem(id: &[u8]) -> String {
+    let mut out = String::with_capacity(PREFIX_CHARS + 17);
+    let mut chars = 0;
+    for chunk in id.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            if chars == PREFIX_CHARS {
+                break;
+            }
+            out.push(if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            });
+            chars += 1;
+        }
+        // Each byte of an invalid sequence counts as one character.
+        for _ in chunk.invalid() {
+            if chars == PREFIX_CHARS {
+                break;
+            }
+            out.push('_');
+            chars += 1;
+        }
+        if chars == PREFIX_CHARS {
+            break;
+        }
+    }
+    if out.is_empty() {
+        out.push_str("id");
+    }
+    out.push('-');
+    let digest = Sha256::digest(id);
+    for b in &digest[..8] {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
+}
+
+fn check(what: &'static str, s: &str, max: usize) -> Result<(), InvalidInput> {
+    if s.is_empty() {
+        return Err(InvalidInput::Empty { what });
+    }
+    if s.len() > max {
+        return Err(InvalidInput::TooLong {
+            what,
+            len: s.len(),
+            max,
+        });
+    }
+    if let Some((at, _)) = s.char_indices().find(|(_, c)| c.is_control()) {
+        return Err(InvalidInput::ControlCharacter { what, at });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spec_vectors() {
+        assert_eq!(stem(b"conf-lease-fresh"), "conf-lease-fresh-25bfc77ba4eaaad1");
+        assert_eq!(stem(b"a/b"), "a_b-c14cddc033f64b9d");
+        assert_eq!(stem(b"../etc/passwd"), "___etc_passwd-7fef78f53440346c");
+        assert_eq!(
+            stem("héllo wörld".as_bytes()),
+            "h_llo_w_rld-a1003f7d04a41157"
+        );
+        assert_eq!(
+            stem("x".repeat(50).as_bytes()),
+            format!("{}-77cf12060d47183e", "x".repeat(40))
+        );
+    }
+
+    #[test]
+    fn invalid_utf8_bytes_count_one_each_and_empty_prefix_is_id() {
+        let s = stem(b"\xff\xfea");
+        assert!(s.starts_with("__a-"), "{s}");
+        assert!(stem(b"").starts_with("id-"));
+        // A long run of invalid bytes is cut at 40 characters too.
+        let s = stem(&[0xffu8; 100]);
+        assert!(s.starts_with(&format!("{}-", "_".repeat(40))), "{s}");
+        assert_eq!(s.len(), 57);
+    }
+
+    #[test]
+    fn multibyte_characters_count_once() {
+        let id = "é".repeat(45);
+        let s = stem(id.as_bytes());
+        assert!(s.starts_with(&format!("{}-", "_".repeat(40))), "{s}");
+    }
+
+    #[test]
+    fn validation() {
+        assert!(matches!(SessionId::new(""), Err(InvalidInput::Empty { .. })));
+        assert!(matches!(
+            SessionId::new("a\0b"),
+            Err(InvalidInput::ControlCharacter { at: 1, .. })
+        ));
+        assert!(matches!(
+            SessionId::new("x".repeat(10_000)),
+            Err(InvalidInput::TooLong { len: 10_000, .. })
+        ));
+        assert!(SessionId::new("x".repeat(MAX_ID_BYTES)).is_ok());
+        assert!(SessionId::new("../etc/passwd").is_ok());
+        assert!(matches!(Owner::new(""), Err(InvalidInput::Empty { .. })));
+        assert!(Owner::new("x".repeat(MAX_OWNER_BYTES + 1)).is_err());
+        assert!(Owner::new("tab\there").is_err());
+    }
+}

@@ -1,0 +1,290 @@
+//! The lease record `{owner, token, expiry}`: a strict, bounded decoder and a canonical encoder.
+//!
+//! The encoder writes exactly what the Go package writes for a UTC expiry:
+//! `{"owner":"…","token":N,"expiry":"…"}` with Go's `encoding/json` string escaping and
+//! `time.RFC3339Nano`. The decoder accepts what the Go package may write (keys in any order,
+//! unknown keys, any offset) and refuses everything else as corrupt, so a damaged record can
+//! never read as "free, token 0".
+
+use std::fmt;
+
+use serde::Deserialize;
+
+use crate::timestamp::{TimeError, Timestamp};
+
+/// The largest record file accepted, in bytes (64 KiB).
+pub const MAX_RECORD_BYTES: usize = 64 * 1024;
+
+/// The durable state of one session id: who holds it, its fencing token and when it expires.
+///
+/// An empty `owner` is a *tombstone*: the lease is not held, whatever `expiry` says, and
+/// `token` remembers the last generation so the next grant gets a greater one.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Record {
+    /// The holder's owner string; empty for a tombstone.
+    pub owner: String,
+    /// The fencing token of the recorded generation.
+    pub token: u64,
+    /// When the recorded generation expires (`now >= expiry` means expired).
+    pub expiry: Timestamp,
+}
+
+impl Record {
+    /// Whether this record is a tombstone (empty owner: not held).
+    pub fn is_tombstone(&self) -> bool {
+        self.owner.is_empty()
+    }
+
+    /// Whether the recorded generation is expired at `now` (the boundary is expired).
+    pub fn is_expired(&self, now: Timestamp) -> bool {
+        now >= self.expiry
+    }
+}
+
+/// Why record bytes are corrupt.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DecodeError {
+    /// The file is larger than [`MAX_RECORD_BYTES`].
+    TooLarge {
+        /// The size seen (at least the limit plus one).
+        len: usize,
+    },
+    /// The bytes are not a JSON object with the three keys of the right types (a missing key,
+    /// a duplicated key, a negative, fractional, quoted or too large token, `null`, invalid
+    /// UTF-8, trailing bytes, ...). The text is the JSON parser's description.
+    Json(String),
+    /// The `expiry` string is not an acceptable RFC 3339 instant.
+    Expiry(TimeError),
+}
+
+impl fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DecodeError::TooLarge { len } => {
+                write!(f, "record is {len} bytes, over the {MAX_RECORD_BYTES}-byte limit")
+            }
+            DecodeError::Json(msg) => write!(f, "record is not a valid lease object: {msg}"),
+            DecodeError::Expiry(e) => write!(f, "record expiry is invalid: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for DecodeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            DecodeError::Expiry(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// Decodes record bytes strictly. Never panics, whatever the bytes.
+///
+/// # Errors
+///
+/// [`DecodeError`] when the bytes are not a valid record (see [`DecodeError`]'s variants).
+///
+/// # Examples
+///
+/// ```
+/// use flocklease::record;
+///
+/// let r = record::decode(br#"{"expiry":"2026-11-30T05:20:54.123456789+01:00","owner":"a","token":7}"#)
+///     .unwrap();
+/// assert_eq!((r.owner.as_str(), r.token), ("a", 7));
+/// assert_eq!(r.expiry.to_string(), "2026-11-30T04:20:54.123456789Z");
+/// assert!(record::decode(b"null").is_err());
+/// ```
+pub fn decode(bytes: &[u8]) -> Result<Record, DecodeError> {
+    if bytes.len() > MAX_RECORD_BYTES {
+        return Err(DecodeError::TooLarge { len: bytes.len() });
+    }
+    let raw: Raw = serde_json::from_slice(bytes).map_err(|e| DecodeError::Json(e.to_string()))?;
+    let expiry = Timestamp::parse_rfc3339(&raw.expiry).map_err(DecodeError::Expiry)?;
+    Ok(Record {
+        owner: raw.owner,
+        token: raw.token,
+        expiry,
+    })
+}
+
+/// Encodes a record canonically: `{"owner":"…","token":N,"expiry":"…"}`, no whitespace, the
+/// owner escaped as Go's `encoding/json` escapes it, the expiry as Go's `time.RFC3339Nano` in UTC.
+///
+/// # Examples
+///
+/// ```
+/// use flocklease::{record, Record, Timestamp};
+///
+/// let r = Record {
+///     owner: "worker <1>".into(),
+///     token: 3,
+///     expiry: Timestamp::parse_rfc3339("2023-11-14T22:13:50.5Z").unwrap(),
+/// };
+/// assert_eq!(
+///     record::encode(&r),
+///     br#"{"owner":"worker \u003c1\u003e","token":3,"expiry":"2023-11-14T22:13:50.5Z"}"#
+/// );
+/// assert_eq!(record::decode(&record::encode(&r)).unwrap(), r);
+/// ```
+pub fn encode(r: &Record) -> Vec<u8> {
+    let mut out = String::with_capacity(48 + r.owner.len());
+    out.push_str("{\"owner\":");
+    push_go_json_string(&mut out, &r.owner);
+    out.push_str(",\"token\":");
+    out.push_str(&r.token.to_string());
+    out.push_str(",\"expiry\":\"");
+    out.push_str(&r.expiry.to_string());
+    out.push_str("\"}");
+    out.into_bytes()
+}
+
+/// The decoding shape: unknown keys are ignored, every listed key is required, duplicates and
+/// wrong types are errors.
+#[derive(Deserialize)]
+struct Raw {
+    owner: String,
+    token: u64,
+    expiry: String,
+}
+
+/// Appends `s` as a JSON string the way Go's `encoding/json` (Go 1.22+, HTML escaping on) does:
+/// `"` `\` and control characters escaped (`\b \f \n \r \t` short, others `\u00xx`), `<` `>` `&`
+/// and U+2028/U+2029 as `\u` escapes, everything else verbatim.
+fn push_go_json_string(out: &mut String, s: &str) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{2028}' => out.push_str("\\u2028"),
+            '\u{2029}' => out.push_str("\\u2029"),
+            c if (c as u32) < 0x20 || matches!(c, '<' | '>' | '&') => {
+                let b = c as u32 as u8;
+                out.push_str("\\u00");
+                out.push(HEX[usize::from(b >> 4)] as char);
+                out.push(HEX[usize::from(b & 0xf)] as char);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(owner: &str, token: u64, expiry: &str) -> Record {
+        Record {
+            owner: owner.into(),
+            token,
+            expiry: Timestamp::parse_rfc3339(expiry).unwrap(),
+        }
+    }
+
+    #[test]
+    fn reads_a_go_written_record_with_offset() {
+        let r = decode(br#"{"expiry":"2026-11-30T05:20:54.123456789+01:00","owner":"a","token":7}"#)
+            .unwrap();
+        assert_eq!(r, rec("a", 7, "2026-11-30T04:20:54.123456789Z"));
+    }
+
+    #[test]
+    fn writes_canonical_bytes() {
+        let r = rec("a", 7, "2026-11-30T04:20:54.5Z");
+        assert_eq!(
+            encode(&r),
+            br#"{"owner":"a","token":7,"expiry":"2026-11-30T04:20:54.5Z"}"#
+        );
+        let tomb = rec("", u64::MAX, "0001-01-01T00:00:00Z");
+        assert_eq!(
+            encode(&tomb),
+            br#"{"owner":"","token":18446744073709551615,"expiry":"0001-01-01T00:00:00Z"}"#
+        );
+    }
+
+    #[test]
+    fn escapes_like_go() {
+        let r = rec("q\"b\\s\u{8}\u{c}\n\r\t\u{1}\u{1f}<>&\u{7f}é\u{2028}\u{2029}😀", 1, "2023-11-14T22:13:50Z");
+        let s = String::from_utf8(encode(&r)).unwrap();
+        assert_eq!(
+            s,
+            "{\"owner\":\"q\\\"b\\\\s\\b\\f\\n\\r\\t\\u0001\\u001f\\u003c\\u003e\\u0026\u{7f}é\\u2028\\u2029😀\",\"token\":1,\"expiry\":\"2023-11-14T22:13:50Z\"}"
+        );
+        assert_eq!(decode(s.as_bytes()).unwrap(), r);
+    }
+
+    #[test]
+    fn accepts_reordered_unknown_keys_and_whitespace() {
+        let r = decode(
+            b" {\"token\": 2, \"extra\": {\"nested\": [1, 2.5, null]}, \"expiry\": \"2023-11-14T22:13:50Z\", \"owner\": \"x\"}\n",
+        )
+        .unwrap();
+        assert_eq!(r, rec("x", 2, "2023-11-14T22:13:50Z"));
+    }
+
+    #[test]
+    fn refuses_every_corrupt_kind() {
+        let cases: &[&[u8]] = &[
+            b"",
+            b"null",
+            b"[]",
+            b"{}",
+            b"{\"owner\":\"a\",\"token\":1}",
+            b"{\"owner\":\"a\",\"expiry\":\"2023-11-14T22:13:50Z\"}",
+            b"{\"token\":1,\"expiry\":\"2023-11-14T22:13:50Z\"}",
+            b"{\"owner\":\"a\",\"token\":-1,\"expiry\":\"2023-11-14T22:13:50Z\"}",
+            b"{\"owner\":\"a\",\"token\":1.5,\"expiry\":\"2023-11-14T22:13:50Z\"}",
+            b"{\"owner\":\"a\",\"token\":1.0,\"expiry\":\"2023-11-14T22:13:50Z\"}",
+            b"{\"owner\":\"a\",\"token\":1e3,\"expiry\":\"2023-11-14T22:13:50Z\"}",
+            b"{\"owner\":\"a\",\"token\":\"1\",\"expiry\":\"2023-11-14T22:13:50Z\"}",
+            b"{\"owner\":\"a\",\"token\":18446744073709551616,\"expiry\":\"2023-11-14T22:13:50Z\"}",
+            b"{\"owner\":null,\"token\":1,\"expiry\":\"2023-11-14T22:13:50Z\"}",
+            b"{\"owner\":\"a\",\"owner\":\"b\",\"token\":1,\"expiry\":\"2023-11-14T22:13:50Z\"}",
+            b"{\"owner\":\"a\",\"token\":1,\"expiry\":\"yesterday\"}",
+            b"{\"owner\":\"a\",\"token\":1,\"expiry\":\"2023-11-14T22:13:50Z\"} x",
+            b"{\"owner\":\"\xff\",\"token\":1,\"expiry\":\"2023-11-14T22:13:50Z\"}",
+        ];
+        for c in cases {
+            assert!(decode(c).is_err(), "{:?}", String::from_utf8_lossy(c));
+        }
+        assert!(matches!(
+            decode(b"{\"owner\":\"a\",\"token\":1,\"expiry\":\"2023-02-30T00:00:00Z\"}"),
+            Err(DecodeError::Expiry(TimeError::FieldRange))
+        ));
+    }
+
+    #[test]
+    fn refuses_oversized_input_before_parsing() {
+        let mut big = br#"{"owner":"a","token":1,"expiry":"2023-11-14T22:13:50Z","pad":""#.to_vec();
+        big.resize(MAX_RECORD_BYTES + 1, b' ');
+        assert_eq!(
+            decode(&big),
+            Err(DecodeError::TooLarge {
+                len: MAX_RECORD_BYTES + 1
+            })
+        );
+    }
+
+    #[test]
+    fn deep_nesting_in_unknown_keys_does_not_crash() {
+        let mut s = String::from("{\"x\":");
+        s.push_str(&"[".repeat(10_000));
+        s.push_str(&"]".repeat(10_000));
+        s.push_str(",\"owner\":\"a\",\"token\":1,\"expiry\":\"2023-11-14T22:13:50Z\"}");
+        // Skipped without recursion: the record is read, the unknown key ignored.
+        assert_eq!(decode(s.as_bytes()).unwrap(), rec("a", 1, "2023-11-14T22:13:50Z"));
+        // A deeply nested value where a string is expected is an error, not a stack overflow.
+        let mut t = String::from("{\"owner\":");
+        t.push_str(&"[".repeat(10_000));
+        assert!(decode(t.as_bytes()).is_err());
+    }
+}
