@@ -4,8 +4,32 @@
 //! [`conformance_tests!`](crate::conformance_tests) macro turns the whole suite into one
 //! `#[test]` per case for a backend:
 //!
-//! ```ignore
-//! flocklease::conformance_tests!(my_backend_world());
+//! ```
+//! use std::sync::Arc;
+//! use flocklease::conformance::{World, START, TTL};
+//! use flocklease::{ManualClock, MemLease, MemStore, Record, SessionId};
+//!
+//! struct MyWorld { store: MemStore, clock: ManualClock }
+//!
+//! impl World for MyWorld {
+//!     type Lease = MemLease;
+//!     fn instance(&self) -> MemLease {
+//!         MemLease::new(self.store.clone(), Arc::new(self.clock.clone()), TTL)
+//!     }
+//!     fn clock(&self) -> &ManualClock { &self.clock }
+//!     fn record(&self, id: &SessionId) -> Option<Record> { self.store.record(id) }
+//!     fn set_record(&self, id: &SessionId, r: Record) { self.store.set_record(id, r) }
+//! }
+//!
+//! fn world() -> MyWorld {
+//!     MyWorld { store: MemStore::new(), clock: ManualClock::new(START) }
+//! }
+//!
+//! // In a test file: one #[test] per case.
+//! flocklease::conformance_tests!(world());
+//! # fn main() {
+//! #     flocklease::conformance::release_is_idempotent(&world());
+//! # }
 //! ```
 //!
 //! Every world starts at [`START`] with a TTL of [`TTL`] on a manual clock.
@@ -147,7 +171,10 @@ pub fn release_frees_for_another_owner<W: World>(w: &W) {
     let l = w.instance();
     let lease = granted(l.acquire(&id("s"), &owner("a")), "acquire");
     l.release(&lease).expect("release");
-    let other = granted(l.acquire(&id("s"), &owner("b")), "acquire by b after release");
+    let other = granted(
+        l.acquire(&id("s"), &owner("b")),
+        "acquire by b after release",
+    );
     assert_eq!(other.owner, owner("b"));
 }
 
@@ -184,7 +211,10 @@ pub fn acquire_after_expiry_raises_token<W: World>(w: &W) {
     let l = w.instance();
     let first = granted(l.acquire(&id("s"), &owner("a")), "acquire");
     w.clock().advance(TTL + Duration::from_secs(1));
-    let b = granted(l.acquire(&id("s"), &owner("b")), "acquire by b after expiry");
+    let b = granted(
+        l.acquire(&id("s"), &owner("b")),
+        "acquire by b after expiry",
+    );
     assert!(b.token > first.token);
     w.clock().advance(TTL + Duration::from_secs(1));
     let a = granted(l.acquire(&id("s"), &owner("b")), "same owner after expiry");
@@ -196,7 +226,10 @@ pub fn expiry_boundary_is_expired<W: World>(w: &W) {
     let l = w.instance();
     let first = granted(l.acquire(&id("s"), &owner("a")), "acquire");
     w.clock().set(first.expiry);
-    let b = granted(l.acquire(&id("s"), &owner("b")), "acquire at the expiry instant");
+    let b = granted(
+        l.acquire(&id("s"), &owner("b")),
+        "acquire at the expiry instant",
+    );
     assert!(b.token > first.token);
 }
 
@@ -233,7 +266,8 @@ pub fn release_is_idempotent<W: World>(w: &W) {
         token: 7,
         expiry: at(30),
     };
-    l.release(&never).expect("release of a never-acquired lease");
+    l.release(&never)
+        .expect("release of a never-acquired lease");
     assert_eq!(w.record(&id("never")), None);
 }
 
@@ -253,7 +287,10 @@ pub fn tokens_increase_along_takeovers<W: World>(w: &W) {
 pub fn distinct_ids_are_independent<W: World>(w: &W) {
     let l = w.instance();
     let x = granted(l.acquire(&id("x"), &owner("a")), "acquire x");
-    let y = granted(l.acquire(&id("y"), &owner("b")), "acquire y by another owner");
+    let y = granted(
+        l.acquire(&id("y"), &owner("b")),
+        "acquire y by another owner",
+    );
     assert_eq!((x.token, y.token), (1, 1));
     l.release(&x).expect("release x");
     granted(l.renew(&y), "y unaffected by x's release");
@@ -277,7 +314,10 @@ pub fn renew_after_takeover_by_another_instance_is_held<W: World>(w: &W) {
     let l2 = w.instance();
     let a = granted(l1.acquire(&id("s"), &owner("a")), "acquire");
     w.clock().advance(TTL);
-    let b = granted(l2.acquire(&id("s"), &owner("b")), "takeover by another instance");
+    let b = granted(
+        l2.acquire(&id("s"), &owner("b")),
+        "takeover by another instance",
+    );
     assert!(b.token > a.token);
     held(l1.renew(&a), "renew after takeover");
 }
@@ -298,7 +338,10 @@ pub fn same_owner_in_another_instance_is_foreign<W: World>(w: &W) {
     let l1 = w.instance();
     let l2 = w.instance();
     granted(l1.acquire(&id("s"), &owner("a")), "acquire");
-    held(l2.acquire(&id("s"), &owner("a")), "same owner, other instance");
+    held(
+        l2.acquire(&id("s"), &owner("a")),
+        "same owner, other instance",
+    );
 }
 
 /// A crashed holder (its instance dropped) is replaced at once, with a greater token.
@@ -308,7 +351,10 @@ pub fn crashed_holder_is_replaced_at_once<W: World>(w: &W) {
     let a = granted(l1.acquire(&id("s"), &owner("a")), "acquire");
     held(l2.acquire(&id("s"), &owner("b")), "while the holder runs");
     drop(l1);
-    let b = granted(l2.acquire(&id("s"), &owner("b")), "after the holder crashed");
+    let b = granted(
+        l2.acquire(&id("s"), &owner("b")),
+        "after the holder crashed",
+    );
     assert!(b.token > a.token);
 }
 

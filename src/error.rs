@@ -117,9 +117,9 @@ impl Error {
             | Error::NetworkFilesystem { path, .. }
             | Error::Timeout { path, .. }
             | Error::LiveLockBusy { path } => Some(path),
-            Error::TokenExhausted { .. } | Error::ExpiryOutOfRange { .. } | Error::InvalidInput(_) => {
-                None
-            }
+            Error::TokenExhausted { .. }
+            | Error::ExpiryOutOfRange { .. }
+            | Error::InvalidInput(_) => None,
         }
     }
 

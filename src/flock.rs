@@ -416,7 +416,7 @@ impl FlockTx<'_> {
 }
 
 impl Transaction for FlockTx<'_> {
-    type Pending = File;
+    type Pending = PendingLive;
 
     fn read(&mut self) -> Result<Option<Record>, Error> {
         let path = &self.paths.record;
@@ -461,12 +461,15 @@ impl Transaction for FlockTx<'_> {
         }
     }
 
-    fn lock_live(&mut self, token: u64) -> Result<File, Error> {
+    fn lock_live(&mut self, token: u64) -> Result<PendingLive, Error> {
         let path = self.paths.live(token);
         let file = self.lease.open_file(&path, Access::LiveCreate)?;
         self.lease.faults.check(FaultPoint::LockLive, &path)?;
         match file.try_lock() {
-            Ok(()) => Ok(file),
+            Ok(()) => Ok(PendingLive {
+                file: Some(file),
+                path,
+            }),
             Err(TryLockError::WouldBlock) => Err(Error::LiveLockBusy { path }),
             Err(TryLockError::Error(e)) => Err(Error::io("lock", &path, e)),
         }
@@ -534,7 +537,12 @@ impl Transaction for FlockTx<'_> {
     }
 
     fn close_local(&mut self, token: u64) {
-        if self.slot.local.as_ref().is_some_and(|g| g.local.token == token) {
+        if self
+            .slot
+            .local
+            .as_ref()
+            .is_some_and(|g| g.local.token == token)
+        {
             // Closing the descriptor releases the liveness lock.
             self.slot.local = None;
         }
@@ -568,8 +576,26 @@ impl Transaction for FlockTx<'_> {
         }
     }
 
-    fn adopt(&mut self, file: File, local: Local) {
-        self.slot.local = Some(LocalGen { local, file });
+    fn adopt(&mut self, mut pending: PendingLive, local: Local) {
+        if let Some(file) = pending.file.take() {
+            self.slot.local = Some(LocalGen { local, file });
+        }
+    }
+}
+
+/// A new generation's locked liveness file, before its commit. Dropped un-adopted (the commit
+/// failed), it removes its file and then releases its lock, leaving the directory as it was.
+struct PendingLive {
+    file: Option<File>,
+    path: PathBuf,
+}
+
+impl Drop for PendingLive {
+    fn drop(&mut self) {
+        if let Some(file) = self.file.take() {
+            let _ = fs::remove_file(&self.path);
+            drop(file);
+        }
     }
 }
 

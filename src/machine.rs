@@ -556,7 +556,15 @@ mod tests {
     #[test]
     fn acquire_expired_is_taken_over_at_the_boundary() {
         let i = input(rec("a", 3, 10), None, 10, acq("b"));
-        assert_eq!(step(&i), Ok(Decision::Plan(takeover_plan("b", 4, 10, vec![Cleanup::Sweep { below: 4 }]))));
+        assert_eq!(
+            step(&i),
+            Ok(Decision::Plan(takeover_plan(
+                "b",
+                4,
+                10,
+                vec![Cleanup::Sweep { below: 4 }]
+            )))
+        );
         let mut before = input(rec("a", 3, 10), None, 9, acq("b"));
         assert_eq!(step(&before), Ok(Decision::Probe { token: 3 }));
         before.liveness = Some(Liveness::Live);
@@ -572,7 +580,10 @@ mod tests {
                 "a",
                 4,
                 40,
-                vec![Cleanup::CloseLocal { token: 3 }, Cleanup::Sweep { below: 4 }]
+                vec![
+                    Cleanup::CloseLocal { token: 3 },
+                    Cleanup::Sweep { below: 4 }
+                ]
             )
         );
     }
@@ -588,7 +599,12 @@ mod tests {
         i.liveness = Some(Liveness::Dead);
         assert_eq!(step(&i), Err(StepError::TokenExhausted));
         // Renew of the last token still works: it does not raise the token.
-        let i = input(rec("a", u64::MAX, 100), local("a", u64::MAX), 10, renew_ev("a", u64::MAX));
+        let i = input(
+            rec("a", u64::MAX, 100),
+            local("a", u64::MAX),
+            10,
+            renew_ev("a", u64::MAX),
+        );
         assert_eq!(plan(&i).outcome, granted(u64::MAX, 10));
     }
 
@@ -647,10 +663,19 @@ mod tests {
             outcome: Outcome::Released,
         };
         // Never acquired here.
-        assert_eq!(plan(&input(rec("a", 3, 10), None, 5, rel("a", 3))), released);
+        assert_eq!(
+            plan(&input(rec("a", 3, 10), None, 5, rel("a", 3))),
+            released
+        );
         // Held here under another owner or token.
-        assert_eq!(plan(&input(rec("a", 3, 10), local("a", 3), 5, rel("b", 3))), released);
-        assert_eq!(plan(&input(rec("a", 3, 10), local("a", 3), 5, rel("a", 2))), released);
+        assert_eq!(
+            plan(&input(rec("a", 3, 10), local("a", 3), 5, rel("b", 3))),
+            released
+        );
+        assert_eq!(
+            plan(&input(rec("a", 3, 10), local("a", 3), 5, rel("a", 2))),
+            released
+        );
     }
 
     #[test]
@@ -678,7 +703,10 @@ mod tests {
                     prepare: vec![],
                     commit: rec("", 3, now),
                     sync_dir: true,
-                    cleanup: vec![Cleanup::DeleteLive { token: 3 }, Cleanup::CloseLocal { token: 3 }],
+                    cleanup: vec![
+                        Cleanup::DeleteLive { token: 3 },
+                        Cleanup::CloseLocal { token: 3 }
+                    ],
                     outcome: Outcome::Released,
                 }
             );

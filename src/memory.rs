@@ -220,10 +220,10 @@ impl Transaction for MemTx<'_> {
         if mine.get(self.id).is_some_and(|l| l.token == token) {
             mine.remove(self.id);
             let instance = self.instance;
-            if let Some(holder) = self.state.live.get_mut(&self.key(token)) {
-                if *holder == Some(instance) {
-                    *holder = None;
-                }
+            if let Some(holder) = self.state.live.get_mut(&self.key(token))
+                && *holder == Some(instance)
+            {
+                *holder = None;
             }
         }
     }

@@ -216,7 +216,10 @@ mod tests {
 
     #[test]
     fn spec_vectors() {
-        assert_eq!(stem(b"conf-lease-fresh"), "conf-lease-fresh-25bfc77ba4eaaad1");
+        assert_eq!(
+            stem(b"conf-lease-fresh"),
+            "conf-lease-fresh-25bfc77ba4eaaad1"
+        );
         assert_eq!(stem(b"a/b"), "a_b-c14cddc033f64b9d");
         assert_eq!(stem(b"../etc/passwd"), "___etc_passwd-7fef78f53440346c");
         assert_eq!(
@@ -249,7 +252,10 @@ mod tests {
 
     #[test]
     fn validation() {
-        assert!(matches!(SessionId::new(""), Err(InvalidInput::Empty { .. })));
+        assert!(matches!(
+            SessionId::new(""),
+            Err(InvalidInput::Empty { .. })
+        ));
         assert!(matches!(
             SessionId::new("a\0b"),
             Err(InvalidInput::ControlCharacter { at: 1, .. })

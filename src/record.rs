@@ -62,7 +62,10 @@ impl fmt::Display for DecodeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             DecodeError::TooLarge { len } => {
-                write!(f, "record is {len} bytes, over the {MAX_RECORD_BYTES}-byte limit")
+                write!(
+                    f,
+                    "record is {len} bytes, over the {MAX_RECORD_BYTES}-byte limit"
+                )
             }
             DecodeError::Json(msg) => write!(f, "record is not a valid lease object: {msg}"),
             DecodeError::Expiry(e) => write!(f, "record expiry is invalid: {e}"),
@@ -192,8 +195,9 @@ mod tests {
 
     #[test]
     fn reads_a_go_written_record_with_offset() {
-        let r = decode(br#"{"expiry":"2026-11-30T05:20:54.123456789+01:00","owner":"a","token":7}"#)
-            .unwrap();
+        let r =
+            decode(br#"{"expiry":"2026-11-30T05:20:54.123456789+01:00","owner":"a","token":7}"#)
+                .unwrap();
         assert_eq!(r, rec("a", 7, "2026-11-30T04:20:54.123456789Z"));
     }
 
@@ -213,7 +217,11 @@ mod tests {
 
     #[test]
     fn escapes_like_go() {
-        let r = rec("q\"b\\s\u{8}\u{c}\n\r\t\u{1}\u{1f}<>&\u{7f}é\u{2028}\u{2029}😀", 1, "2023-11-14T22:13:50Z");
+        let r = rec(
+            "q\"b\\s\u{8}\u{c}\n\r\t\u{1}\u{1f}<>&\u{7f}é\u{2028}\u{2029}😀",
+            1,
+            "2023-11-14T22:13:50Z",
+        );
         let s = String::from_utf8(encode(&r)).unwrap();
         assert_eq!(
             s,
@@ -281,7 +289,10 @@ mod tests {
         s.push_str(&"]".repeat(10_000));
         s.push_str(",\"owner\":\"a\",\"token\":1,\"expiry\":\"2023-11-14T22:13:50Z\"}");
         // Skipped without recursion: the record is read, the unknown key ignored.
-        assert_eq!(decode(s.as_bytes()).unwrap(), rec("a", 1, "2023-11-14T22:13:50Z"));
+        assert_eq!(
+            decode(s.as_bytes()).unwrap(),
+            rec("a", 1, "2023-11-14T22:13:50Z")
+        );
         // A deeply nested value where a string is expected is an error, not a stack overflow.
         let mut t = String::from("{\"owner\":");
         t.push_str(&"[".repeat(10_000));

@@ -88,10 +88,7 @@ impl Timestamp {
             return Duration::ZERO;
         }
         // Both ends lie within 10 000 years, so the difference fits in u64 seconds.
-        Duration::new(
-            (diff / NANOS_PER_SEC) as u64,
-            (diff % NANOS_PER_SEC) as u32,
-        )
+        Duration::new((diff / NANOS_PER_SEC) as u64, (diff % NANOS_PER_SEC) as u32)
     }
 
     /// Parses an RFC 3339 date-time: `YYYY-MM-DDTHH:MM:SS[.F{1,9}](Z|±hh:mm)`.
@@ -225,7 +222,7 @@ fn digits(b: &[u8]) -> Result<u32, TimeError> {
 }
 
 fn is_leap(y: u32) -> bool {
-    y % 4 == 0 && (y % 100 != 0 || y % 400 == 0)
+    y.is_multiple_of(4) && (!y.is_multiple_of(100) || y.is_multiple_of(400))
 }
 
 fn days_in_month(y: u32, m: u32) -> u32 {
@@ -289,8 +286,14 @@ mod tests {
     fn parses_offsets_and_fractions() {
         let t = ts("2026-11-30T05:20:54.123456789+01:00");
         assert_eq!(t.to_string(), "2026-11-30T04:20:54.123456789Z");
-        assert_eq!(ts("2026-11-30T04:20:54-00:30").to_string(), "2026-11-30T04:50:54Z");
-        assert_eq!(ts("2000-02-29T00:00:00.1Z").to_string(), "2000-02-29T00:00:00.1Z");
+        assert_eq!(
+            ts("2026-11-30T04:20:54-00:30").to_string(),
+            "2026-11-30T04:50:54Z"
+        );
+        assert_eq!(
+            ts("2000-02-29T00:00:00.1Z").to_string(),
+            "2000-02-29T00:00:00.1Z"
+        );
         assert_eq!(ts("0001-01-01T00:00:00Z"), Timestamp::MIN);
     }
 
@@ -344,7 +347,10 @@ mod tests {
         assert_eq!(Timestamp::MIN.checked_sub(Duration::from_nanos(1)), None);
         let t = ts("2023-11-14T22:13:50Z");
         let later = t.checked_add(Duration::from_millis(1500)).unwrap();
-        assert_eq!(later.saturating_duration_since(t), Duration::from_millis(1500));
+        assert_eq!(
+            later.saturating_duration_since(t),
+            Duration::from_millis(1500)
+        );
         assert_eq!(t.saturating_duration_since(later), Duration::ZERO);
     }
 }

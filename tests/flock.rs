@@ -1,0 +1,490 @@
+//! `FlockLease`-specific behaviour: the flock semantics it relies on, SPEC §5's hardening, and
+//! the file layout. Conformance cases live in `conformance.rs`.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::fs::{self, File, OpenOptions, TryLockError};
+use std::os::unix::fs::{PermissionsExt, symlink};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::Duration;
+
+use flocklease::conformance::START;
+use flocklease::fault::FaultPoint;
+use flocklease::{Error, FlockLease, Grant, ManualClock, Record, SessionLease, record};
+use support::{RoleChild, files_ending, hear, id, open_manual, open_real, owner, role, tell};
+
+const ENTRY: &str = "child_entry";
+
+/// Child roles. `hold DIR ID OWNER`: acquire, report, then obey `renew` / `release` lines until
+/// stdin closes, and exit without releasing. `spawn-and-hold DIR ID OWNER`: acquire, start a
+/// long-running program, report both, wait.
+#[test]
+fn child_entry() {
+    let Some((role, args)) = role() else { return };
+    let leases = open_real(Path::new(&args[0]), Duration::from_secs(60));
+    let (sid, who) = (id(&args[1]), owner(&args[2]));
+    let lease = match leases.acquire(&sid, &who).expect("child acquire") {
+        Grant::Granted(l) => l,
+        Grant::Held => {
+            tell("held");
+            return;
+        }
+    };
+    match role.as_str() {
+        "hold" => tell(&format!("token {}", lease.token)),
+        "spawn-and-hold" => {
+            // Deliberately not waited for: it must outlive this process.
+            #[allow(clippy::zombie_processes)]
+            let sleeper = std::process::Command::new("sleep")
+                .arg("600")
+                .stdin(std::process::Stdio::null())
+                .spawn()
+                .expect("spawn sleep");
+            tell(&format!("token {} pid {}", lease.token, sleeper.id()));
+        }
+        other => panic!("unknown role {other}"),
+    }
+    while let Some(cmd) = hear() {
+        match cmd.as_str() {
+            "renew" => match leases.renew(&lease).expect("child renew") {
+                Grant::Granted(l) => tell(&format!("granted {}", l.token)),
+                Grant::Held => tell("held"),
+            },
+            "" => {}
+            "release" => {
+                leases.release(&lease).expect("child release");
+                tell("released");
+            }
+            other => panic!("unknown command {other}"),
+        }
+    }
+}
+
+fn live_path(dir: &Path, sid: &str, token: u64) -> std::path::PathBuf {
+    dir.join(format!("{}.{token}.live", id(sid).stem()))
+}
+
+fn record_path(dir: &Path, sid: &str) -> std::path::PathBuf {
+    dir.join(format!("{}.lease.json", id(sid).stem()))
+}
+
+fn lock_path(dir: &Path, sid: &str) -> std::path::PathBuf {
+    dir.join(format!("{}.lock", id(sid).stem()))
+}
+
+fn read_record(dir: &Path, sid: &str) -> Record {
+    record::decode(&fs::read(record_path(dir, sid)).expect("read record")).expect("decode")
+}
+
+// ---- the flock(2) behaviour the design relies on ----
+
+#[test]
+fn flock_two_opens_in_one_process_exclude_each_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("f");
+    let a = File::create(&path).unwrap();
+    let b = OpenOptions::new().read(true).open(&path).unwrap();
+    a.try_lock().unwrap();
+    assert!(matches!(b.try_lock(), Err(TryLockError::WouldBlock)));
+    drop(a);
+    b.try_lock()
+        .expect("free once the first description is closed");
+}
+
+#[test]
+fn flock_is_dropped_when_the_holder_process_dies() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let mut child = RoleChild::spawn(ENTRY, "hold", &[d, "s", "child"]);
+    let line = child.line();
+    assert_eq!(line, "token 1");
+    let probe = File::open(live_path(dir.path(), "s", 1)).unwrap();
+    assert!(matches!(probe.try_lock(), Err(TryLockError::WouldBlock)));
+    let leases = open_real(dir.path(), Duration::from_secs(60));
+    assert!(
+        leases
+            .acquire(&id("s"), &owner("parent"))
+            .unwrap()
+            .is_held()
+    );
+    child.kill();
+    // The kernel dropped the lock with the process: taken over at once, long before expiry.
+    let lease = leases
+        .acquire(&id("s"), &owner("parent"))
+        .unwrap()
+        .lease()
+        .expect("takeover after SIGKILL");
+    assert_eq!(lease.token, 2);
+    assert!(
+        !live_path(dir.path(), "s", 1).exists(),
+        "the dead generation's file is swept"
+    );
+}
+
+#[test]
+fn liveness_lock_is_not_inherited_by_spawned_programs() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let mut child = RoleChild::spawn(ENTRY, "spawn-and-hold", &[d, "s", "child"]);
+    let line = child.line();
+    let sleeper: i32 = line.split_whitespace().nth(3).unwrap().parse().unwrap();
+    child.kill();
+    let leases = open_real(dir.path(), Duration::from_secs(60));
+    let got = leases.acquire(&id("s"), &owner("parent")).unwrap();
+    // Whatever the outcome, do not leave the sleeper behind.
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(sleeper),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    assert_eq!(
+        got.lease().map(|l| l.token),
+        Some(2),
+        "the grandchild kept the lock"
+    );
+}
+
+// ---- SPEC §5 ----
+
+#[test]
+fn corrupt_record_is_a_typed_error_that_writes_nothing_and_leaks_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(START);
+    let leases = open_manual(dir.path(), &clock);
+    for bad in [
+        &b""[..],
+        b"null",
+        b"{\"owner\":\"a\",\"token\":-1,\"expiry\":\"2023-11-14T22:13:50Z\"}",
+        b"{\"owner\":\"a\",\"token\":1}",
+        b"{\"owner\":\"a\",\"token\":1,\"expiry\":\"soon\"}",
+    ] {
+        fs::write(record_path(dir.path(), "s"), bad).unwrap();
+        let err = leases.acquire(&id("s"), &owner("a")).unwrap_err();
+        assert!(matches!(err, Error::Corrupt { .. }), "{err}");
+        assert_eq!(err.path(), Some(record_path(dir.path(), "s").as_path()));
+        assert!(err.to_string().contains(".lease.json"), "{err}");
+        assert_eq!(fs::read(record_path(dir.path(), "s")).unwrap(), bad);
+        assert!(files_ending(dir.path(), ".live").is_empty());
+        assert!(files_ending(dir.path(), ".tmp").is_empty());
+        // The stable lock was released.
+        let lock = File::open(lock_path(dir.path(), "s")).unwrap();
+        lock.try_lock().expect("stable lock leaked");
+    }
+    let mut big =
+        b"{\"owner\":\"a\",\"token\":1,\"expiry\":\"2023-11-14T22:13:50Z\",\"x\":\"".to_vec();
+    big.resize(record::MAX_RECORD_BYTES + 10, b'x');
+    fs::write(record_path(dir.path(), "s"), &big).unwrap();
+    assert!(matches!(
+        leases.acquire(&id("s"), &owner("a")),
+        Err(Error::Corrupt { .. })
+    ));
+}
+
+#[test]
+fn replaced_stable_lock_file_is_detected_and_retried() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = lock_path(dir.path(), "s");
+    // (done, the replacement file locked by "another transition")
+    let replacement: Arc<Mutex<(bool, Option<File>)>> = Arc::default();
+    let hook_slot = Arc::clone(&replacement);
+    let hook: flocklease::fault::FaultHook = Arc::new(move |point, p| {
+        let mut slot = hook_slot.lock().unwrap();
+        if point == FaultPoint::LockStable && !slot.0 {
+            // Between open and lock, an operator replaces the lock file and another
+            // transition locks the new one.
+            fs::remove_file(p).unwrap();
+            let f = File::create(p).unwrap();
+            f.try_lock().unwrap();
+            *slot = (true, Some(f));
+        }
+        None
+    });
+    let leases = FlockLease::builder(dir.path())
+        .faults(hook)
+        .lock_timeout(Duration::from_millis(200))
+        .open()
+        .unwrap();
+    // Without the inode check this would lock the unlinked file and run concurrently.
+    let err = leases.acquire(&id("s"), &owner("a")).unwrap_err();
+    assert!(matches!(err, Error::Timeout { .. }), "{err}");
+    assert_eq!(err.path(), Some(path.as_path()));
+    assert!(!record_path(dir.path(), "s").exists());
+    // Once the other transition is done, the new file is used.
+    replacement.lock().unwrap().1.take();
+    assert!(
+        leases
+            .acquire(&id("s"), &owner("a"))
+            .unwrap()
+            .lease()
+            .is_some()
+    );
+}
+
+#[test]
+fn a_missing_liveness_file_is_not_proof_of_death_and_probing_creates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(START);
+    let a = open_manual(dir.path(), &clock);
+    let b = open_manual(dir.path(), &clock);
+    let lease = a.acquire(&id("s"), &owner("a")).unwrap().lease().unwrap();
+    drop(a); // the holder is gone ...
+    fs::remove_file(live_path(dir.path(), "s", 1)).unwrap(); // ... and so is its file
+    assert!(b.acquire(&id("s"), &owner("b")).unwrap().is_held());
+    assert!(
+        files_ending(dir.path(), ".live").is_empty(),
+        "the probe created a file"
+    );
+    clock.set(lease.expiry);
+    let taken = b.acquire(&id("s"), &owner("b")).unwrap().lease().unwrap();
+    assert_eq!(taken.token, 2);
+}
+
+#[test]
+fn renew_restores_its_deleted_liveness_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(START);
+    let a = open_manual(dir.path(), &clock);
+    let b = open_manual(dir.path(), &clock);
+    let lease = a.acquire(&id("s"), &owner("a")).unwrap().lease().unwrap();
+    fs::remove_file(live_path(dir.path(), "s", 1)).unwrap();
+    let lease = a.renew(&lease).unwrap().lease().expect("renew");
+    assert!(live_path(dir.path(), "s", 1).exists(), "not restored");
+    // The restored file is locked by the holder: probing it says live.
+    let probe = File::open(live_path(dir.path(), "s", 1)).unwrap();
+    assert!(matches!(probe.try_lock(), Err(TryLockError::WouldBlock)));
+    drop(probe);
+    assert!(b.acquire(&id("s"), &owner("b")).unwrap().is_held());
+    // And it is still the holder's: when the holder goes, takeover is immediate.
+    drop(a);
+    let taken = b.acquire(&id("s"), &owner("b")).unwrap().lease().unwrap();
+    assert!(taken.token > lease.token);
+}
+
+#[test]
+fn symlinks_are_never_followed() {
+    let outside = tempfile::tempdir().unwrap();
+    let target = outside.path().join("victim");
+    fs::write(&target, b"precious").unwrap();
+    let clock = ManualClock::new(START);
+    let paths: [fn(&Path) -> std::path::PathBuf; 3] = [
+        |d| record_path(d, "s"),
+        |d| lock_path(d, "s"),
+        |d| live_path(d, "s", 1),
+    ];
+    for path_in in paths {
+        let dir = tempfile::tempdir().unwrap();
+        let path = path_in(dir.path());
+        symlink(&target, &path).unwrap();
+        let leases = open_manual(dir.path(), &clock);
+        let err = leases.acquire(&id("s"), &owner("a")).unwrap_err();
+        assert!(matches!(err, Error::Symlink { .. }), "{path:?}: {err}");
+        assert_eq!(err.path(), Some(path.as_path()));
+        assert!(err.to_string().contains("symbolic link"));
+        assert_eq!(fs::read(&target).unwrap(), b"precious");
+        // Nothing committed: the record is absent or still the planted link.
+        let rec = fs::symlink_metadata(record_path(dir.path(), "s"));
+        assert!(rec.map(|m| m.file_type().is_symlink()).unwrap_or(true));
+        let live = fs::symlink_metadata(live_path(dir.path(), "s", 1));
+        assert!(!live.is_ok_and(|m| m.is_file()), "a new generation leaked");
+    }
+    // The temporary record file too.
+    let dir = tempfile::tempdir().unwrap();
+    let tmp = dir
+        .path()
+        .join(format!("{}.lease.json.tmp", id("t").stem()));
+    symlink(&target, &tmp).unwrap();
+    let leases = open_manual(dir.path(), &clock);
+    let err = leases.acquire(&id("t"), &owner("a")).unwrap_err();
+    assert!(matches!(err, Error::Symlink { .. }), "{err}");
+    assert_eq!(fs::read(&target).unwrap(), b"precious");
+    assert!(
+        files_ending(dir.path(), ".live").is_empty(),
+        "new lock leaked"
+    );
+}
+
+#[test]
+fn directory_and_file_modes() {
+    let parent = tempfile::tempdir().unwrap();
+    let dir = parent.path().join("a/b/leases");
+    let clock = ManualClock::new(START);
+    let leases = open_manual(&dir, &clock);
+    let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&dir), 0o700);
+    let _ = leases.acquire(&id("s"), &owner("a")).unwrap();
+    for p in [
+        record_path(&dir, "s"),
+        lock_path(&dir, "s"),
+        live_path(&dir, "s", 1),
+    ] {
+        assert_eq!(mode(&p), 0o600, "{p:?}");
+    }
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).unwrap();
+    let err = FlockLease::open(&dir).unwrap_err();
+    assert!(
+        matches!(err, Error::WorldWritable { mode: 0o777, .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("world-writable"));
+    let file = parent.path().join("plain");
+    fs::write(&file, b"").unwrap();
+    assert!(matches!(
+        FlockLease::open(&file),
+        Err(Error::NotADirectory { .. })
+    ));
+}
+
+#[test]
+fn orphans_of_crashed_generations_are_swept_on_takeover() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(START);
+    let a = open_manual(dir.path(), &clock);
+    let lease = a.acquire(&id("s"), &owner("a")).unwrap().lease().unwrap();
+    drop(a);
+    // Leftovers of earlier crashes: an old generation's file and a temporary record.
+    let stem = id("s").stem();
+    fs::write(dir.path().join(format!("{stem}.0.live")), b"").unwrap();
+    fs::write(dir.path().join(format!("{stem}.lease.json.tmp")), b"{").unwrap();
+    // Another id's files are not touched.
+    let other = id("other").stem();
+    fs::write(dir.path().join(format!("{other}.1.live")), b"").unwrap();
+    let b = open_manual(dir.path(), &clock);
+    let taken = b.acquire(&id("s"), &owner("b")).unwrap().lease().unwrap();
+    assert_eq!(taken.token, lease.token + 1);
+    assert_eq!(
+        files_ending(dir.path(), ".live"),
+        vec![format!("{other}.1.live"), format!("{stem}.2.live")]
+    );
+    assert!(files_ending(dir.path(), ".tmp").is_empty());
+}
+
+#[test]
+fn a_stuck_transition_times_out_and_does_not_delay_other_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(START);
+    let leases = Arc::new(
+        FlockLease::builder(dir.path())
+            .clock(Arc::new(clock.clone()))
+            .lock_timeout(Duration::from_millis(300))
+            .open()
+            .unwrap(),
+    );
+    // Another "process" is stuck inside a transition on id x.
+    let stuck = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(lock_path(dir.path(), "x"))
+        .unwrap();
+    stuck.lock().unwrap();
+    let waiter = {
+        let leases = Arc::clone(&leases);
+        thread::spawn(move || leases.acquire(&id("x"), &owner("a")))
+    };
+    // Meanwhile id y goes through a whole cycle (the waiter on x holds no shared lock).
+    for _ in 0..20 {
+        let l = leases
+            .acquire(&id("y"), &owner("a"))
+            .unwrap()
+            .lease()
+            .unwrap();
+        leases.release(&l).unwrap();
+    }
+    let err = waiter.join().unwrap().unwrap_err();
+    assert!(matches!(err, Error::Timeout { .. }), "{err}");
+    assert_eq!(err.path(), Some(lock_path(dir.path(), "x").as_path()));
+    assert!(err.to_string().contains("timed out"));
+}
+
+#[test]
+fn forty_cycles_leave_no_liveness_file_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(START);
+    let leases = open_manual(dir.path(), &clock);
+    for i in 1..=40 {
+        let l = leases
+            .acquire(&id("s"), &owner("a"))
+            .unwrap()
+            .lease()
+            .unwrap();
+        assert_eq!(l.token, i);
+        leases.release(&l).unwrap();
+    }
+    assert!(files_ending(dir.path(), ".live").is_empty());
+    assert!(files_ending(dir.path(), ".tmp").is_empty());
+    assert_eq!(read_record(dir.path(), "s").token, 40);
+}
+
+#[test]
+fn racing_instances_get_exactly_one_grant() {
+    let dir = tempfile::tempdir().unwrap();
+    for round in 0..30 {
+        let sid = format!("race-{round}");
+        let barrier = Arc::new(std::sync::Barrier::new(2));
+        let handles: Vec<_> = ["a", "b"]
+            .into_iter()
+            .map(|who| {
+                let (dir, barrier, sid) =
+                    (dir.path().to_owned(), Arc::clone(&barrier), sid.clone());
+                thread::spawn(move || {
+                    let leases = open_real(&dir, Duration::from_secs(60));
+                    barrier.wait();
+                    let got = leases.acquire(&id(&sid), &owner(who)).unwrap();
+                    (got, leases)
+                })
+            })
+            .collect();
+        let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let wins = results.iter().filter(|(g, _)| !g.is_held()).count();
+        assert_eq!(wins, 1, "round {round}");
+    }
+}
+
+#[test]
+fn the_record_is_go_compatible_on_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(START);
+    let leases = open_manual(dir.path(), &clock);
+    let l = leases
+        .acquire(&id("conf-lease-fresh"), &owner("a"))
+        .unwrap()
+        .lease()
+        .unwrap();
+    assert_eq!(
+        fs::read_to_string(
+            dir.path()
+                .join("conf-lease-fresh-25bfc77ba4eaaad1.lease.json")
+        )
+        .unwrap(),
+        r#"{"owner":"a","token":1,"expiry":"2023-11-14T22:13:50Z"}"#
+    );
+    assert!(
+        dir.path()
+            .join("conf-lease-fresh-25bfc77ba4eaaad1.1.live")
+            .exists()
+    );
+    assert!(
+        dir.path()
+            .join("conf-lease-fresh-25bfc77ba4eaaad1.lock")
+            .exists()
+    );
+    // A record written by the Go package, with an offset and reordered keys, is understood.
+    fs::write(
+        dir.path()
+            .join("conf-lease-fresh-25bfc77ba4eaaad1.lease.json"),
+        r#"{"expiry":"2023-11-14T23:13:50+01:00","token":1,"owner":"a"}"#,
+    )
+    .unwrap();
+    let renewed = leases.renew(&l).unwrap().lease().expect("same generation");
+    assert_eq!(renewed.token, 1);
+}
+
+#[test]
+fn flock_lease_is_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<FlockLease>();
+    check::<flocklease::MemLease>();
+}

@@ -1,0 +1,159 @@
+//! Helpers shared by the integration tests: lease worlds and child processes in a role.
+//!
+//! A child is this same test binary re-run with `FLOCKLEASE_ROLE` set, filtered to the
+//! `child_entry` test, which dispatches to the role. Children talk to the parent with lines
+//! starting `@@ ` on stdout (libtest prints its own lines there too) and wait on stdin, so the
+//! parent synchronises on what a child says, never on sleeps.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use flocklease::{Durability, FlockLease, ManualClock, Owner, SessionId};
+
+/// The environment variable naming a child's role.
+pub const ROLE: &str = "FLOCKLEASE_ROLE";
+
+/// A child process running one role.
+pub struct RoleChild {
+    pub child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl RoleChild {
+    /// Starts this test binary as a child in `role`, with `args` in `FLOCKLEASE_ARGS`.
+    pub fn spawn(entry: &str, role: &str, args: &[&str]) -> RoleChild {
+        let exe = std::env::current_exe().expect("current exe");
+        let mut child = Command::new(exe)
+            .args([entry, "--exact", "--nocapture", "--test-threads=1"])
+            .env(ROLE, role)
+            .env("FLOCKLEASE_ARGS", args.join("\u{1f}"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn child");
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().expect("child stdout"));
+        RoleChild {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    /// The next protocol line from the child (without the `@@ ` prefix).
+    pub fn line(&mut self) -> String {
+        loop {
+            let mut s = String::new();
+            let n = self.stdout.read_line(&mut s).expect("read child stdout");
+            assert!(n > 0, "child closed stdout before saying anything more");
+            // libtest may have printed "test child_entry ... " on the same line.
+            if let Some(at) = s.find("@@ ") {
+                return s[at + 3..].trim_end().to_owned();
+            }
+        }
+    }
+
+    /// Sends one line to the child.
+    pub fn say(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().expect("child stdin open");
+        writeln!(stdin, "{line}").expect("write child stdin");
+        stdin.flush().expect("flush child stdin");
+    }
+
+    /// The child's pid.
+    pub fn pid(&self) -> nix::unistd::Pid {
+        nix::unistd::Pid::from_raw(self.child.id() as i32)
+    }
+
+    /// SIGKILLs the child and reaps it.
+    pub fn kill(mut self) {
+        self.child.kill().expect("kill child");
+        self.child.wait().expect("reap child");
+    }
+
+    /// Closes the child's stdin and waits for it to exit successfully.
+    pub fn finish(mut self) {
+        drop(self.stdin.take());
+        let status = self.child.wait().expect("wait child");
+        assert!(status.success(), "child failed: {status}");
+    }
+}
+
+impl Drop for RoleChild {
+    fn drop(&mut self) {
+        // Never leave a child behind when a test fails.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// In a child: the role and its arguments, if this process is one.
+pub fn role() -> Option<(String, Vec<String>)> {
+    let role = std::env::var(ROLE).ok()?;
+    let args = std::env::var("FLOCKLEASE_ARGS").unwrap_or_default();
+    let args = if args.is_empty() {
+        vec![]
+    } else {
+        args.split('\u{1f}').map(str::to_owned).collect()
+    };
+    Some((role, args))
+}
+
+/// In a child: says a protocol line to the parent.
+pub fn tell(line: &str) {
+    println!("@@ {line}");
+    std::io::stdout().flush().expect("flush stdout");
+}
+
+/// In a child: reads one line from the parent (None at end of input).
+pub fn hear() -> Option<String> {
+    let mut s = String::new();
+    match std::io::stdin().read_line(&mut s) {
+        Ok(0) | Err(_) => None,
+        Ok(_) => Some(s.trim_end().to_owned()),
+    }
+}
+
+/// A lease manager over `dir` with the system clock and the given TTL (no fsync: speed).
+pub fn open_real(dir: &Path, ttl: Duration) -> FlockLease {
+    FlockLease::builder(dir)
+        .ttl(ttl)
+        .durability(Durability::NoSync)
+        .open()
+        .expect("open lease dir")
+}
+
+/// A lease manager over `dir` with a manual clock.
+pub fn open_manual(dir: &Path, clock: &ManualClock) -> FlockLease {
+    FlockLease::builder(dir)
+        .clock(Arc::new(clock.clone()))
+        .ttl(Duration::from_secs(30))
+        .open()
+        .expect("open lease dir")
+}
+
+pub fn id(s: &str) -> SessionId {
+    SessionId::new(s).expect("valid id")
+}
+
+pub fn owner(s: &str) -> Owner {
+    Owner::new(s).expect("valid owner")
+}
+
+/// Names in `dir` ending with `suffix`.
+pub fn files_ending(dir: &Path, suffix: &str) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .expect("read dir")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.ends_with(suffix))
+        .collect();
+    v.sort();
+    v
+}
