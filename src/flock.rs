@@ -9,7 +9,7 @@
 //! | `<stem>.lease.json` | the record, replaced atomically through `<stem>.lease.json.tmp` |
 //!
 //! This module only does file work; every decision comes from [`machine`](crate::machine)
-//! through [`driver::run`](crate::driver::run).
+//! through [`driver::run`].
 
 use std::collections::HashMap;
 use std::fs::{self, DirBuilder, File, OpenOptions, TryLockError};
@@ -416,7 +416,11 @@ impl FlockTx<'_> {
 }
 
 impl Transaction for FlockTx<'_> {
-    type Pending = PendingLive;
+    /// Dropping it un-adopted (the commit failed) closes the descriptor, which releases the
+    /// lock. The file stays: if the rename happened but the directory sync failed, the record
+    /// names this generation, and a present, unlocked file lets the next acquire see it dead and
+    /// replace it at once; otherwise the next takeover reuses the same name.
+    type Pending = File;
 
     fn read(&mut self) -> Result<Option<Record>, Error> {
         let path = &self.paths.record;
@@ -461,15 +465,12 @@ impl Transaction for FlockTx<'_> {
         }
     }
 
-    fn lock_live(&mut self, token: u64) -> Result<PendingLive, Error> {
+    fn lock_live(&mut self, token: u64) -> Result<File, Error> {
         let path = self.paths.live(token);
         let file = self.lease.open_file(&path, Access::LiveCreate)?;
         self.lease.faults.check(FaultPoint::LockLive, &path)?;
         match file.try_lock() {
-            Ok(()) => Ok(PendingLive {
-                file: Some(file),
-                path,
-            }),
+            Ok(()) => Ok(file),
             Err(TryLockError::WouldBlock) => Err(Error::LiveLockBusy { path }),
             Err(TryLockError::Error(e)) => Err(Error::io("lock", &path, e)),
         }
@@ -576,26 +577,8 @@ impl Transaction for FlockTx<'_> {
         }
     }
 
-    fn adopt(&mut self, mut pending: PendingLive, local: Local) {
-        if let Some(file) = pending.file.take() {
-            self.slot.local = Some(LocalGen { local, file });
-        }
-    }
-}
-
-/// A new generation's locked liveness file, before its commit. Dropped un-adopted (the commit
-/// failed), it removes its file and then releases its lock, leaving the directory as it was.
-struct PendingLive {
-    file: Option<File>,
-    path: PathBuf,
-}
-
-impl Drop for PendingLive {
-    fn drop(&mut self) {
-        if let Some(file) = self.file.take() {
-            let _ = fs::remove_file(&self.path);
-            drop(file);
-        }
+    fn adopt(&mut self, file: File, local: Local) {
+        self.slot.local = Some(LocalGen { local, file });
     }
 }
 

@@ -88,3 +88,8 @@ pub use memory::{MemLease, MemStore};
 pub use name::{InvalidInput, Owner, SessionId, stem};
 pub use record::Record;
 pub use timestamp::Timestamp;
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
