@@ -504,3 +504,30 @@ fn flock_lease_is_send_and_sync() {
     check::<FlockLease>();
     check::<flocklease::MemLease>();
 }
+
+#[test]
+fn calls_on_one_id_from_one_instance_are_serialized() {
+    let dir = tempfile::tempdir().unwrap();
+    let leases = Arc::new(open_real(dir.path(), Duration::from_secs(60)));
+    for round in 0..20 {
+        let sid = format!("shared-{round}");
+        let barrier = Arc::new(std::sync::Barrier::new(4));
+        let handles: Vec<_> = (0..4)
+            .map(|i| {
+                let (leases, barrier, sid) =
+                    (Arc::clone(&leases), Arc::clone(&barrier), sid.clone());
+                thread::spawn(move || {
+                    barrier.wait();
+                    leases.acquire(&id(&sid), &owner(&format!("t{i}"))).unwrap()
+                })
+            })
+            .collect();
+        let grants: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        assert_eq!(
+            grants.iter().filter(|g| !g.is_held()).count(),
+            1,
+            "round {round}"
+        );
+        assert_eq!(read_record(dir.path(), &sid).token, 1);
+    }
+}
