@@ -1,0 +1,100 @@
+//! `flocklease-model check` and `flocklease-model explore`.
+
+use std::process::ExitCode;
+
+use flocklease_model::{LeaseModel, report};
+use stateright::Model;
+
+const USAGE: &str = "\
+usage: flocklease-model <check|explore> [options]
+
+commands:
+  check      explore every reachable state of the configuration; print the state count, each
+             property's verdict and, for a violation, the shortest counterexample; exit 1 on any
+             violation or unwitnessed `sometimes` property
+  explore    serve stateright's explorer to click through interleavings in a browser
+
+options:
+  --procs N          lease-manager processes (default 2, at most 3)
+  --max-time T       the clock runs from tick 0 to T (default 4)
+  --ttl T            lease TTL in ticks (default 2)
+  --max-token K      do not explore past token K (default 3)
+  --faults N         failing writes to inject (default 1; 0 disables)
+  --no-host-crash    no host crash
+  --no-sync          model Durability::NoSync (shows why fsync is needed)
+  --addr HOST:PORT   explorer address (default 127.0.0.1:3000)
+";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match run(&args) {
+        Ok(code) => code,
+        Err(msg) => {
+            eprintln!("flocklease-model: {msg}\n\n{USAGE}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(args: &[String]) -> Result<ExitCode, String> {
+    let (command, rest) = args.split_first().ok_or("missing command")?;
+    let mut model = LeaseModel::default();
+    let mut addr = "127.0.0.1:3000".to_owned();
+    let mut it = rest.iter();
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--procs" => model.procs = number(value()?, flag)?,
+            "--max-time" => model.max_time = number(value()?, flag)?,
+            "--ttl" => model.ttl_ticks = number(value()?, flag)?,
+            "--max-token" => model.max_token = number(value()?, flag)?,
+            "--faults" => model.write_faults = number(value()?, flag)?,
+            "--no-host-crash" => model.host_crash = false,
+            "--no-sync" => model.durable = false,
+            "--addr" => addr = value()?.clone(),
+            "-h" | "--help" => {
+                print!("{USAGE}");
+                return Ok(ExitCode::SUCCESS);
+            }
+            other => return Err(format!("unknown option {other}")),
+        }
+    }
+    if !(1..=3).contains(&model.procs) {
+        return Err("--procs must be 1, 2 or 3".into());
+    }
+    if model.ttl_ticks == 0 || model.max_time > 200 {
+        return Err("--ttl must be positive and --max-time at most 200".into());
+    }
+    match command.as_str() {
+        "check" => {
+            let mut out = std::io::stdout();
+            let ok = report::check(&model, &mut out).map_err(|e| e.to_string())?;
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        "explore" => {
+            // stateright panics when the address is taken: say so clearly instead.
+            drop(
+                std::net::TcpListener::bind(addr.as_str())
+                    .map_err(|e| format!("cannot listen on {addr}: {e}"))?,
+            );
+            println!("model: {model:?}");
+            println!("explorer on http://{addr} (Ctrl-C to stop)");
+            // Serves until the process is stopped.
+            let _checker = model.checker().serve(addr.as_str());
+            Ok(ExitCode::SUCCESS)
+        }
+        "-h" | "--help" => {
+            print!("{USAGE}");
+            Ok(ExitCode::SUCCESS)
+        }
+        other => Err(format!("unknown command {other}")),
+    }
+}
+
+fn number<T: std::str::FromStr>(s: &str, flag: &str) -> Result<T, String> {
+    s.parse().map_err(|_| format!("{flag}: {s:?} is not a valid number"))
+}
