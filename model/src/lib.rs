@@ -46,9 +46,9 @@ impl Default for LeaseModel {
     fn default() -> Self {
         LeaseModel {
             procs: 2,
-            max_time: 4,
+            max_time: 5,
             ttl_ticks: 2,
-            max_token: 3,
+            max_token: 4,
             write_faults: 1,
             host_crash: true,
             durable: true,
@@ -300,7 +300,8 @@ impl LeaseModel {
                     }
                     let old = before.record.as_ref();
                     let old_holder = old.and_then(|r| before.live.get(&r.token).copied().flatten());
-                    let unexpired = old.is_some_and(|r| !r.is_tombstone() && at(before.now) < r.expiry);
+                    let unexpired =
+                        old.is_some_and(|r| !r.is_tombstone() && at(before.now) < r.expiry);
                     if unexpired && old_holder.is_none() {
                         s.scenario = Some(Scenario::TakeoverAfterCrash);
                     } else if !unexpired
@@ -351,7 +352,10 @@ impl LeaseModel {
                     let crashed = before.record.as_ref().is_some_and(|r| {
                         !r.is_tombstone()
                             && before.live.get(&r.token) == Some(&None)
-                            && before.procs[p].local.as_ref().is_none_or(|l| l.token != r.token)
+                            && before.procs[p]
+                                .local
+                                .as_ref()
+                                .is_none_or(|l| l.token != r.token)
                     });
                     if crashed {
                         flag("crashed holder replaced at once");
@@ -509,29 +513,38 @@ impl Model for LeaseModel {
 
     fn properties(&self) -> Vec<Property<Self>> {
         vec![
-            Property::always("at most one unexpired holder, the record's", |_, s: &State| {
-                let now = at(s.now);
-                let holders: Vec<(usize, LeaseView)> = s
-                    .procs
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(p, proc)| proc.lease.map(|l| (p, l)))
-                    .filter(|(_, l)| now < at(l.expiry))
-                    .collect();
-                match holders.as_slice() {
-                    [] => true,
-                    [(p, l)] => s.record.as_ref().is_some_and(|r| {
-                        r.owner == owner(*p).as_str() && r.token == l.token
-                    }),
-                    _ => false,
-                }
+            Property::always(
+                "at most one unexpired holder, the record's",
+                |_, s: &State| {
+                    let now = at(s.now);
+                    let holders: Vec<(usize, LeaseView)> = s
+                        .procs
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(p, proc)| proc.lease.map(|l| (p, l)))
+                        .filter(|(_, l)| now < at(l.expiry))
+                        .collect();
+                    match holders.as_slice() {
+                        [] => true,
+                        [(p, l)] => s
+                            .record
+                            .as_ref()
+                            .is_some_and(|r| r.owner == owner(*p).as_str() && r.token == l.token),
+                        _ => false,
+                    }
+                },
+            ),
+            Property::always(
+                "tokens never go back, even after a host crash",
+                |_, s: &State| {
+                    let durable = s.durable.as_ref().map_or(0, |r| r.token);
+                    let visible = s.record.as_ref().map_or(0, |r| r.token);
+                    durable >= s.max_granted && visible >= durable
+                },
+            ),
+            Property::always("no transition property broken", |_, s: &State| {
+                s.violation.is_none()
             }),
-            Property::always("tokens never go back, even after a host crash", |_, s: &State| {
-                let durable = s.durable.as_ref().map_or(0, |r| r.token);
-                let visible = s.record.as_ref().map_or(0, |r| r.token);
-                durable >= s.max_granted && visible >= durable
-            }),
-            Property::always("no transition property broken", |_, s: &State| s.violation.is_none()),
             Property::sometimes("takeover after a crash", |_, s: &State| {
                 s.scenario == Some(Scenario::TakeoverAfterCrash)
             }),
@@ -560,7 +573,9 @@ impl Model for LeaseModel {
             Action::Release(p) => format!("p{p} release"),
             Action::RenewStale(p) => format!("p{p} renew (stale lease)"),
             Action::ReleaseStale(p) => format!("p{p} release (stale lease)"),
-            Action::FailingWrite(p, op, fault) => format!("p{p} {op:?} with write failing {fault:?}"),
+            Action::FailingWrite(p, op, fault) => {
+                format!("p{p} {op:?} with write failing {fault:?}")
+            }
             Action::Crash(p) => format!("p{p} crashes"),
             Action::Tick => "tick".into(),
             Action::HostCrash => "host crash".into(),
@@ -605,9 +620,9 @@ impl fmt::Debug for State {
             let lease = proc
                 .lease
                 .map_or("-".into(), |l| format!("#{}@{}", l.token, l.expiry));
-            let stale = proc
-                .stale
-                .map_or(String::new(), |l| format!(" stale #{}@{}", l.token, l.expiry));
+            let stale = proc.stale.map_or(String::new(), |l| {
+                format!(" stale #{}@{}", l.token, l.expiry)
+            });
             write!(f, " | p{p} lease {lease}{stale}")?;
         }
         if let Some(v) = self.violation {
@@ -771,7 +786,11 @@ pub mod report {
 
     /// The shortest path to a discovery of property `name`, by iterative deepening (a
     /// multi-threaded breadth-first search does not guarantee the shortest path).
-    pub fn shortest(model: &LeaseModel, name: &'static str, max_depth: usize) -> Option<Path<State, Action>> {
+    pub fn shortest(
+        model: &LeaseModel,
+        name: &'static str,
+        max_depth: usize,
+    ) -> Option<Path<State, Action>> {
         (1..=max_depth + 1).find_map(|depth| {
             model
                 .clone()
@@ -784,7 +803,11 @@ pub mod report {
     }
 
     /// Writes `path` as numbered steps.
-    pub fn write_path(model: &LeaseModel, path: Path<State, Action>, out: &mut impl Write) -> io::Result<()> {
+    pub fn write_path(
+        model: &LeaseModel,
+        path: Path<State, Action>,
+        out: &mut impl Write,
+    ) -> io::Result<()> {
         for (state, action) in path.into_vec() {
             match action {
                 // The action stored with a state is the one taken *from* it.
@@ -820,7 +843,11 @@ pub mod report {
             writeln!(out, "  {:9} {:50} {word}", v.expectation, v.name)?;
             all_ok &= v.ok;
         }
-        for v in outcome.verdicts.iter().filter(|v| !v.ok && v.expectation == "always") {
+        for v in outcome
+            .verdicts
+            .iter()
+            .filter(|v| !v.ok && v.expectation == "always")
+        {
             writeln!(out, "\nshortest counterexample for \"{}\":", v.name)?;
             match shortest(model, v.name, outcome.max_depth) {
                 Some(path) => write_path(model, path, out)?,

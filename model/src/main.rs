@@ -16,9 +16,9 @@ commands:
 
 options:
   --procs N          lease-manager processes (default 2, at most 3)
-  --max-time T       the clock runs from tick 0 to T (default 4)
+  --max-time T       the clock runs from tick 0 to T (default 5)
   --ttl T            lease TTL in ticks (default 2)
-  --max-token K      do not explore past token K (default 3)
+  --max-token K      do not explore past token K (default 4)
   --faults N         failing writes to inject (default 1; 0 disables)
   --no-host-crash    no host crash
   --no-sync          model Durability::NoSync (shows why fsync is needed)
@@ -96,5 +96,6 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
 }
 
 fn number<T: std::str::FromStr>(s: &str, flag: &str) -> Result<T, String> {
-    s.parse().map_err(|_| format!("{flag}: {s:?} is not a valid number"))
+    s.parse()
+        .map_err(|_| format!("{flag}: {s:?} is not a valid number"))
 }
