@@ -157,3 +157,68 @@ pub fn files_ending(dir: &Path, suffix: &str) -> Vec<String> {
     v.sort();
     v
 }
+
+/// A wall clock shared between processes through a file holding unix nanoseconds: the parent
+/// moves time for every child at once, so "past the TTL" needs no sleeping.
+#[derive(Debug, Clone)]
+pub struct FileClock {
+    path: std::path::PathBuf,
+}
+
+impl FileClock {
+    /// A clock kept in `path`, starting at `start`.
+    pub fn create(path: &Path, start: flocklease::Timestamp) -> FileClock {
+        let c = FileClock {
+            path: path.to_owned(),
+        };
+        c.set(start);
+        c
+    }
+
+    /// Opens an existing clock file.
+    pub fn open(path: &Path) -> FileClock {
+        FileClock {
+            path: path.to_owned(),
+        }
+    }
+
+    /// Sets the time for every process (atomically: temp file + rename).
+    pub fn set(&self, t: flocklease::Timestamp) {
+        let tmp = self.path.with_extension("tmp");
+        std::fs::write(&tmp, t.unix_nanos().to_string()).expect("write clock");
+        std::fs::rename(&tmp, &self.path).expect("rename clock");
+    }
+
+    /// Moves time forward by `d`.
+    pub fn advance(&self, d: Duration) {
+        use flocklease::Clock;
+        self.set(self.now().checked_add(d).expect("in range"));
+    }
+}
+
+impl flocklease::Clock for FileClock {
+    fn now(&self) -> flocklease::Timestamp {
+        let text = std::fs::read_to_string(&self.path).expect("read clock");
+        let nanos: i128 = text.trim().parse().expect("clock holds nanoseconds");
+        flocklease::Timestamp::from_unix_nanos(nanos).expect("clock in range")
+    }
+}
+
+/// A lease manager over `dir` whose clock is the file `clock`.
+pub fn open_with_file_clock(dir: &Path, clock: &Path, ttl: Duration) -> FlockLease {
+    FlockLease::builder(dir)
+        .clock(Arc::new(FileClock::open(clock)))
+        .ttl(ttl)
+        .durability(Durability::NoSync)
+        .open()
+        .expect("open lease dir")
+}
+
+/// Waits until process `pid` has stopped (SIGSTOP delivered), without sleeping.
+pub fn wait_stopped(pid: nix::unistd::Pid) {
+    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+    match waitpid(pid, Some(WaitPidFlag::WUNTRACED)).expect("waitpid") {
+        WaitStatus::Stopped(..) => {}
+        other => panic!("expected the child to stop, got {other:?}"),
+    }
+}
