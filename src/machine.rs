@@ -231,7 +231,7 @@ fn acquire(input: &Input, owner: &Owner) -> Result<Decision, StepError> {
             return takeover(input, owner, old, false).map(Decision::Plan);
         }
     };
-    if rec.is_expired(input.now) {
+    if expired(rec, input.now) {
         return takeover(input, owner, rec.token, true).map(Decision::Plan);
     }
     let held_here = input.local.as_ref().is_some_and(|l| l.token == rec.token);
@@ -386,6 +386,11 @@ fn names(input: &Input, owner: &Owner, token: u64) -> bool {
         .record
         .as_ref()
         .is_some_and(|r| r.token == token && r.owner == owner.as_str())
+}
+
+/// `now >= expiry` is expired: the boundary instant belongs to the next holder.
+fn expired(rec: &Record, now: Timestamp) -> bool {
+    now >= rec.expiry
 }
 
 fn expiry(input: &Input) -> Result<Timestamp, StepError> {

@@ -34,11 +34,6 @@ impl Record {
     pub fn is_tombstone(&self) -> bool {
         self.owner.is_empty()
     }
-
-    /// Whether the recorded generation is expired at `now` (the boundary is expired).
-    pub fn is_expired(&self, now: Timestamp) -> bool {
-        now >= self.expiry
-    }
 }
 
 /// Why record bytes are corrupt.
