@@ -1,0 +1,285 @@
+//! Fault injection through the adapter's I/O seam: for every fault point, in every transition
+//! that reaches it, the step fails once. Each time: the error is reported (or success, when the
+//! record was already committed), no lease is lost, no lock leaks, the next call recovers and
+//! tokens stay monotone.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::fs::{self, File};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use flocklease::conformance::START;
+use flocklease::fault::{FaultHook, FaultPoint};
+use flocklease::{Error, FlockLease, Grant, Lease, ManualClock, Record, SessionLease, record};
+use support::{files_ending, id, owner};
+
+struct Harness {
+    dir: tempfile::TempDir,
+    clock: ManualClock,
+    armed: Arc<Mutex<Option<FaultPoint>>>,
+    fired: Arc<AtomicBool>,
+}
+
+impl Harness {
+    fn new() -> Harness {
+        Harness {
+            dir: tempfile::tempdir().unwrap(),
+            clock: ManualClock::new(START),
+            armed: Arc::default(),
+            fired: Arc::default(),
+        }
+    }
+
+    fn instance(&self) -> FlockLease {
+        let (armed, fired) = (Arc::clone(&self.armed), Arc::clone(&self.fired));
+        let hook: FaultHook = Arc::new(move |point, _path| {
+            let mut armed = armed.lock().unwrap();
+            if *armed == Some(point) {
+                *armed = None;
+                fired.store(true, Ordering::SeqCst);
+                return Some(std::io::Error::other("injected fault"));
+            }
+            None
+        });
+        FlockLease::builder(self.dir.path())
+            .clock(Arc::new(self.clock.clone()))
+            .ttl(Duration::from_secs(30))
+            .lock_timeout(Duration::from_secs(2))
+            .faults(hook)
+            .open()
+            .unwrap()
+    }
+
+    /// Runs `op` with `point` failing at its first occurrence; returns the result and whether
+    /// the fault fired.
+    fn with_fault<T>(&self, point: FaultPoint, op: impl FnOnce() -> T) -> (T, bool) {
+        self.fired.store(false, Ordering::SeqCst);
+        *self.armed.lock().unwrap() = Some(point);
+        let out = op();
+        *self.armed.lock().unwrap() = None;
+        (out, self.fired.load(Ordering::SeqCst))
+    }
+
+    fn record(&self) -> Option<Record> {
+        let path = self
+            .dir
+            .path()
+            .join(format!("{}.lease.json", id("s").stem()));
+        fs::read(path).ok().map(|b| record::decode(&b).unwrap())
+    }
+
+    /// No lock leaked: the transition lock is free and every liveness file but the one of
+    /// `held` (a generation legitimately held) can be locked.
+    fn assert_no_leak(&self, held: Option<u64>, ctx: &str) {
+        let dir = self.dir.path();
+        let stem = id("s").stem();
+        // (Absent when its very creation was the failing step.)
+        if let Ok(lock) = File::open(dir.join(format!("{stem}.lock"))) {
+            lock.try_lock()
+                .unwrap_or_else(|e| panic!("{ctx}: transition lock leaked: {e:?}"));
+        }
+        for name in files_ending(dir, ".live") {
+            if Some(name.as_str()) == held.map(|t| format!("{stem}.{t}.live")).as_deref() {
+                continue;
+            }
+            let f = File::open(dir.join(&name)).unwrap();
+            f.try_lock()
+                .unwrap_or_else(|e| panic!("{ctx}: {name} still locked: {e:?}"));
+        }
+    }
+}
+
+fn granted(g: Result<Grant, Error>, ctx: &str) -> Lease {
+    match g {
+        Ok(Grant::Granted(l)) => l,
+        other => panic!("{ctx}: expected a grant, got {other:?}"),
+    }
+}
+
+fn assert_injected(e: &Error, dir: &Path, ctx: &str) {
+    assert!(matches!(e, Error::Io { .. }), "{ctx}: {e}");
+    assert!(e.to_string().contains("injected fault"), "{ctx}: {e}");
+    let path = e.path().unwrap();
+    assert!(
+        path.starts_with(dir),
+        "{ctx}: {path:?} outside the lease directory"
+    );
+}
+
+#[test]
+fn every_fault_point_of_every_transition() {
+    let mut fired = BTreeSet::new();
+    for point in FaultPoint::ALL {
+        for (name, scenario) in [
+            ("fresh acquire", fresh_acquire as fn(FaultPoint) -> bool),
+            ("takeover from a crashed holder", takeover_from_crashed),
+            ("renew", renew),
+            ("release", release),
+            ("refresh", refresh),
+        ] {
+            if scenario(point) {
+                fired.insert(point);
+                eprintln!("{point:?} failed during {name}: recovered");
+            }
+        }
+    }
+    let missed: Vec<_> = FaultPoint::ALL
+        .iter()
+        .filter(|p| !fired.contains(p))
+        .collect();
+    assert!(missed.is_empty(), "fault points never reached: {missed:?}");
+}
+
+fn fresh_acquire(point: FaultPoint) -> bool {
+    let h = Harness::new();
+    let a = h.instance();
+    let (r, fired) = h.with_fault(point, || a.acquire(&id("s"), &owner("a")));
+    let ctx = format!("fresh acquire, {point:?}");
+    if !fired {
+        assert_eq!(granted(r, &ctx).token, 1);
+        return false;
+    }
+    let err = r.unwrap_err();
+    assert_injected(&err, h.dir.path(), &ctx);
+    // Nothing durable was granted; after a failed directory fsync the record may name a
+    // generation whose lock was dropped: a dead one, replaced at once.
+    let rec = h.record();
+    match point {
+        FaultPoint::SyncDir => assert_eq!(rec.map(|r| r.token), Some(1), "{ctx}"),
+        _ => assert_eq!(rec, None, "{ctx}"),
+    }
+    h.assert_no_leak(None, &ctx);
+    let l = granted(a.acquire(&id("s"), &owner("a")), &ctx);
+    assert!(l.token >= 1);
+    assert!(
+        h.instance()
+            .acquire(&id("s"), &owner("b"))
+            .unwrap()
+            .is_held(),
+        "{ctx}"
+    );
+    true
+}
+
+fn takeover_from_crashed(point: FaultPoint) -> bool {
+    let h = Harness::new();
+    let old = granted(h.instance().acquire(&id("s"), &owner("a")), "setup");
+    // The holder instance is dropped: its process "crashed".
+    let before = h.record();
+    let b = h.instance();
+    let (r, fired) = h.with_fault(point, || b.acquire(&id("s"), &owner("b")));
+    let ctx = format!("takeover, {point:?}");
+    if !fired {
+        assert_eq!(granted(r, &ctx).token, old.token + 1);
+        return false;
+    }
+    assert_injected(&r.unwrap_err(), h.dir.path(), &ctx);
+    if point != FaultPoint::SyncDir {
+        assert_eq!(
+            h.record(),
+            before,
+            "{ctx}: record changed by a failed takeover"
+        );
+    }
+    h.assert_no_leak(None, &ctx);
+    let l = granted(b.acquire(&id("s"), &owner("b")), &ctx);
+    assert!(l.token > old.token, "{ctx}: token went back");
+    true
+}
+
+fn renew(point: FaultPoint) -> bool {
+    let h = Harness::new();
+    let a = h.instance();
+    let lease = granted(a.acquire(&id("s"), &owner("a")), "setup");
+    h.clock.advance(Duration::from_secs(10));
+    let before = h.record();
+    let (r, fired) = h.with_fault(point, || a.renew(&lease));
+    let ctx = format!("renew, {point:?}");
+    if !fired {
+        assert_eq!(granted(r, &ctx).token, lease.token);
+        return false;
+    }
+    assert_injected(&r.unwrap_err(), h.dir.path(), &ctx);
+    assert_eq!(h.record(), before, "{ctx}");
+    h.assert_no_leak(Some(lease.token), &ctx);
+    // Not lost: still held against others, and the next renew succeeds with the same token.
+    assert!(
+        h.instance()
+            .acquire(&id("s"), &owner("b"))
+            .unwrap()
+            .is_held(),
+        "{ctx}"
+    );
+    assert_eq!(granted(a.renew(&lease), &ctx).token, lease.token);
+    true
+}
+
+fn release(point: FaultPoint) -> bool {
+    let h = Harness::new();
+    let a = h.instance();
+    let lease = granted(a.acquire(&id("s"), &owner("a")), "setup");
+    let (r, fired) = h.with_fault(point, || a.release(&lease));
+    let ctx = format!("release, {point:?}");
+    if !fired {
+        r.unwrap();
+        return false;
+    }
+    match point {
+        // After the commit: the release happened, only its cleanup failed.
+        FaultPoint::Unlink => {
+            r.unwrap();
+            assert!(h.record().unwrap().owner.is_empty(), "{ctx}");
+            h.assert_no_leak(None, &ctx);
+        }
+        _ => {
+            assert_injected(&r.unwrap_err(), h.dir.path(), &ctx);
+            if point != FaultPoint::SyncDir {
+                // Still held: the record names it and others are refused.
+                assert_eq!(h.record().map(|r| r.token), Some(lease.token), "{ctx}");
+                assert!(!h.record().unwrap().owner.is_empty(), "{ctx}");
+                assert!(
+                    h.instance()
+                        .acquire(&id("s"), &owner("b"))
+                        .unwrap()
+                        .is_held(),
+                    "{ctx}"
+                );
+            }
+            // The generation is still tracked: a retry completes the release.
+            a.release(&lease).unwrap();
+            assert!(h.record().unwrap().owner.is_empty(), "{ctx}");
+            h.assert_no_leak(None, &ctx);
+        }
+    }
+    let next = granted(h.instance().acquire(&id("s"), &owner("b")), &ctx);
+    assert!(next.token > lease.token, "{ctx}");
+    true
+}
+
+fn refresh(point: FaultPoint) -> bool {
+    let h = Harness::new();
+    let a = h.instance();
+    let lease = granted(a.acquire(&id("s"), &owner("a")), "setup");
+    h.clock.advance(Duration::from_secs(10));
+    let before = h.record();
+    let (r, fired) = h.with_fault(point, || a.acquire(&id("s"), &owner("a")));
+    let ctx = format!("refresh, {point:?}");
+    if !fired {
+        assert_eq!(granted(r, &ctx).token, lease.token);
+        return false;
+    }
+    assert_injected(&r.unwrap_err(), h.dir.path(), &ctx);
+    assert_eq!(h.record(), before, "{ctx}");
+    h.assert_no_leak(Some(lease.token), &ctx);
+    assert_eq!(
+        granted(a.acquire(&id("s"), &owner("a")), &ctx).token,
+        lease.token
+    );
+    true
+}
