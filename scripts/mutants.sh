@@ -5,5 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v cargo-mutants >/dev/null || cargo install cargo-mutants --locked
-exec cargo mutants --test-workspace true --timeout 300 -- \
-    --lib --test conformance --test check "$@"
+exec cargo mutants --timeout 300 -- \
+    --workspace --lib --test conformance --test check "$@"

@@ -179,6 +179,26 @@ pub fn at(t: u8) -> Timestamp {
 }
 
 impl LeaseModel {
+    /// The initial state of this configuration.
+    pub fn initial(&self) -> State {
+        self.init_states().remove(0)
+    }
+
+    /// Runs `event` as process `p` at the state's time through the shared interpreter, with no
+    /// fault: the reference the adapters are compared against in property tests.
+    ///
+    /// # Errors
+    ///
+    /// What the interpreter reports (token exhausted, a busy liveness lock).
+    pub fn apply(&self, state: &mut State, p: usize, event: Event) -> Result<Outcome, Error> {
+        self.transition(state, p, event, None)
+    }
+
+    /// Process `p` crashes: its liveness locks vanish, it forgets everything.
+    pub fn crash(&self, state: &mut State, p: usize) {
+        crash(state, p);
+    }
+
     fn ttl(&self) -> Duration {
         Duration::from_secs(u64::from(self.ttl_ticks))
     }
