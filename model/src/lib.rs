@@ -36,6 +36,9 @@ pub struct LeaseModel {
     pub write_faults: u8,
     /// Whether a host crash (every process dies, undurable writes are lost) can happen, once.
     pub host_crash: bool,
+    /// Whether an operator (or a tmp cleaner) may delete the current generation's liveness file,
+    /// once — a vanished file is not proof of death.
+    pub cleaner: bool,
     /// Whether commits that change owner or token are made durable (the adapter's
     /// `Durability::Full`). With `false`, a host crash can bring back an older token.
     pub durable: bool,
@@ -51,6 +54,7 @@ impl Default for LeaseModel {
             max_token: 4,
             write_faults: 1,
             host_crash: true,
+            cleaner: true,
             durable: true,
         }
     }
@@ -94,6 +98,8 @@ pub struct State {
     pub faults_left: u8,
     /// Whether the host crash is still to come.
     pub host_crash_left: bool,
+    /// Whether the cleaner's deletion is still to come.
+    pub cleaner_left: bool,
     /// Ghost: the highest token ever granted to a caller.
     pub max_granted: u64,
     /// Ghost: the notable scenario the last transition was, if any.
@@ -117,6 +123,9 @@ pub enum Scenario {
     GrantAfterHostCrash,
     /// A failed write left the process able to retry.
     FailedWrite,
+    /// An acquire was refused although the holder's liveness file had vanished: the unexpired
+    /// record still protected the holder.
+    HeldDespiteMissingFile,
 }
 
 /// A step of the system.
@@ -140,6 +149,8 @@ pub enum Action {
     Tick,
     /// The host crashes: every process dies, undurable writes are lost.
     HostCrash,
+    /// An operator deletes the liveness file of the recorded generation.
+    DeleteLiveFile,
 }
 
 /// The operation a failing write belongs to.
@@ -369,6 +380,13 @@ impl LeaseModel {
                 }
                 // 6: an acquire after the recorded holder crashed succeeds at once.
                 if kind == Kind::Acquire {
+                    let missing = before
+                        .record
+                        .as_ref()
+                        .is_some_and(|r| !r.is_tombstone() && !before.live.contains_key(&r.token));
+                    if missing {
+                        s.scenario = Some(Scenario::HeldDespiteMissingFile);
+                    }
                     let crashed = before.record.as_ref().is_some_and(|r| {
                         !r.is_tombstone()
                             && before.live.get(&r.token) == Some(&None)
@@ -449,6 +467,7 @@ impl Model for LeaseModel {
             procs: vec![Proc::default(); self.procs],
             faults_left: self.write_faults,
             host_crash_left: self.host_crash,
+            cleaner_left: self.cleaner,
             max_granted: 0,
             scenario: None,
             violation: None,
@@ -484,6 +503,10 @@ impl Model for LeaseModel {
         }
         if s.host_crash_left {
             actions.push(Action::HostCrash);
+        }
+        let current = s.record.as_ref().map(|r| r.token);
+        if s.cleaner_left && current.is_some_and(|t| s.live.contains_key(&t)) {
+            actions.push(Action::DeleteLiveFile);
         }
     }
 
@@ -522,6 +545,17 @@ impl Model for LeaseModel {
                 }
                 s.record = s.durable.clone();
                 s.host_crash_left = false;
+                s
+            }
+            Action::DeleteLiveFile => {
+                let mut s = last.clone();
+                s.scenario = None;
+                // The holder keeps its descriptor and lock on the unlinked file, which no
+                // probe can reach any more: the path is simply gone.
+                if let Some(t) = s.record.as_ref().map(|r| r.token) {
+                    s.live.remove(&t);
+                }
+                s.cleaner_left = false;
                 s
             }
         })
@@ -583,6 +617,12 @@ impl Model for LeaseModel {
             Property::sometimes("a failed write", |m: &LeaseModel, s: &State| {
                 m.write_faults == 0 || s.scenario == Some(Scenario::FailedWrite)
             }),
+            Property::sometimes(
+                "held although the holder's liveness file vanished",
+                |m: &LeaseModel, s: &State| {
+                    !m.cleaner || s.scenario == Some(Scenario::HeldDespiteMissingFile)
+                },
+            ),
         ]
     }
 
@@ -599,6 +639,7 @@ impl Model for LeaseModel {
             Action::Crash(p) => format!("p{p} crashes"),
             Action::Tick => "tick".into(),
             Action::HostCrash => "host crash".into(),
+            Action::DeleteLiveFile => "operator deletes the current liveness file".into(),
         }
     }
 }

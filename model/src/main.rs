@@ -21,6 +21,7 @@ options:
   --max-token K      do not explore past token K (default 4)
   --faults N         failing writes to inject (default 1; 0 disables)
   --no-host-crash    no host crash
+  --no-cleaner       no operator deleting a liveness file
   --no-sync          model Durability::NoSync (shows why fsync is needed)
   --addr HOST:PORT   explorer address (default 127.0.0.1:3000)
 ";
@@ -50,6 +51,7 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
             "--max-token" => model.max_token = number(value()?, flag)?,
             "--faults" => model.write_faults = number(value()?, flag)?,
             "--no-host-crash" => model.host_crash = false,
+            "--no-cleaner" => model.cleaner = false,
             "--no-sync" => model.durable = false,
             "--addr" => addr = value()?.clone(),
             "-h" | "--help" => {

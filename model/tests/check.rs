@@ -10,9 +10,9 @@ fn default_configuration_holds_exhaustively() {
     for v in &outcome.verdicts {
         assert!(v.ok, "{} {} failed", v.expectation, v.name);
     }
-    assert_eq!(outcome.verdicts.len(), 9);
+    assert_eq!(outcome.verdicts.len(), 10);
     assert_eq!(
-        outcome.unique_states, 449_019,
+        outcome.unique_states, 1_374_363,
         "state space changed: re-pin after review"
     );
 }
@@ -46,6 +46,8 @@ fn without_fsync_tokens_can_go_back() {
 fn smaller_configurations_hold() {
     let model = LeaseModel {
         host_crash: false,
+        cleaner: false,
+        max_time: 4,
         write_faults: 0,
         ..LeaseModel::default()
     };
