@@ -28,6 +28,9 @@ plant release-skips-record-check \
 plant takeover-reuses-token \
   'let token = old.checked_add(1)' \
   'let token = old.max(1).checked_add(0)'
+plant no-local-lock-needed-to-renew-or-release \
+  '        .is_some_and(|l| l.token == token && l.owner == *owner)' \
+  '        .is_none_or(|l| l.token == token || l.owner == *owner)'
 plant no-dir-sync-on-takeover \
   '        sync_dir: true,\n        cleanup,' \
   '        sync_dir: false,\n        cleanup,'

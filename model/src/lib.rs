@@ -143,7 +143,8 @@ pub enum Action {
     ReleaseStale(usize),
     /// Process `p` acquires, renews or releases, and its record write fails.
     FailingWrite(usize, Op, Fault),
-    /// Process `p` crashes (and restarts with nothing).
+    /// Process `p` crashes and restarts with no local state, keeping only a copy of its last
+    /// lease to replay.
     Crash(usize),
     /// The clock ticks.
     Tick,
@@ -401,26 +402,27 @@ impl LeaseModel {
                 }
             }
             Ok(Outcome::Released) => {
-                let stale = view.is_some_and(|v| {
-                    before
-                        .record
+                let holds = |v: LeaseView| {
+                    before.procs[p]
+                        .local
                         .as_ref()
-                        .is_some_and(|r| r.token != v.token || r.owner != me.as_str())
-                });
-                if stale {
-                    // 3: a stale release changes neither the record nor anyone else's lock.
+                        .is_some_and(|l| l.token == v.token && l.owner == me)
+                };
+                let current = view.is_some_and(|v| holds(v) && names(&before.record, v.token));
+                if !current {
+                    // 3: a stale or foreign release changes neither the record nor anyone
+                    // else's lock.
                     if s.record != before.record || others(&s.live, p) != others(&before.live, p) {
                         flag("stale release changes nothing");
                     }
-                    if before.record.as_ref().is_some_and(|r| !r.is_tombstone()) {
+                    if before.record.as_ref().is_some_and(|r| !r.is_tombstone())
+                        && view.is_some_and(|v| !names(&before.record, v.token))
+                    {
                         s.scenario = Some(Scenario::StaleReleaseAfterSuccessor);
                     }
-                } else if view.is_some_and(|v| names(&before.record, v.token)) {
+                } else if !s.record.as_ref().is_some_and(|r| r.owner.is_empty()) {
                     // 7: a successful release of the current generation committed a tombstone.
-                    let committed = s.record.as_ref().is_some_and(|r| r.owner.is_empty());
-                    if !committed {
-                        flag("no success without commit");
-                    }
+                    flag("no success without commit");
                 }
                 let proc = &mut s.procs[p];
                 match kind {
@@ -494,7 +496,7 @@ impl Model for LeaseModel {
                     }
                 }
             }
-            if *proc != Proc::default() {
+            if proc.local.is_some() || proc.lease.is_some() {
                 actions.push(Action::Crash(p));
             }
         }
@@ -651,7 +653,14 @@ fn crash(s: &mut State, p: usize) {
             *holder = None;
         }
     }
-    s.procs[p] = Proc::default();
+    // The restarted process has no local state, but may replay a copy of the lease it held
+    // (persisted by the application, or handed over): a lease this instance never acquired.
+    let proc = &mut s.procs[p];
+    let copy = proc.lease.or(proc.stale);
+    *proc = Proc {
+        stale: copy,
+        ..Proc::default()
+    };
 }
 
 impl fmt::Debug for State {
