@@ -67,6 +67,7 @@
 //! # }
 //! ```
 
+pub mod checks;
 pub mod clock;
 pub mod conformance;
 pub mod driver;
