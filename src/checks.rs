@@ -16,7 +16,11 @@ pub fn record_decode(bytes: &[u8]) {
     let again = record::decode(&canonical)
         .unwrap_or_else(|e| panic!("canonical encoding {canonical:?} does not decode: {e}"));
     assert_eq!(again, r, "decode(encode(r)) != r");
-    assert_eq!(record::encode(&again), canonical, "encoding is not canonical");
+    assert_eq!(
+        record::encode(&again),
+        canonical,
+        "encoding is not canonical"
+    );
     assert!(canonical.len() <= record::MAX_RECORD_BYTES + 64);
 }
 
@@ -59,7 +63,10 @@ pub fn machine_step(input: &Input) {
             let rec = input.record.as_ref().expect("probe without a record");
             assert!(input.liveness.is_none(), "asked to probe twice");
             assert_eq!(token, rec.token, "probe of another generation");
-            assert!(!rec.is_tombstone() && input.now < rec.expiry, "needless probe");
+            assert!(
+                !rec.is_tombstone() && input.now < rec.expiry,
+                "needless probe"
+            );
             assert!(matches!(input.event, Event::Acquire { .. }));
             return;
         }
@@ -326,7 +333,10 @@ mod fuzzing {
                     if matches!(op, Op::Renew(..)) {
                         (seen(f[i].renew(l)), seen(m[i].renew(l)))
                     } else {
-                        (format!("{:?}", f[i].release(l).map_err(|e| e.to_string())), format!("{:?}", m[i].release(l).map_err(|e| e.to_string())))
+                        (
+                            format!("{:?}", f[i].release(l).map_err(|e| e.to_string())),
+                            format!("{:?}", m[i].release(l).map_err(|e| e.to_string())),
+                        )
                     }
                 }
                 Op::Renew(..) | Op::Release(..) => continue,

@@ -6,7 +6,9 @@ use std::path::Path;
 use flocklease::checks;
 
 fn replay(target: &str, check: fn(&[u8])) {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus").join(target);
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/corpus")
+        .join(target);
     let mut n = 0;
     for entry in std::fs::read_dir(&dir).expect("corpus directory") {
         let path = entry.expect("corpus entry").path();
@@ -15,7 +17,10 @@ fn replay(target: &str, check: fn(&[u8])) {
         assert!(outcome.is_ok(), "{} fails its check", path.display());
         n += 1;
     }
-    assert!(n >= 5, "{target}: only {n} corpus files; the seeds are missing");
+    assert!(
+        n >= 5,
+        "{target}: only {n} corpus files; the seeds are missing"
+    );
 }
 
 #[test]
