@@ -388,9 +388,15 @@ fn names(input: &Input, owner: &Owner, token: u64) -> bool {
         .is_some_and(|r| r.token == token && r.owner == owner.as_str())
 }
 
-/// `now >= expiry` is expired: the boundary instant belongs to the next holder.
+/// Whether a lease expiring at `expiry` is expired at `now`: `now >= expiry` (the boundary
+/// instant belongs to the next holder). The one definition of expiry, for adapters, the
+/// keep-alive and status reports alike.
+pub fn is_expired(expiry: Timestamp, now: Timestamp) -> bool {
+    now >= expiry
+}
+
 fn expired(rec: &Record, now: Timestamp) -> bool {
-    now >= rec.expiry
+    is_expired(rec.expiry, now)
 }
 
 fn expiry(input: &Input) -> Result<Timestamp, StepError> {
