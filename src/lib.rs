@@ -80,6 +80,7 @@ pub mod machine;
 pub mod memory;
 pub mod name;
 pub mod record;
+pub mod status;
 pub mod timestamp;
 
 pub use clock::{Clock, ManualClock, SystemClock};
