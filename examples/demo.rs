@@ -56,7 +56,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let killed = Instant::now();
     child.kill()?; // SIGKILL: no release, no cleanup
     child.wait()?;
-    let taken = expect_grant(leases.acquire(&id, &parent)?, "takeover")?;
+    // Wait on the dead holder's liveness lock: the kernel drops it as the child is torn down.
+    let taken = leases.acquire_wait(&id, &parent, Duration::from_secs(5))?;
     println!(
         "child SIGKILLed; parent took over {:?} after the kill with token {} (TTL was {:?})",
         killed.elapsed(),

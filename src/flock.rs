@@ -16,7 +16,7 @@ use std::fs::{self, DirBuilder, File, OpenOptions, TryLockError};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, mpsc};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -80,6 +80,7 @@ pub struct FlockLease {
     lock_timeout: Duration,
     durability: Durability,
     slots: Mutex<HashMap<String, Arc<Mutex<Slot>>>>,
+    waiters: Waiters,
     faults: Faults,
 }
 
@@ -130,20 +131,132 @@ impl FlockLease {
         self.ttl
     }
 
+    /// Acquires the lease of `id` for `owner`, waiting up to `timeout` while another owner
+    /// holds it.
+    ///
+    /// The wait blocks on the holder's liveness lock, so it ends the moment the holder releases
+    /// or dies (the kernel drops its lock), or when its lease expires, and then retries the
+    /// acquire: no polling interval. Only when the holder's liveness file is missing (deleted
+    /// by hand) does it re-check every 10 ms until the lease expires.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] naming the record file when `timeout` passes first; any error of
+    /// [`SessionLease::acquire`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use flocklease::{FlockLease, Owner, SessionId, SessionLease};
+    ///
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let (a, b) = (FlockLease::open(dir.path()).unwrap(), FlockLease::open(dir.path()).unwrap());
+    /// let id = SessionId::new("job").unwrap();
+    /// let first = a.acquire(&id, &Owner::new("a").unwrap()).unwrap().lease().unwrap();
+    /// std::thread::scope(|s| {
+    ///     s.spawn(|| a.release(&first).unwrap());
+    ///     // Returns as soon as `a` releases.
+    ///     let second = b.acquire_wait(&id, &Owner::new("b").unwrap(), Duration::from_secs(10)).unwrap();
+    ///     assert_eq!(second.token, first.token + 1);
+    /// });
+    /// ```
+    pub fn acquire_wait(
+        &self,
+        id: &SessionId,
+        owner: &Owner,
+        timeout: Duration,
+    ) -> Result<Lease, Error> {
+        self.acquire_until(id, owner, Some(Instant::now() + timeout))
+    }
+
+    /// Acquires the lease of `id` for `owner`, waiting as long as it takes (see
+    /// [`FlockLease::acquire_wait`]).
+    ///
+    /// # Errors
+    ///
+    /// Any error of [`SessionLease::acquire`].
+    pub fn acquire_blocking(&self, id: &SessionId, owner: &Owner) -> Result<Lease, Error> {
+        self.acquire_until(id, owner, None)
+    }
+
+    fn acquire_until(
+        &self,
+        id: &SessionId,
+        owner: &Owner,
+        deadline: Option<Instant>,
+    ) -> Result<Lease, Error> {
+        let start = Instant::now();
+        let paths = Paths::new(&self.dir, id.stem());
+        loop {
+            if let Grant::Granted(lease) = self.acquire(id, owner)? {
+                return Ok(lease);
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(Error::Timeout {
+                    path: paths.record.clone(),
+                    waited: start.elapsed(),
+                });
+            }
+            // Held: wait for the holder's generation to end — its lock or its expiry — then
+            // let the machine decide again. Reading without the transition lock is safe: the
+            // record is only ever replaced by an atomic rename.
+            let Some(rec) = self.peek_record(&paths.record)? else {
+                continue;
+            };
+            let until_expiry = rec.expiry.saturating_duration_since(self.clock.now());
+            let wake = match deadline {
+                Some(d) => d.min(Instant::now() + until_expiry),
+                None => Instant::now() + until_expiry,
+            };
+            let live = paths.live(rec.token);
+            match self.open_file(&live, Access::Probe) {
+                Ok(file) => self.waiters.wait(&live, file, wake),
+                Err(e) if e.io_kind() == Some(io::ErrorKind::NotFound) => {
+                    thread::sleep(
+                        wake.saturating_duration_since(Instant::now())
+                            .min(MISSING_POLL),
+                    );
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Reads the record without the transition lock.
+    fn peek_record(&self, path: &Path) -> Result<Option<Record>, Error> {
+        let file = match self.open_file(path, Access::Read) {
+            Ok(f) => f,
+            Err(e) if e.io_kind() == Some(io::ErrorKind::NotFound) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let bytes = read_bounded(&file).map_err(|e| Error::io("read", path, e))?;
+        record::decode(&bytes)
+            .map(Some)
+            .map_err(|source| Error::Corrupt {
+                path: path.to_owned(),
+                source,
+            })
+    }
+
     fn transition(&self, id: &SessionId, event: Event) -> Result<Outcome, Error> {
         let stem = id.stem();
         let slot = self.slot(&stem);
         // In-process serialization of one id; each holder is bounded by its lock timeout.
         let mut slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
         let paths = Paths::new(&self.dir, stem);
-        let lock = self.lock_stable(&paths.lock)?;
+        let lock = self.lock_stable(&paths.lock, slot.lock.take())?;
         let mut tx = FlockTx {
             lease: self,
             paths: &paths,
             slot: &mut slot,
         };
         let outcome = driver::run(&mut tx, id, self.clock.now(), self.ttl, event);
-        drop(lock);
+        // Unlock and keep the descriptor for the next transition on this id (a failed unlock
+        // closes it instead, which unlocks too).
+        if lock.file.unlock().is_ok() {
+            slot.lock = Some(lock);
+        }
         outcome
     }
 
@@ -153,47 +266,56 @@ impl FlockLease {
     }
 
     /// Takes `<stem>.lock`, waiting at most the lock timeout, and checks that the locked file is
-    /// still the one at that path (an operator or a tmp cleaner may have replaced it).
-    fn lock_stable(&self, path: &Path) -> Result<File, Error> {
-        let start = Instant::now();
-        let mut pause = Duration::from_micros(50);
+    /// still the one at that path (an operator or a tmp cleaner may have replaced it). `cached`
+    /// is this id's descriptor from an earlier transition, if any.
+    fn lock_stable(
+        &self,
+        path: &Path,
+        mut cached: Option<StableLock>,
+    ) -> Result<StableLock, Error> {
+        let deadline = Instant::now() + self.lock_timeout;
         loop {
-            let file = self.open_file(path, Access::LockCreate)?;
-            loop {
-                self.faults.check(FaultPoint::LockStable, path)?;
-                match file.try_lock() {
-                    Ok(()) => break,
-                    Err(TryLockError::WouldBlock) => {}
-                    Err(TryLockError::Error(e)) => return Err(Error::io("lock", path, e)),
+            let lock = match cached.take() {
+                Some(lock) => lock,
+                None => {
+                    let file = self.open_file(path, Access::LockCreate)?;
+                    self.faults.check(FaultPoint::StatStable, path)?;
+                    let held = file.metadata().map_err(|e| Error::io("stat", path, e))?;
+                    if !held.is_file() {
+                        return Err(Error::NotAFile {
+                            path: path.to_owned(),
+                        });
+                    }
+                    StableLock {
+                        file,
+                        dev: held.dev(),
+                        ino: held.ino(),
+                    }
                 }
-                let waited = start.elapsed();
-                if waited >= self.lock_timeout {
-                    return Err(Error::Timeout {
-                        path: path.to_owned(),
-                        waited,
-                    });
-                }
-                thread::sleep(pause.min(self.lock_timeout - waited));
-                pause = (pause * 2).min(Duration::from_millis(5));
-            }
-            self.faults.check(FaultPoint::StatStable, path)?;
-            let held = file.metadata().map_err(|e| Error::io("stat", path, e))?;
-            if !held.is_file() {
-                return Err(Error::NotAFile {
+            };
+            self.faults.check(FaultPoint::LockStable, path)?;
+            let (dev, ino) = (lock.dev, lock.ino);
+            let Some(file) =
+                lock_until(lock.file, deadline).map_err(|e| Error::io("lock", path, e))?
+            else {
+                return Err(Error::Timeout {
                     path: path.to_owned(),
+                    waited: self.lock_timeout,
                 });
-            }
+            };
+            let lock = StableLock { file, dev, ino };
+            self.faults.check(FaultPoint::StatStable, path)?;
             match fs::symlink_metadata(path) {
-                Ok(now) if now.dev() == held.dev() && now.ino() == held.ino() => return Ok(file),
+                Ok(now) if now.dev() == dev && now.ino() == ino => return Ok(lock),
                 // Replaced or removed while we waited: lock whatever is there now.
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => return Err(Error::io("stat", path, e)),
             }
-            if start.elapsed() >= self.lock_timeout {
+            if Instant::now() >= deadline {
                 return Err(Error::Timeout {
                     path: path.to_owned(),
-                    waited: start.elapsed(),
+                    waited: self.lock_timeout,
                 });
             }
         }
@@ -301,6 +423,7 @@ impl FlockLeaseBuilder {
             lock_timeout: self.lock_timeout,
             durability: self.durability,
             slots: Mutex::new(HashMap::new()),
+            waiters: Waiters::default(),
             faults: self.faults,
         })
     }
@@ -336,6 +459,16 @@ impl SessionLease for FlockLease {
 #[derive(Debug, Default)]
 struct Slot {
     local: Option<LocalGen>,
+    /// This id's transition-lock descriptor, kept open (unlocked) between transitions.
+    lock: Option<StableLock>,
+}
+
+/// An open `<stem>.lock` and the identity of the file it opened.
+#[derive(Debug)]
+struct StableLock {
+    file: File,
+    dev: u64,
+    ino: u64,
 }
 
 /// A generation this instance holds: the locked liveness file stays open for its whole life.
@@ -343,6 +476,9 @@ struct Slot {
 struct LocalGen {
     local: Local,
     file: File,
+    /// The (device, inode) of `file`, to check it is still the one at its path.
+    dev: u64,
+    ino: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -420,7 +556,7 @@ impl Transaction for FlockTx<'_> {
     /// lock. The file stays: if the rename happened but the directory sync failed, the record
     /// names this generation, and a present, unlocked file lets the next acquire see it dead and
     /// replace it at once; otherwise the next takeover reuses the same name.
-    type Pending = File;
+    type Pending = PendingLive;
 
     fn read(&mut self) -> Result<Option<Record>, Error> {
         let path = &self.paths.record;
@@ -430,13 +566,10 @@ impl Transaction for FlockTx<'_> {
             Err(e) => return Err(e),
         };
         self.lease.faults.check(FaultPoint::ReadRecord, path)?;
-        let mut buf = Vec::with_capacity(256);
-        file.take(MAX_RECORD_BYTES as u64 + 1)
-            .read_to_end(&mut buf)
-            .map_err(|e| match e.raw_os_error() {
-                Some(nix::libc::EISDIR) => Error::NotAFile { path: path.clone() },
-                _ => Error::io("read", path, e),
-            })?;
+        let buf = read_bounded(&file).map_err(|e| match e.raw_os_error() {
+            Some(nix::libc::EISDIR) => Error::NotAFile { path: path.clone() },
+            _ => Error::io("read", path, e),
+        })?;
         record::decode(&buf)
             .map(Some)
             .map_err(|source| Error::Corrupt {
@@ -465,12 +598,19 @@ impl Transaction for FlockTx<'_> {
         }
     }
 
-    fn lock_live(&mut self, token: u64) -> Result<File, Error> {
+    fn lock_live(&mut self, token: u64) -> Result<PendingLive, Error> {
         let path = self.paths.live(token);
         let file = self.lease.open_file(&path, Access::LiveCreate)?;
         self.lease.faults.check(FaultPoint::LockLive, &path)?;
         match file.try_lock() {
-            Ok(()) => Ok(file),
+            Ok(()) => {
+                let m = file.metadata().map_err(|e| Error::io("stat", &path, e))?;
+                Ok(PendingLive {
+                    file,
+                    dev: m.dev(),
+                    ino: m.ino(),
+                })
+            }
             Err(TryLockError::WouldBlock) => Err(Error::LiveLockBusy { path }),
             Err(TryLockError::Error(e)) => Err(Error::io("lock", &path, e)),
         }
@@ -482,12 +622,8 @@ impl Transaction for FlockTx<'_> {
             return Ok(());
         };
         self.lease.faults.check(FaultPoint::StatLive, &path)?;
-        let held = generation
-            .file
-            .metadata()
-            .map_err(|e| Error::io("stat", &path, e))?;
         match fs::symlink_metadata(&path) {
-            Ok(m) if m.dev() == held.dev() && m.ino() == held.ino() => return Ok(()),
+            Ok(m) if m.dev() == generation.dev && m.ino() == generation.ino => return Ok(()),
             Ok(_) => {
                 // Something else stands at our path: it is not ours to keep.
                 fs::remove_file(&path).map_err(|e| Error::io("unlink", &path, e))?;
@@ -499,7 +635,8 @@ impl Transaction for FlockTx<'_> {
         let file = self.lease.open_file(&path, Access::LiveCreate)?;
         match file.try_lock() {
             Ok(()) => {
-                generation.file = file;
+                let m = file.metadata().map_err(|e| Error::io("stat", &path, e))?;
+                (generation.file, generation.dev, generation.ino) = (file, m.dev(), m.ino());
                 Ok(())
             }
             Err(TryLockError::WouldBlock) => Err(Error::LiveLockBusy { path }),
@@ -577,9 +714,130 @@ impl Transaction for FlockTx<'_> {
         }
     }
 
-    fn adopt(&mut self, file: File, local: Local) {
-        self.slot.local = Some(LocalGen { local, file });
+    fn adopt(&mut self, pending: PendingLive, local: Local) {
+        let PendingLive { file, dev, ino } = pending;
+        self.slot.local = Some(LocalGen {
+            local,
+            file,
+            dev,
+            ino,
+        });
     }
+}
+
+/// How often a waiter re-checks when the holder's liveness file is missing (it cannot block on a
+/// lock that has no file).
+const MISSING_POLL: Duration = Duration::from_millis(10);
+
+/// Threads blocked on holders' liveness locks, one per generation waited on, shared by every
+/// waiting acquire of this instance. Each ends (and wakes its waiters) when the holder's lock
+/// is released — by a release or by the holder's death — and releases it again at once.
+#[derive(Debug, Default)]
+struct Waiters {
+    map: Arc<Mutex<HashMap<PathBuf, Arc<GenerationEnd>>>>,
+}
+
+#[derive(Debug, Default)]
+struct GenerationEnd {
+    ended: Mutex<bool>,
+    cond: std::sync::Condvar,
+}
+
+impl Waiters {
+    /// Waits until the generation whose liveness file `file` opened ends, or until `wake`.
+    fn wait(&self, path: &Path, file: File, wake: Instant) {
+        let end = {
+            let mut map = lock_map(&self.map);
+            if let Some(end) = map.get(path) {
+                Arc::clone(end)
+            } else {
+                let end = Arc::new(GenerationEnd::default());
+                map.insert(path.to_owned(), Arc::clone(&end));
+                let (shared, key, signal) =
+                    (Arc::clone(&self.map), path.to_owned(), Arc::clone(&end));
+                let spawned =
+                    thread::Builder::new()
+                        .name("flocklease-wait".into())
+                        .spawn(move || {
+                            // Blocks until the holder's lock is gone; dropping the file right
+                            // away releases ours, so probes never mistake the waiter for a holder
+                            // for longer than this instant.
+                            let _ = file.lock();
+                            drop(file);
+                            lock_map(&shared).remove(&key);
+                            *lock_map(&signal.ended) = true;
+                            signal.cond.notify_all();
+                        });
+                if spawned.is_err() {
+                    // No thread to wait with: let the caller retry.
+                    map.remove(path);
+                    return;
+                }
+                end
+            }
+        };
+        let mut ended = lock_map(&end.ended);
+        while !*ended {
+            let left = wake.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            ended = end
+                .cond
+                .wait_timeout(ended, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+}
+
+/// A new generation's locked liveness file, not yet adopted.
+struct PendingLive {
+    file: File,
+    dev: u64,
+    ino: u64,
+}
+
+/// Locks `file` exclusively, waiting until `deadline` at most. A contended wait blocks in
+/// `flock(2)` on a helper thread, so it ends the moment the holder unlocks or dies, with no
+/// polling. Returns `None` at the deadline; the helper then drops the descriptor (unlocking it
+/// again) as soon as its own `flock` returns.
+fn lock_until(file: File, deadline: Instant) -> io::Result<Option<File>> {
+    match file.try_lock() {
+        Ok(()) => return Ok(Some(file)),
+        Err(TryLockError::WouldBlock) => {}
+        Err(TryLockError::Error(e)) => return Err(e),
+    }
+    let (tx, rx) = mpsc::sync_channel(1);
+    thread::Builder::new()
+        .name("flocklease-lock-wait".into())
+        .spawn(move || {
+            let result = file.lock().map(|()| file);
+            // If nobody waits any more, dropping the file here releases the lock.
+            let _ = tx.send(result);
+        })?;
+    match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        Ok(result) => result.map(Some),
+        Err(mpsc::RecvTimeoutError::Timeout) => Ok(None),
+        Err(mpsc::RecvTimeoutError::Disconnected) => Err(io::Error::other("lock wait thread died")),
+    }
+}
+
+/// Reads a whole record file: one `read` for any record of normal size (a short read of a
+/// regular file means end of file), never more than the size limit plus one byte.
+fn read_bounded(mut file: &File) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; 4096];
+    let mut len = 0;
+    loop {
+        let n = file.read(&mut buf[len..])?;
+        len += n;
+        if n == 0 || len < buf.len() || len > MAX_RECORD_BYTES {
+            break;
+        }
+        buf.resize((buf.len() * 4).min(MAX_RECORD_BYTES + 1), 0);
+    }
+    buf.truncate(len);
+    Ok(buf)
 }
 
 fn open_error(path: &Path, e: io::Error) -> Error {

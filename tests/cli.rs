@@ -103,9 +103,15 @@ fn a_sigkilled_competitor_is_replaced_at_once_and_the_new_command_runs() {
     // The orphaned command still runs but holds no lock: a new run gets the lease at once,
     // long before the 60 s TTL.
     assert!(pid_alive(sleeper));
-    let out = run(dir.path(), &[], &["sh", "-c", "echo $FLOCKLEASE_TOKEN"])
-        .wait_with_output()
-        .unwrap();
+    // `--wait` blocks on the dead holder's lock, which the kernel drops as it tears the
+    // process down: the run starts then, not after the TTL.
+    let out = run(
+        dir.path(),
+        &["--wait", "10s"],
+        &["sh", "-c", "echo $FLOCKLEASE_TOKEN"],
+    )
+    .wait_with_output()
+    .unwrap();
     let _ = kill(Pid::from_raw(sleeper), Signal::SIGKILL);
     assert_eq!(
         out.status.code(),

@@ -124,11 +124,10 @@ fn flock_is_dropped_when_the_holder_process_dies() {
             .is_held()
     );
     child.kill();
-    // The kernel dropped the lock with the process: taken over at once, long before expiry.
+    // The kernel drops the lock as it tears the process down (which may finish just after the
+    // parent reaped it): a waiting acquire returns the moment it does, long before expiry.
     let lease = leases
-        .acquire(&id("s"), &owner("parent"))
-        .unwrap()
-        .lease()
+        .acquire_wait(&id("s"), &owner("parent"), Duration::from_secs(10))
         .expect("takeover after SIGKILL");
     assert_eq!(lease.token, 2);
     assert!(
@@ -146,14 +145,14 @@ fn liveness_lock_is_not_inherited_by_spawned_programs() {
     let sleeper: i32 = line.split_whitespace().nth(3).unwrap().parse().unwrap();
     child.kill();
     let leases = open_real(dir.path(), Duration::from_secs(60));
-    let got = leases.acquire(&id("s"), &owner("parent")).unwrap();
+    let got = leases.acquire_wait(&id("s"), &owner("parent"), Duration::from_secs(10));
     // Whatever the outcome, do not leave the sleeper behind.
     let _ = nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(sleeper),
         nix::sys::signal::Signal::SIGKILL,
     );
     assert_eq!(
-        got.lease().map(|l| l.token),
+        got.map(|l| l.token).ok(),
         Some(2),
         "the grandchild kept the lock"
     );
@@ -530,4 +529,28 @@ fn calls_on_one_id_from_one_instance_are_serialized() {
         );
         assert_eq!(read_record(dir.path(), &sid).token, 1);
     }
+}
+
+#[test]
+fn a_waiting_acquire_wakes_on_release_and_on_expiry() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = open_real(dir.path(), Duration::from_secs(60));
+    let b = open_real(dir.path(), Duration::from_secs(60));
+    let first = a.acquire(&id("s"), &owner("a")).unwrap().lease().unwrap();
+    thread::scope(|s| {
+        let waiter = s.spawn(|| b.acquire_wait(&id("s"), &owner("b"), Duration::from_secs(20)));
+        a.release(&first).unwrap();
+        assert_eq!(waiter.join().unwrap().unwrap().token, first.token + 1);
+    });
+    // A holder that stays alive but stops renewing is waited out until its expiry.
+    let short = open_real(dir.path(), Duration::from_millis(150));
+    let held = short
+        .acquire(&id("t"), &owner("a"))
+        .unwrap()
+        .lease()
+        .unwrap();
+    let got = b
+        .acquire_wait(&id("t"), &owner("b"), Duration::from_secs(20))
+        .unwrap();
+    assert_eq!(got.token, held.token + 1);
 }

@@ -132,9 +132,47 @@ fn sigkilled_holder_is_replaced_at_once_with_a_greater_token() {
     let mut rival = s.agent(&[]);
     assert_eq!(ask(&mut rival, "acquire job b"), "held");
     holder.kill(); // SIGKILL, then reap
-    // The shared clock has not moved: the lease is far from expiry, yet it is taken over.
-    let second = token(&ask(&mut rival, "acquire job b"));
-    assert!(second > first);
+    // The shared clock has not moved: the lease is far from expiry, yet it is taken over as
+    // soon as the kernel has dropped the dead holder's lock.
+    let second = s
+        .local()
+        .acquire_wait(&id("job"), &owner("b"), Duration::from_secs(10))
+        .unwrap();
+    assert!(second.token > first);
+}
+
+#[test]
+fn a_waiting_acquire_wakes_when_the_holder_is_killed() {
+    let s = Setup::new();
+    let mut holder = s.agent(&[]);
+    let first = token(&ask(&mut holder, "acquire job a"));
+    let leases = s.local();
+    std::thread::scope(|scope| {
+        let waiter =
+            scope.spawn(|| leases.acquire_wait(&id("job"), &owner("w"), Duration::from_secs(20)));
+        holder.kill();
+        let got = waiter.join().unwrap().unwrap();
+        assert_eq!(got.token, first + 1);
+    });
+}
+
+#[test]
+fn a_waiting_acquire_times_out_with_a_typed_error() {
+    let s = Setup::new();
+    let mut holder = s.agent(&[]);
+    token(&ask(&mut holder, "acquire job a"));
+    let err = s
+        .local()
+        .acquire_wait(&id("job"), &owner("w"), Duration::from_millis(200))
+        .unwrap_err();
+    assert!(matches!(err, Error::Timeout { .. }), "{err}");
+    assert!(
+        err.path()
+            .unwrap()
+            .ends_with(format!("{}.lease.json", id("job").stem()))
+    );
+    // The holder is undisturbed.
+    assert_eq!(token(&ask(&mut holder, "renew")), 1);
 }
 
 #[test]
@@ -209,9 +247,13 @@ fn a_spawned_program_does_not_keep_the_lease_alive() {
     let reply = ask(&mut holder, "spawn-sleep");
     let sleeper: i32 = reply.strip_prefix("pid ").unwrap().parse().unwrap();
     holder.kill();
-    let got = s.local().acquire(&id("job"), &owner("parent")).unwrap();
+    // The lease expires only after 30 s of the (frozen) shared clock: a grant within the bound
+    // means the holder's death alone freed it, although the sleeper still runs.
+    let got = s
+        .local()
+        .acquire_wait(&id("job"), &owner("parent"), Duration::from_secs(10));
     let _ = kill(nix::unistd::Pid::from_raw(sleeper), Signal::SIGKILL);
-    assert_eq!(got.lease().map(|l| l.token), Some(t1 + 1));
+    assert_eq!(got.unwrap().token, t1 + 1);
 }
 
 #[test]

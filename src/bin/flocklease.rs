@@ -190,23 +190,23 @@ enum Outcome {
     Lost,
 }
 
-/// Acquires, retrying until `wait` runs out (none: a single try).
+/// Acquires; with `wait`, blocks until the holder releases, dies or expires, at most that long.
 fn acquire(
     leases: &FlockLease,
     id: &SessionId,
     owner: &Owner,
     wait: Option<Duration>,
 ) -> Result<Option<Lease>, String> {
-    let deadline = wait.map(|w| Instant::now() + w);
-    loop {
-        match leases.acquire(id, owner).map_err(|e| e.to_string())? {
-            Grant::Granted(l) => return Ok(Some(l)),
-            Grant::Held => {}
-        }
-        match deadline {
-            Some(d) if Instant::now() < d => std::thread::sleep(Duration::from_millis(20)),
-            _ => return Ok(None),
-        }
+    match wait {
+        None => match leases.acquire(id, owner).map_err(|e| e.to_string())? {
+            Grant::Granted(l) => Ok(Some(l)),
+            Grant::Held => Ok(None),
+        },
+        Some(w) => match leases.acquire_wait(id, owner, w) {
+            Ok(l) => Ok(Some(l)),
+            Err(flocklease::Error::Timeout { .. }) => Ok(None),
+            Err(e) => Err(e.to_string()),
+        },
     }
 }
 
