@@ -79,7 +79,9 @@ pub struct FlockLease {
     clock: Arc<dyn Clock>,
     lock_timeout: Duration,
     durability: Durability,
-    slots: Mutex<HashMap<String, Arc<Mutex<Slot>>>>,
+    slots: Mutex<HashMap<String, Arc<SlotEntry>>>,
+    /// How many transition-lock descriptors the slots keep open (at most [`LOCK_CACHE`]).
+    cached_locks: std::sync::atomic::AtomicUsize,
     waiters: Waiters,
     faults: Faults,
 }
@@ -187,7 +189,8 @@ impl FlockLease {
         deadline: Option<Instant>,
     ) -> Result<Lease, Error> {
         let start = Instant::now();
-        let paths = Paths::new(&self.dir, id.stem());
+        let entry = self.slot(id.stem());
+        let paths = &entry.paths;
         loop {
             if let Grant::Granted(lease) = self.acquire(id, owner)? {
                 return Ok(lease);
@@ -240,29 +243,54 @@ impl FlockLease {
     }
 
     fn transition(&self, id: &SessionId, event: Event) -> Result<Outcome, Error> {
-        let stem = id.stem();
-        let slot = self.slot(&stem);
+        let entry = self.slot(id.stem());
         // In-process serialization of one id; each holder is bounded by its lock timeout.
-        let mut slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
-        let paths = Paths::new(&self.dir, stem);
+        let mut slot = entry.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let paths = &entry.paths;
         let lock = self.lock_stable(&paths.lock, slot.lock.take())?;
         let mut tx = FlockTx {
             lease: self,
-            paths: &paths,
+            paths,
             slot: &mut slot,
         };
         let outcome = driver::run(&mut tx, id, self.clock.now(), self.ttl, event);
-        // Unlock and keep the descriptor for the next transition on this id (a failed unlock
-        // closes it instead, which unlocks too).
-        if lock.file.unlock().is_ok() {
-            slot.lock = Some(lock);
-        }
+        slot.lock = self.keep_lock(lock);
         outcome
     }
 
-    fn slot(&self, stem: &str) -> Arc<Mutex<Slot>> {
+    /// Unlocks the transition lock and keeps its descriptor for the next transition on the id,
+    /// while fewer than [`LOCK_CACHE`] are kept (beyond that, or if unlocking fails, it is
+    /// closed, which unlocks too).
+    fn keep_lock(&self, mut lock: StableLock) -> Option<StableLock> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if lock.file.unlock().is_err() {
+            self.uncount(lock.counted);
+            return None;
+        }
+        if !lock.counted {
+            let admitted = self
+                .cached_locks
+                .fetch_update(Relaxed, Relaxed, |n| (n < LOCK_CACHE).then_some(n + 1))
+                .is_ok();
+            if !admitted {
+                return None;
+            }
+            lock.counted = true;
+        }
+        Some(lock)
+    }
+
+    fn slot(&self, stem: &str) -> Arc<SlotEntry> {
         let mut slots = lock_map(&self.slots);
-        Arc::clone(slots.entry(stem.to_owned()).or_default())
+        if let Some(entry) = slots.get(stem) {
+            return Arc::clone(entry);
+        }
+        let entry = Arc::new(SlotEntry {
+            paths: Paths::new(&self.dir, stem.to_owned()),
+            state: Mutex::default(),
+        });
+        slots.insert(stem.to_owned(), Arc::clone(&entry));
+        entry
     }
 
     /// Takes `<stem>.lock`, waiting at most the lock timeout, and checks that the locked file is
@@ -277,40 +305,49 @@ impl FlockLease {
         loop {
             let lock = match cached.take() {
                 Some(lock) => lock,
-                None => {
-                    let file = self.open_file(path, Access::LockCreate)?;
-                    self.faults.check(FaultPoint::StatStable, path)?;
-                    let held = file.metadata().map_err(|e| Error::io("stat", path, e))?;
-                    if !held.is_file() {
-                        return Err(Error::NotAFile {
-                            path: path.to_owned(),
-                        });
-                    }
-                    StableLock {
-                        file,
-                        dev: held.dev(),
-                        ino: held.ino(),
-                    }
+                None => self.open_stable(path)?,
+            };
+            let counted = lock.counted;
+            let StableLock { file, dev, ino, .. } = lock;
+            let locked = self
+                .faults
+                .check(FaultPoint::LockStable, path)
+                .and_then(|()| lock_until(file, deadline).map_err(|e| Error::io("lock", path, e)));
+            let file = match locked {
+                Ok(Some(file)) => file,
+                failed => {
+                    // The descriptor is gone (dropped with the failure or left to the waiting
+                    // thread): it no longer counts against the cache.
+                    self.uncount(counted);
+                    failed?;
+                    return Err(Error::Timeout {
+                        path: path.to_owned(),
+                        waited: self.lock_timeout,
+                    });
                 }
             };
-            self.faults.check(FaultPoint::LockStable, path)?;
-            let (dev, ino) = (lock.dev, lock.ino);
-            let Some(file) =
-                lock_until(lock.file, deadline).map_err(|e| Error::io("lock", path, e))?
-            else {
-                return Err(Error::Timeout {
-                    path: path.to_owned(),
-                    waited: self.lock_timeout,
-                });
+            let lock = StableLock {
+                file,
+                dev,
+                ino,
+                counted,
             };
-            let lock = StableLock { file, dev, ino };
-            self.faults.check(FaultPoint::StatStable, path)?;
-            match fs::symlink_metadata(path) {
-                Ok(now) if now.dev() == dev && now.ino() == ino => return Ok(lock),
-                // Replaced or removed while we waited: lock whatever is there now.
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(Error::io("stat", path, e)),
+            let current = self
+                .faults
+                .check(FaultPoint::StatStable, path)
+                .and_then(|()| match fs::symlink_metadata(path) {
+                    Ok(now) => Ok(now.dev() == dev && now.ino() == ino),
+                    // Removed while we waited: lock whatever is created there now.
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+                    Err(e) => Err(Error::io("stat", path, e)),
+                });
+            match current {
+                Ok(true) => return Ok(lock),
+                Ok(false) => self.uncount(lock.counted),
+                Err(e) => {
+                    self.uncount(lock.counted);
+                    return Err(e);
+                }
             }
             if Instant::now() >= deadline {
                 return Err(Error::Timeout {
@@ -318,6 +355,32 @@ impl FlockLease {
                     waited: self.lock_timeout,
                 });
             }
+        }
+    }
+
+    /// Opens (creating) `<stem>.lock` and notes which file it is.
+    fn open_stable(&self, path: &Path) -> Result<StableLock, Error> {
+        let file = self.open_file(path, Access::LockCreate)?;
+        self.faults.check(FaultPoint::StatStable, path)?;
+        let held = file.metadata().map_err(|e| Error::io("stat", path, e))?;
+        if !held.is_file() {
+            return Err(Error::NotAFile {
+                path: path.to_owned(),
+            });
+        }
+        Ok(StableLock {
+            file,
+            dev: held.dev(),
+            ino: held.ino(),
+            counted: false,
+        })
+    }
+
+    /// A kept descriptor was closed: it no longer counts against [`LOCK_CACHE`].
+    fn uncount(&self, counted: bool) {
+        if counted {
+            self.cached_locks
+                .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
@@ -423,6 +486,7 @@ impl FlockLeaseBuilder {
             lock_timeout: self.lock_timeout,
             durability: self.durability,
             slots: Mutex::new(HashMap::new()),
+            cached_locks: std::sync::atomic::AtomicUsize::new(0),
             waiters: Waiters::default(),
             faults: self.faults,
         })
@@ -469,6 +533,20 @@ struct StableLock {
     file: File,
     dev: u64,
     ino: u64,
+    /// Whether it counts against [`LOCK_CACHE`].
+    counted: bool,
+}
+
+/// How many transition-lock descriptors an instance keeps open between transitions. Ids
+/// beyond that open and close theirs each time (two more syscalls), so an instance used with
+/// very many ids stays far from the descriptor limit.
+pub const LOCK_CACHE: usize = 256;
+
+/// One id's cached paths and state.
+#[derive(Debug)]
+struct SlotEntry {
+    paths: Paths,
+    state: Mutex<Slot>,
 }
 
 /// A generation this instance holds: the locked liveness file stays open for its whole life.
@@ -502,6 +580,7 @@ impl Access {
     }
 }
 
+#[derive(Debug)]
 struct Paths {
     stem: String,
     lock: PathBuf,

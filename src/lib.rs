@@ -67,6 +67,8 @@
 //! # }
 //! ```
 
+#![forbid(unsafe_code)]
+
 pub mod checks;
 pub mod clock;
 pub mod conformance;

@@ -1,6 +1,7 @@
 //! Session ids, owners and the safe file stem of an id.
 
 use std::fmt;
+use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
@@ -25,8 +26,21 @@ const PREFIX_CHARS: usize = 40;
 /// assert_eq!(id.stem(), "orders_eu-1-9e6170a68a528904");
 /// assert!(SessionId::new("").is_err());
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct SessionId(String);
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SessionId(Arc<IdAndStem>);
+
+/// The id and its stem, computed once; shared by clones.
+#[derive(PartialEq, Eq, PartialOrd, Ord, Hash)]
+struct IdAndStem {
+    id: String,
+    stem: String,
+}
+
+impl fmt::Debug for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("SessionId").field(&self.0.id).finish()
+    }
+}
 
 impl SessionId {
     /// Validates `id`.
@@ -38,23 +52,24 @@ impl SessionId {
     pub fn new(id: impl Into<String>) -> Result<SessionId, InvalidInput> {
         let id = id.into();
         check("session id", &id, MAX_ID_BYTES)?;
-        Ok(SessionId(id))
+        let stem = stem(id.as_bytes());
+        Ok(SessionId(Arc::new(IdAndStem { id, stem })))
     }
 
     /// The id as given.
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.0.id
     }
 
-    /// The safe file stem of this id (see [`stem`]).
-    pub fn stem(&self) -> String {
-        stem(self.0.as_bytes())
+    /// The safe file stem of this id (see [`stem`]), computed once.
+    pub fn stem(&self) -> &str {
+        &self.0.stem
     }
 }
 
 impl fmt::Display for SessionId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.0.id)
     }
 }
 
@@ -70,8 +85,14 @@ impl fmt::Display for SessionId {
 /// assert_eq!(Owner::new("worker-7").unwrap().as_str(), "worker-7");
 /// assert!(Owner::new("").is_err());
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Owner(String);
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Owner(Arc<str>);
+
+impl fmt::Debug for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Owner").field(&&*self.0).finish()
+    }
+}
 
 impl Owner {
     /// Validates `owner`.
@@ -83,7 +104,7 @@ impl Owner {
     pub fn new(owner: impl Into<String>) -> Result<Owner, InvalidInput> {
         let owner = owner.into();
         check("owner", &owner, MAX_OWNER_BYTES)?;
-        Ok(Owner(owner))
+        Ok(Owner(owner.into()))
     }
 
     /// The owner as given.
@@ -186,9 +207,11 @@ pub fn stem(id: &[u8]) -> String {
         out.push_str("id");
     }
     out.push('-');
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let digest = Sha256::digest(id);
     for b in &digest[..8] {
-        out.push_str(&format!("{b:02x}"));
+        out.push(char::from(HEX[usize::from(b >> 4)]));
+        out.push(char::from(HEX[usize::from(b & 0xf)]));
     }
     out
 }

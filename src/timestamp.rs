@@ -122,11 +122,13 @@ impl fmt::Display for Timestamp {
         let (y, mo, d, h, mi, s, ns) = self.to_civil();
         write!(f, "{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}")?;
         if ns != 0 {
-            let mut digits = format!("{ns:09}");
-            while digits.ends_with('0') {
-                digits.pop();
+            // Nine digits, trailing zeros removed, without allocating.
+            let (mut ns, mut width) = (ns, 9);
+            while ns % 10 == 0 {
+                ns /= 10;
+                width -= 1;
             }
-            write!(f, ".{digits}")?;
+            write!(f, ".{ns:0width$}")?;
         }
         f.write_str("Z")
     }

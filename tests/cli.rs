@@ -230,7 +230,7 @@ fn status_reports_each_state_in_text_and_json() {
     assert!(out.status.success());
     let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let state = |id: &str| {
-        let stem = SessionId::new(id).unwrap().stem();
+        let stem = SessionId::new(id).unwrap().stem().to_owned();
         let row = rows
             .as_array()
             .unwrap()
@@ -258,7 +258,7 @@ fn status_reports_each_state_in_text_and_json() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(text.lines().count(), 2, "{text}");
     assert!(
-        text.contains(&SessionId::new("live").unwrap().stem()) && text.contains(" live"),
+        text.contains(SessionId::new("live").unwrap().stem()) && text.contains(" live"),
         "{text}"
     );
     assert!(text.contains(&live.token.to_string()));

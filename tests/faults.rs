@@ -78,7 +78,7 @@ impl Harness {
     /// `held` (a generation legitimately held) can be locked.
     fn assert_no_leak(&self, held: Option<u64>, ctx: &str) {
         let dir = self.dir.path();
-        let stem = id("s").stem();
+        let stem = id("s").stem().to_owned();
         // (Absent when its very creation was the failing step.)
         if let Ok(lock) = File::open(dir.join(format!("{stem}.lock"))) {
             lock.try_lock()

@@ -360,11 +360,11 @@ fn orphans_of_crashed_generations_are_swept_on_takeover() {
     let lease = a.acquire(&id("s"), &owner("a")).unwrap().lease().unwrap();
     drop(a);
     // Leftovers of earlier crashes: an old generation's file and a temporary record.
-    let stem = id("s").stem();
+    let stem = id("s").stem().to_owned();
     fs::write(dir.path().join(format!("{stem}.0.live")), b"").unwrap();
     fs::write(dir.path().join(format!("{stem}.lease.json.tmp")), b"{").unwrap();
     // Another id's files are not touched.
-    let other = id("other").stem();
+    let other = id("other").stem().to_owned();
     fs::write(dir.path().join(format!("{other}.1.live")), b"").unwrap();
     let b = open_manual(dir.path(), &clock);
     let taken = b.acquire(&id("s"), &owner("b")).unwrap().lease().unwrap();
@@ -553,4 +553,28 @@ fn a_waiting_acquire_wakes_on_release_and_on_expiry() {
         .acquire_wait(&id("t"), &owner("b"), Duration::from_secs(20))
         .unwrap();
     assert_eq!(got.token, held.token + 1);
+}
+
+#[test]
+fn descriptors_stay_bounded_with_many_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let leases = open_real(dir.path(), Duration::from_secs(60));
+    let fds = || fs::read_dir("/proc/self/fd").unwrap().count();
+    let before = fds();
+    for i in 0..(flocklease::flock::LOCK_CACHE * 3) {
+        let l = leases
+            .acquire(&id(&format!("many-{i}")), &owner("a"))
+            .unwrap()
+            .lease()
+            .unwrap();
+        leases.release(&l).unwrap();
+    }
+    // Other tests in this binary run concurrently and open files too: allow some slack.
+    let after = fds();
+    assert!(
+        after <= before + flocklease::flock::LOCK_CACHE + 64,
+        "{before} -> {after} descriptors"
+    );
+    drop(leases);
+    assert!(fds() <= before + 64, "descriptors not closed with the instance");
 }

@@ -222,7 +222,8 @@ fn exit_code(s: ExitStatus) -> u8 {
 fn status(dir: &std::path::Path, id: Option<&str>, json: bool) -> Result<ExitCode, String> {
     let mut rows = flocklease::status::scan(dir, SystemClock.now()).map_err(|e| e.to_string())?;
     if let Some(id) = id {
-        let stem = SessionId::new(id).map_err(|e| e.to_string())?.stem();
+        let id = SessionId::new(id).map_err(|e| e.to_string())?;
+        let stem = id.stem();
         rows.retain(|r| r.stem == stem);
     }
     if json {

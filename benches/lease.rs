@@ -1,0 +1,613 @@
+//! Benchmarks: every figure is measured beside its floor in the same run and read as a ratio.
+//!
+//! `cargo bench --bench lease` runs everything (about two minutes) and prints markdown tables.
+//! `cargo bench --bench lease -- quick` runs fewer rounds. `-- ops OP N DIR` runs one operation
+//! N times (for `scripts/syscalls.sh`, which counts syscalls with strace).
+//!
+//! Hand-written rather than criterion: what matters here is ratios against floors measured in
+//! the same process and run, child processes for contention and crash takeover, and allocation
+//! counts — none of which criterion provides.
+
+#![allow(clippy::unwrap_used, missing_docs)]
+// The counting global allocator is the one unsafe impl in the project.
+#![allow(unsafe_code)]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::fs::{self, File, OpenOptions};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use flocklease::{Durability, FlockLease, Lease, Owner, SessionId, SessionLease};
+
+/// Counts allocations, to report allocations per operation.
+struct Counting;
+
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwards to the system allocator with the caller's layout.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `alloc` above with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const TTL: Duration = Duration::from_secs(3600);
+
+fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    match args
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
+        ["holder", dir] => return holder(Path::new(dir)),
+        ["flock-holder", path] => return flock_holder(Path::new(path)),
+        ["contender", dir, secs] => return contender(Path::new(dir), secs.parse().unwrap()),
+        ["ops", op, n, dir] => return ops(op, n.parse().unwrap(), Path::new(dir)),
+        _ => {}
+    }
+    let quick = args.iter().any(|a| a == "quick");
+    let rounds = if quick { 3 } else { 5 };
+    println!(
+        "flocklease benchmarks: median of {rounds} rounds; ratios are against the floor measured in the same run\n"
+    );
+    let shm = scratch(Path::new("/dev/shm"));
+    let disk = scratch(&std::env::temp_dir());
+    for (label, dir) in [("tmpfs (/dev/shm)", &shm), ("disk (temp dir)", &disk)] {
+        single_process(label, dir.path(), rounds, quick);
+    }
+    durable(disk.path(), rounds);
+    scaling(shm.path(), rounds, quick);
+    contention(shm.path(), quick);
+    takeover(shm.path(), if quick { 30 } else { 100 });
+}
+
+fn scratch(parent: &Path) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("flocklease-bench")
+        .tempdir_in(parent)
+        .unwrap()
+}
+
+fn open(dir: &Path, durability: Durability) -> FlockLease {
+    FlockLease::builder(dir)
+        .ttl(TTL)
+        .durability(durability)
+        .open()
+        .unwrap()
+}
+
+/// Median nanoseconds per operation of `f` run `n` times, over `rounds` rounds.
+fn measure(rounds: usize, n: u64, mut f: impl FnMut(u64)) -> f64 {
+    let mut per_op: Vec<f64> = (0..rounds)
+        .map(|_| {
+            let start = Instant::now();
+            for i in 0..n {
+                f(i);
+            }
+            start.elapsed().as_nanos() as f64 / n as f64
+        })
+        .collect();
+    per_op.sort_by(f64::total_cmp);
+    per_op[per_op.len() / 2]
+}
+
+fn allocs_per_op(n: u64, mut f: impl FnMut(u64)) -> f64 {
+    let before = ALLOCS.load(Ordering::Relaxed);
+    for i in 0..n {
+        f(i);
+    }
+    (ALLOCS.load(Ordering::Relaxed) - before) as f64 / n as f64
+}
+
+fn row(name: &str, ns: f64, floor_name: &str, floor: f64) {
+    println!(
+        "| {name} | {:.1} µs | {:.0}/s | {floor_name} | {:.1} µs | {:.2}× |",
+        ns / 1000.0,
+        1e9 / ns,
+        floor / 1000.0,
+        ns / floor
+    );
+}
+
+fn header(title: &str) {
+    println!("\n### {title}\n");
+    println!("| operation | median | throughput | floor | floor median | ratio |");
+    println!("| --- | --- | --- | --- | --- | --- |");
+}
+
+// ---- floors: the raw syscalls the algorithm cannot avoid ----
+
+fn rw(path: &Path) -> File {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(path)
+        .unwrap()
+}
+
+/// open + flock + close.
+fn floor_lock(dir: &Path) -> impl FnMut(u64) {
+    let path = dir.join("floor.lock");
+    move |_| {
+        let f = rw(&path);
+        f.try_lock().unwrap();
+        drop(f);
+    }
+}
+
+/// Temporary write + rename, optionally with fdatasync and a directory fsync.
+fn floor_write(dir: &Path, sync: bool) -> impl FnMut(u64) {
+    let (tmp, dst) = (dir.join("floor.tmp"), dir.join("floor.json"));
+    let dirf = File::open(dir).unwrap();
+    let bytes = br#"{"owner":"bench","token":1,"expiry":"2026-11-30T04:20:54.5Z"}"#;
+    move |_| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)
+            .unwrap();
+        f.write_all(bytes).unwrap();
+        if sync {
+            f.sync_data().unwrap();
+        }
+        drop(f);
+        fs::rename(&tmp, &dst).unwrap();
+        if sync {
+            dirf.sync_all().unwrap();
+        }
+    }
+}
+
+/// The syscall sequence of one transition with a commit, done raw: lock the cached lock
+/// descriptor, lstat its path, open+read+close the record, open+write+close+rename the
+/// temporary file, unlock. `live` adds what a takeover or release does to the liveness file.
+fn floor_transition(dir: &Path, live: bool) -> impl FnMut(u64) {
+    let lock_path = dir.join("seq.lock");
+    let lock = rw(&lock_path);
+    let (rec, tmp, livef) = (
+        dir.join("seq.json"),
+        dir.join("seq.tmp"),
+        dir.join("seq.live"),
+    );
+    fs::write(
+        &rec,
+        br#"{"owner":"bench","token":1,"expiry":"2026-11-30T04:20:54.5Z"}"#,
+    )
+    .unwrap();
+    let mut buf = vec![0u8; 4096];
+    move |_| {
+        lock.try_lock().unwrap();
+        let _ = fs::symlink_metadata(&lock_path).unwrap();
+        let mut f = File::open(&rec).unwrap();
+        let n = f.read(&mut buf).unwrap();
+        drop(f);
+        let held = if live {
+            let l = rw(&livef);
+            l.try_lock().unwrap();
+            let _ = l.metadata().unwrap();
+            Some(l)
+        } else {
+            None
+        };
+        let mut t = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)
+            .unwrap();
+        t.write_all(&buf[..n]).unwrap();
+        drop(t);
+        fs::rename(&tmp, &rec).unwrap();
+        if let Some(l) = held {
+            fs::remove_file(&livef).unwrap();
+            drop(l);
+        }
+        lock.unlock().unwrap();
+    }
+}
+
+// ---- the library ----
+
+fn ids(n: usize) -> Vec<SessionId> {
+    (0..n)
+        .map(|i| SessionId::new(format!("bench-{i}")).unwrap())
+        .collect()
+}
+
+fn single_process(label: &str, dir: &Path, rounds: usize, quick: bool) {
+    let n: u64 = if quick { 2_000 } else { 10_000 };
+    let leases = open(dir, Durability::NoSync);
+    let other = open(dir, Durability::NoSync);
+    let me = Owner::new("bench").unwrap();
+    let them = Owner::new("other").unwrap();
+    let id = SessionId::new("bench").unwrap();
+    let held_id = SessionId::new("held").unwrap();
+    let _holder = other.acquire(&held_id, &them).unwrap().lease().unwrap();
+
+    let f_lock = measure(rounds, n, floor_lock(dir));
+    let f_write = measure(rounds, n, floor_write(dir, false));
+    let f_cycle_seq = {
+        let mut t = floor_transition(dir, true);
+        measure(rounds, n, |i| {
+            t(i);
+            t(i);
+        })
+    };
+    let f_renew_seq = measure(rounds, n, floor_transition(dir, false));
+
+    let cycle = |_| {
+        let l = leases.acquire(&id, &me).unwrap().lease().unwrap();
+        leases.release(&l).unwrap();
+    };
+    let t_cycle = measure(rounds, n, cycle);
+    let lease = leases.acquire(&id, &me).unwrap().lease().unwrap();
+    let t_renew = measure(rounds, n, |_| {
+        assert!(!leases.renew(&lease).unwrap().is_held());
+    });
+    let t_held = measure(rounds, n, |_| {
+        assert!(leases.acquire(&held_id, &me).unwrap().is_held());
+    });
+    leases.release(&lease).unwrap();
+    // Release alone: acquire outside the timed region.
+    let mut release_ns = vec![];
+    for _ in 0..rounds {
+        let mut total = Duration::ZERO;
+        for _ in 0..n / 4 {
+            let l = leases.acquire(&id, &me).unwrap().lease().unwrap();
+            let start = Instant::now();
+            leases.release(&l).unwrap();
+            total += start.elapsed();
+        }
+        release_ns.push(total.as_nanos() as f64 / (n / 4) as f64);
+    }
+    release_ns.sort_by(f64::total_cmp);
+    let t_release = release_ns[release_ns.len() / 2];
+
+    header(&format!("{label}, no fsync"));
+    row(
+        "acquire + release cycle",
+        t_cycle,
+        "same syscalls, raw (2 transitions)",
+        f_cycle_seq,
+    );
+    row(
+        "renew",
+        t_renew,
+        "same syscalls, raw (1 transition)",
+        f_renew_seq,
+    );
+    row(
+        "acquire answered held",
+        t_held,
+        "open + flock + close",
+        f_lock,
+    );
+    row("release", t_release, "temp write + rename", f_write);
+    println!(
+        "\nAgainst the Go anchors (85 µs cycle, 33 µs renew on this machine class): cycle {:.1}× their throughput, renew {:.1}×.",
+        85_000.0 / t_cycle,
+        33_000.0 / t_renew
+    );
+    let lease = leases.acquire(&id, &me).unwrap().lease().unwrap();
+    let a_renew = allocs_per_op(1000, |_| {
+        assert!(!leases.renew(&lease).unwrap().is_held());
+    });
+    leases.release(&lease).unwrap();
+    let a_cycle = allocs_per_op(1000, |_| {
+        let l = leases.acquire(&id, &me).unwrap().lease().unwrap();
+        leases.release(&l).unwrap();
+    });
+    println!("Allocations: {a_cycle:.1} per acquire + release cycle, {a_renew:.1} per renew.");
+}
+
+fn durable(dir: &Path, rounds: usize) {
+    let n = 200;
+    let leases = open(dir, Durability::Full);
+    let me = Owner::new("bench").unwrap();
+    let id = SessionId::new("durable").unwrap();
+    let f_sync = measure(rounds, n, floor_write(dir, true));
+    let f_nosync_renew = measure(rounds, n, floor_write(dir, false));
+    let f_sync_data = {
+        let (tmp, dst) = (dir.join("floor2.tmp"), dir.join("floor2.json"));
+        measure(rounds, n, move |_| {
+            let mut f = File::create(&tmp).unwrap();
+            f.write_all(b"{}").unwrap();
+            f.sync_data().unwrap();
+            drop(f);
+            fs::rename(&tmp, &dst).unwrap();
+        })
+    };
+    let t_cycle = measure(rounds, n, |_| {
+        let l = leases.acquire(&id, &me).unwrap().lease().unwrap();
+        leases.release(&l).unwrap();
+    });
+    let lease = leases.acquire(&id, &me).unwrap().lease().unwrap();
+    let t_renew = measure(rounds, n, |_| {
+        assert!(!leases.renew(&lease).unwrap().is_held());
+    });
+    leases.release(&lease).unwrap();
+    header("disk, durable (Durability::Full)");
+    row(
+        "acquire + release cycle",
+        t_cycle,
+        "2 × (write + fdatasync + rename + dir fsync)",
+        2.0 * f_sync,
+    );
+    row("renew", t_renew, "write + fdatasync + rename", f_sync_data);
+    let _ = f_nosync_renew;
+}
+
+fn scaling(dir: &Path, rounds: usize, quick: bool) {
+    println!("\n### latency against the number of ids (tmpfs, no fsync)\n");
+    println!("| ids | cycle median | ratio to 10 ids | renew median | ratio to 10 ids |");
+    println!("| --- | --- | --- | --- | --- |");
+    let me = Owner::new("bench").unwrap();
+    let counts: &[usize] = if quick {
+        &[10, 1_000, 20_000]
+    } else {
+        &[10, 1_000, 100_000]
+    };
+    let mut base = (0.0, 0.0);
+    for &count in counts {
+        let sub = dir.join(format!("scale-{count}"));
+        let leases = open(&sub, Durability::NoSync);
+        let all = ids(count);
+        // Warm every id once (creates its files), keeping a lease on each for renews.
+        let held: Vec<Lease> = all
+            .iter()
+            .map(|id| leases.acquire(id, &me).unwrap().lease().unwrap())
+            .collect();
+        let n = 10_000u64.max(count as u64 / 10).min(20_000);
+        let t_renew = measure(rounds, n, |i| {
+            assert!(
+                !leases
+                    .renew(&held[(i as usize * 7919) % count])
+                    .unwrap()
+                    .is_held()
+            );
+        });
+        for l in &held {
+            leases.release(l).unwrap();
+        }
+        let t_cycle = measure(rounds, n, |i| {
+            let id = &all[(i as usize * 7919) % count];
+            let l = leases.acquire(id, &me).unwrap().lease().unwrap();
+            leases.release(&l).unwrap();
+        });
+        if count == counts[0] {
+            base = (t_cycle, t_renew);
+        }
+        println!(
+            "| {count} | {:.1} µs | {:.2}× | {:.1} µs | {:.2}× |",
+            t_cycle / 1000.0,
+            t_cycle / base.0,
+            t_renew / 1000.0,
+            t_renew / base.1
+        );
+        drop(leases);
+        let _ = fs::remove_dir_all(&sub);
+    }
+}
+
+fn contention(dir: &Path, quick: bool) {
+    println!(
+        "\n### contended acquire on one id (tmpfs, no fsync; each grant is released at once)\n"
+    );
+    println!("| processes | grants/s | per process: min – max | fairness (min/max) |");
+    println!("| --- | --- | --- | --- |");
+    let secs = if quick { 1 } else { 2 };
+    let exe = std::env::current_exe().unwrap();
+    for procs in [2, 4, 8] {
+        let sub = dir.join(format!("contend-{procs}"));
+        fs::create_dir_all(&sub).unwrap();
+        fs::set_permissions(&sub, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+        let children: Vec<_> = (0..procs)
+            .map(|_| {
+                Command::new(&exe)
+                    .args(["contender", sub.to_str().unwrap(), &secs.to_string()])
+                    .stdout(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        let grants: Vec<u64> = children
+            .into_iter()
+            .map(|c| {
+                let out = c.wait_with_output().unwrap();
+                String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+            })
+            .collect();
+        let total: u64 = grants.iter().sum();
+        let (min, max) = (*grants.iter().min().unwrap(), *grants.iter().max().unwrap());
+        println!(
+            "| {procs} | {:.0} | {min} – {max} | {:.2} |",
+            total as f64 / secs as f64,
+            min as f64 / max.max(1) as f64
+        );
+    }
+}
+
+/// Child: acquire + release in a loop for `secs`, print the number of grants.
+fn contender(dir: &Path, secs: u64) {
+    let leases = open(dir, Durability::NoSync);
+    let me = Owner::new(format!("p{}", std::process::id())).unwrap();
+    let id = SessionId::new("contended").unwrap();
+    let end = Instant::now() + Duration::from_secs(secs);
+    let mut grants = 0u64;
+    while Instant::now() < end {
+        if let Some(l) = leases.acquire(&id, &me).unwrap().lease() {
+            grants += 1;
+            leases.release(&l).unwrap();
+        }
+    }
+    println!("{grants}");
+}
+
+/// Child: hold a lease, say so, wait to be killed.
+fn holder(dir: &Path) {
+    let leases = open(dir, Durability::NoSync);
+    let id = SessionId::new("takeover").unwrap();
+    let l = leases
+        .acquire(&id, &Owner::new("holder").unwrap())
+        .unwrap()
+        .lease()
+        .unwrap();
+    println!("{}", l.token);
+    let _ = std::io::stdin().read(&mut [0u8]);
+}
+
+/// Child: hold a bare flock on `path`, say so, wait to be killed.
+fn flock_holder(path: &Path) {
+    let f = rw(path);
+    f.lock().unwrap();
+    println!("locked");
+    let _ = std::io::stdin().read(&mut [0u8]);
+}
+
+/// Waits (bounded) until `/proc/locks` shows a blocked flock request on `path`'s inode: the
+/// waiter is parked in the kernel, so the kill is measured from a comparable starting line.
+fn wait_blocked(path: &Path) {
+    let ino = fs::metadata(path).map(|m| m.ino()).unwrap_or(0);
+    let needle = format!(":{ino} ");
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(5) {
+        let locks = fs::read_to_string("/proc/locks").unwrap();
+        if locks
+            .lines()
+            .any(|l| l.contains("-> FLOCK") && l.contains(&needle))
+        {
+            return;
+        }
+        std::thread::yield_now();
+    }
+    panic!("the waiter never blocked on {}", path.display());
+}
+
+fn spawn_child(args: &[&str]) -> (std::process::Child, String) {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    (child, line)
+}
+
+fn percentile(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn takeover(dir: &Path, runs: usize) {
+    let mut lease_us = vec![];
+    let mut floor_us = vec![];
+    for run in 0..runs {
+        // Floor: a bare blocking flock waiter on a file the killed process held.
+        let path = dir.join(format!("floor-{run}.lock"));
+        let (mut child, _) = spawn_child(&["flock-holder", path.to_str().unwrap()]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let p2 = path.clone();
+        let waiter = std::thread::spawn(move || {
+            let f = rw(&p2);
+            f.lock().unwrap();
+            tx.send(Instant::now()).unwrap();
+        });
+        wait_blocked(&path);
+        let t0 = Instant::now();
+        child.kill().unwrap();
+        let t1 = rx.recv().unwrap();
+        floor_us.push((t1 - t0).as_nanos() as f64 / 1000.0);
+        waiter.join().unwrap();
+        child.wait().unwrap();
+
+        // The lease: a waiting acquire, woken by the holder's death.
+        let sub = dir.join(format!("takeover-{run}"));
+        let (mut child, _) = spawn_child(&["holder", sub.to_str().unwrap()]);
+        let leases = open(&sub, Durability::NoSync);
+        let id = SessionId::new("takeover").unwrap();
+        let live = sub.join(format!("{}.1.live", id.stem()));
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| {
+                let l = leases
+                    .acquire_wait(&id, &Owner::new("waiter").unwrap(), Duration::from_secs(30))
+                    .unwrap();
+                (Instant::now(), l.token)
+            });
+            wait_blocked(&live);
+            let t0 = Instant::now();
+            child.kill().unwrap();
+            let (t1, token) = waiter.join().unwrap();
+            assert_eq!(token, 2);
+            lease_us.push((t1 - t0).as_nanos() as f64 / 1000.0);
+        });
+        child.wait().unwrap();
+        let _ = fs::remove_dir_all(&sub);
+    }
+    let (lm, lp) = (
+        percentile(&mut lease_us, 0.5),
+        percentile(&mut lease_us, 0.99),
+    );
+    let (fm, fp) = (
+        percentile(&mut floor_us, 0.5),
+        percentile(&mut floor_us, 0.99),
+    );
+    println!(
+        "\n### crash takeover latency: SIGKILL of the holder → waiter holds the lease ({runs} runs)\n"
+    );
+    println!("| waiter | median | p99 |");
+    println!("| --- | --- | --- |");
+    println!("| `acquire_wait` (the lease) | {lm:.0} µs | {lp:.0} µs |");
+    println!("| bare blocking `flock` (floor) | {fm:.0} µs | {fp:.0} µs |");
+    println!("| difference | {:.0} µs | {:.0} µs |", lm - fm, lp - fp);
+}
+
+/// `ops OP N DIR`: run one operation N times after one warm-up, for syscall counting.
+fn ops(op: &str, n: u64, dir: &Path) {
+    let leases = open(dir, Durability::NoSync);
+    let me = Owner::new("bench").unwrap();
+    let id = SessionId::new("ops").unwrap();
+    let warm = leases.acquire(&id, &me).unwrap().lease().unwrap();
+    leases.release(&warm).unwrap();
+    eprintln!("-- start --");
+    match op {
+        "cycle" => {
+            for _ in 0..n {
+                let l = leases.acquire(&id, &me).unwrap().lease().unwrap();
+                leases.release(&l).unwrap();
+            }
+        }
+        "renew" => {
+            let l = leases.acquire(&id, &me).unwrap().lease().unwrap();
+            for _ in 0..n {
+                assert!(!leases.renew(&l).unwrap().is_held());
+            }
+        }
+        other => panic!("unknown op {other}"),
+    }
+}
