@@ -576,5 +576,8 @@ fn descriptors_stay_bounded_with_many_ids() {
         "{before} -> {after} descriptors"
     );
     drop(leases);
-    assert!(fds() <= before + 64, "descriptors not closed with the instance");
+    assert!(
+        fds() <= before + 64,
+        "descriptors not closed with the instance"
+    );
 }
