@@ -236,8 +236,10 @@ fn crash_loop_soak() {
         "the soak did too little work to mean anything"
     );
     assert!(kills > 0 && stops > 0);
+    // A worker keeps one transition-lock descriptor per id it has used (a bounded cache) and
+    // one liveness descriptor while it holds a lease; a leak would grow with every round.
     let (lo, hi) = report.fd_range;
-    assert!(hi - lo <= 1, "descriptors leak: {lo}..{hi}");
+    assert!(hi - lo <= IDS.len() + 1, "descriptors leak: {lo}..{hi}");
     // Each id keeps at most the current generation's file plus those of holders killed inside
     // the last takeover window; never one per crash.
     assert!(live <= IDS.len() * 3, "{live} .live files left");
