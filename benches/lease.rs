@@ -63,6 +63,10 @@ fn main() {
         _ => {}
     }
     let quick = args.iter().any(|a| a == "quick");
+    if args.iter().any(|a| a == "scaling") {
+        let shm = scratch(Path::new("/dev/shm"));
+        return scaling(shm.path(), if quick { 3 } else { 5 }, quick);
+    }
     let rounds = if quick { 3 } else { 5 };
     println!(
         "flocklease benchmarks: median of {rounds} rounds; ratios are against the floor measured in the same run\n"
@@ -424,15 +428,17 @@ fn scaling(dir: &Path, rounds: usize, quick: bool) {
          held lease keeps one descriptor open). Ids are visited in a scattered order."
     );
     println!();
-    println!("| ids | cycle median | ratio to 10 ids | renew median | ratio to 10 ids |");
-    println!("| --- | --- | --- | --- | --- |");
+    println!(
+        "| ids | cycle median | ratio to 10 ids | renew median | ratio to 10 ids | floor: open+flock+lstat+read of the id's files | ratio to 10 ids |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
     let me = Owner::new("bench").unwrap();
     let counts: &[usize] = if quick {
         &[10, 1_000, 20_000]
     } else {
         &[10, 1_000, 100_000]
     };
-    let mut base = (0.0, 0.0);
+    let mut base = (0.0, 0.0, 0.0);
     for &count in counts {
         let sub = dir.join(format!("scale-{count}"));
         let leases = open(&sub, Durability::NoSync);
@@ -461,15 +467,36 @@ fn scaling(dir: &Path, rounds: usize, quick: bool) {
                     .is_held()
             );
         });
+        // The floor: what any transition must touch of the id's files, in the same order.
+        let files: Vec<_> = all
+            .iter()
+            .map(|id| {
+                (
+                    sub.join(format!("{}.lock", id.stem())),
+                    sub.join(format!("{}.lease.json", id.stem())),
+                )
+            })
+            .collect();
+        let mut buf = vec![0u8; 4096];
+        let t_floor = measure(rounds, n, |i| {
+            let (lock, rec) = &files[(i as usize * 7919) % count];
+            let f = rw(lock);
+            f.try_lock().unwrap();
+            let _ = fs::symlink_metadata(lock).unwrap();
+            let n = File::open(rec).unwrap().read(&mut buf).unwrap();
+            assert!(n > 0);
+        });
         if count == counts[0] {
-            base = (t_cycle, t_renew);
+            base = (t_cycle, t_renew, t_floor);
         }
         println!(
-            "| {count} | {:.1} µs | {:.2}× | {:.1} µs | {:.2}× |",
+            "| {count} | {:.1} µs | {:.2}× | {:.1} µs | {:.2}× | {:.1} µs | {:.2}× |",
             t_cycle / 1000.0,
             t_cycle / base.0,
             t_renew / 1000.0,
-            t_renew / base.1
+            t_renew / base.1,
+            t_floor / 1000.0,
+            t_floor / base.2
         );
         drop(held);
         drop(leases);
