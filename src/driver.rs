@@ -160,3 +160,49 @@ pub(crate) fn grant(outcome: Outcome, id: &SessionId, owner: &crate::Owner) -> c
         Outcome::Released => unreachable!("acquire or renew answered Released"),
     }
 }
+
+/// Implements [`SessionLease`](crate::SessionLease) for an adapter with a method
+/// `fn transition(&self, id: &SessionId, event: Event) -> Result<Outcome, Error>`: builds the
+/// event from the call and turns the outcome into the caller's answer.
+macro_rules! session_lease_via_transition {
+    ($adapter:ty) => {
+        impl $crate::SessionLease for $adapter {
+            fn acquire(
+                &self,
+                id: &$crate::SessionId,
+                owner: &$crate::Owner,
+            ) -> Result<$crate::Grant, $crate::Error> {
+                let event = $crate::machine::Event::Acquire {
+                    owner: owner.clone(),
+                };
+                Ok($crate::driver::grant(
+                    self.transition(id, event)?,
+                    id,
+                    owner,
+                ))
+            }
+
+            fn renew(&self, lease: &$crate::Lease) -> Result<$crate::Grant, $crate::Error> {
+                let event = $crate::machine::Event::Renew {
+                    owner: lease.owner.clone(),
+                    token: lease.token,
+                };
+                let outcome = self.transition(&lease.session_id, event)?;
+                Ok($crate::driver::grant(
+                    outcome,
+                    &lease.session_id,
+                    &lease.owner,
+                ))
+            }
+
+            fn release(&self, lease: &$crate::Lease) -> Result<(), $crate::Error> {
+                let event = $crate::machine::Event::Release {
+                    owner: lease.owner.clone(),
+                    token: lease.token,
+                };
+                self.transition(&lease.session_id, event).map(drop)
+            }
+        }
+    };
+}
+pub(crate) use session_lease_via_transition;

@@ -493,31 +493,7 @@ impl FlockLeaseBuilder {
     }
 }
 
-impl SessionLease for FlockLease {
-    fn acquire(&self, id: &SessionId, owner: &Owner) -> Result<Grant, Error> {
-        let event = Event::Acquire {
-            owner: owner.clone(),
-        };
-        Ok(driver::grant(self.transition(id, event)?, id, owner))
-    }
-
-    fn renew(&self, lease: &Lease) -> Result<Grant, Error> {
-        let event = Event::Renew {
-            owner: lease.owner.clone(),
-            token: lease.token,
-        };
-        let outcome = self.transition(&lease.session_id, event)?;
-        Ok(driver::grant(outcome, &lease.session_id, &lease.owner))
-    }
-
-    fn release(&self, lease: &Lease) -> Result<(), Error> {
-        let event = Event::Release {
-            owner: lease.owner.clone(),
-            token: lease.token,
-        };
-        self.transition(&lease.session_id, event).map(drop)
-    }
-}
+crate::driver::session_lease_via_transition!(FlockLease);
 
 /// What this instance holds for one id.
 #[derive(Debug, Default)]

@@ -12,9 +12,9 @@ use std::time::Duration;
 use crate::clock::Clock;
 use crate::driver::{self, Transaction};
 use crate::error::Error;
-use crate::lease::{DEFAULT_TTL, Grant, Lease, SessionLease};
+use crate::lease::DEFAULT_TTL;
 use crate::machine::{Event, Liveness, Local};
-use crate::name::{Owner, SessionId};
+use crate::name::SessionId;
 use crate::record::Record;
 
 /// The shared state of a set of [`MemLease`] instances: the "directory". Clones share it.
@@ -114,31 +114,7 @@ impl MemLease {
     }
 }
 
-impl SessionLease for MemLease {
-    fn acquire(&self, id: &SessionId, owner: &Owner) -> Result<Grant, Error> {
-        let event = Event::Acquire {
-            owner: owner.clone(),
-        };
-        Ok(driver::grant(self.transition(id, event)?, id, owner))
-    }
-
-    fn renew(&self, lease: &Lease) -> Result<Grant, Error> {
-        let event = Event::Renew {
-            owner: lease.owner.clone(),
-            token: lease.token,
-        };
-        let outcome = self.transition(&lease.session_id, event)?;
-        Ok(driver::grant(outcome, &lease.session_id, &lease.owner))
-    }
-
-    fn release(&self, lease: &Lease) -> Result<(), Error> {
-        let event = Event::Release {
-            owner: lease.owner.clone(),
-            token: lease.token,
-        };
-        self.transition(&lease.session_id, event).map(drop)
-    }
-}
+crate::driver::session_lease_via_transition!(MemLease);
 
 impl Drop for MemLease {
     /// A crash, as the kernel sees it: every liveness lock of this instance is dropped; the

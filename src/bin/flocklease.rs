@@ -8,7 +8,7 @@ use std::process::{Command, ExitCode, ExitStatus};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use flocklease::{
     Clock, FlockLease, Grant, KeepAlive, Lease, Owner, SessionId, SessionLease, SystemClock,
 };
@@ -43,29 +43,7 @@ enum Cmd {
     /// FLOCKLEASE_DIR in its environment. The lease is renewed every TTL/3 while it runs and
     /// released when it exits. If the lease is lost, the command gets SIGTERM, then SIGKILL
     /// after the grace period.
-    Run {
-        /// The lease directory.
-        #[arg(long)]
-        dir: PathBuf,
-        /// The session id.
-        #[arg(long)]
-        id: String,
-        /// The owner recorded in the lease (default: HOST:PID).
-        #[arg(long)]
-        owner: Option<String>,
-        /// Lease time-to-live (e.g. 30s, 500ms, 2m).
-        #[arg(long, default_value = "30s", value_parser = duration)]
-        ttl: Duration,
-        /// How long to wait for the lease when it is held (default: do not wait).
-        #[arg(long, value_parser = duration)]
-        wait: Option<Duration>,
-        /// Time between SIGTERM and SIGKILL after a loss.
-        #[arg(long, default_value = "5s", value_parser = duration)]
-        grace: Duration,
-        /// The command and its arguments.
-        #[arg(required = true, last = true)]
-        command: Vec<String>,
-    },
+    Run(RunArgs),
     /// List the sessions of a lease directory without taking any lock.
     Status {
         /// The lease directory.
@@ -83,23 +61,7 @@ enum Cmd {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Cmd::Run {
-            dir,
-            id,
-            owner,
-            ttl,
-            wait,
-            grace,
-            command,
-        } => run(RunArgs {
-            dir,
-            id,
-            owner,
-            ttl,
-            wait,
-            grace,
-            command,
-        }),
+        Cmd::Run(args) => run(args),
         Cmd::Status { dir, id, json } => status(&dir, id.as_deref(), json),
     };
     match result {
@@ -111,13 +73,29 @@ fn main() -> ExitCode {
     }
 }
 
+/// The arguments of `run`.
+#[derive(Args)]
 struct RunArgs {
+    /// The lease directory.
+    #[arg(long)]
     dir: PathBuf,
+    /// The session id.
+    #[arg(long)]
     id: String,
+    /// The owner recorded in the lease (default: HOST:PID).
+    #[arg(long)]
     owner: Option<String>,
+    /// Lease time-to-live (e.g. 30s, 500ms, 2m).
+    #[arg(long, default_value = "30s", value_parser = duration)]
     ttl: Duration,
+    /// How long to wait for the lease when it is held (default: do not wait).
+    #[arg(long, value_parser = duration)]
     wait: Option<Duration>,
+    /// Time between SIGTERM and SIGKILL after a loss.
+    #[arg(long, default_value = "5s", value_parser = duration)]
     grace: Duration,
+    /// The command and its arguments.
+    #[arg(required = true, last = true)]
     command: Vec<String>,
 }
 
