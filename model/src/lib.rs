@@ -636,7 +636,12 @@ impl Model for LeaseModel {
             Action::RenewStale(p) => format!("p{p} renew (stale lease)"),
             Action::ReleaseStale(p) => format!("p{p} release (stale lease)"),
             Action::FailingWrite(p, op, fault) => {
-                format!("p{p} {op:?} with write failing {fault:?}")
+                let at = match fault {
+                    Fault::BeforeRename => "its record write",
+                    Fault::AfterRename => "its directory fsync (if it makes one)",
+                };
+                let op = format!("{op:?}").to_lowercase();
+                format!("p{p} {op} with a fault armed at {at}")
             }
             Action::Crash(p) => format!("p{p} crashes"),
             Action::Tick => "tick".into(),
