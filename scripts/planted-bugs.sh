@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 machine=src/machine.rs
 backup=$(mktemp)
 cp "$machine" "$backup"
-trap 'cp "$backup" "$machine"; rm -f "$backup"' EXIT
+# Restore the machine and rebuild, so no planted binary is left behind in target/.
+trap 'cp "$backup" "$machine"; rm -f "$backup"; cargo build -q --release -p flocklease-model' EXIT
 
 # Each plant: a name, the exact text to find (once) and its replacement ("\n" = newline).
 names=() finds=() repls=()
