@@ -194,13 +194,28 @@ fn takeover_from_crashed(point: FaultPoint) -> bool {
 }
 
 fn renew(point: FaultPoint) -> bool {
+    same_generation(point, "renew", |a, lease| a.renew(lease))
+}
+
+fn refresh(point: FaultPoint) -> bool {
+    same_generation(point, "refresh", |a, lease| {
+        a.acquire(&lease.session_id, &lease.owner)
+    })
+}
+
+/// A renew or a refresh: the generation stays; a failure must lose nothing.
+fn same_generation(
+    point: FaultPoint,
+    name: &str,
+    op: fn(&FlockLease, &Lease) -> Result<Grant, Error>,
+) -> bool {
     let h = Harness::new();
     let a = h.instance();
     let lease = granted(a.acquire(&id("s"), &owner("a")), "setup");
     h.clock.advance(Duration::from_secs(10));
     let before = h.record();
-    let (r, fired) = h.with_fault(point, || a.renew(&lease));
-    let ctx = format!("renew, {point:?}");
+    let (r, fired) = h.with_fault(point, || op(&a, &lease));
+    let ctx = format!("{name}, {point:?}");
     if !fired {
         assert_eq!(granted(r, &ctx).token, lease.token);
         return false;
@@ -208,7 +223,7 @@ fn renew(point: FaultPoint) -> bool {
     assert_injected(&r.unwrap_err(), h.dir.path(), &ctx);
     assert_eq!(h.record(), before, "{ctx}");
     h.assert_no_leak(Some(lease.token), &ctx);
-    // Not lost: still held against others, and the next renew succeeds with the same token.
+    // Not lost: still held against others, and the next try succeeds with the same token.
     assert!(
         h.instance()
             .acquire(&id("s"), &owner("b"))
@@ -216,7 +231,7 @@ fn renew(point: FaultPoint) -> bool {
             .is_held(),
         "{ctx}"
     );
-    assert_eq!(granted(a.renew(&lease), &ctx).token, lease.token);
+    assert_eq!(granted(op(&a, &lease), &ctx).token, lease.token);
     true
 }
 
@@ -259,27 +274,5 @@ fn release(point: FaultPoint) -> bool {
     }
     let next = granted(h.instance().acquire(&id("s"), &owner("b")), &ctx);
     assert!(next.token > lease.token, "{ctx}");
-    true
-}
-
-fn refresh(point: FaultPoint) -> bool {
-    let h = Harness::new();
-    let a = h.instance();
-    let lease = granted(a.acquire(&id("s"), &owner("a")), "setup");
-    h.clock.advance(Duration::from_secs(10));
-    let before = h.record();
-    let (r, fired) = h.with_fault(point, || a.acquire(&id("s"), &owner("a")));
-    let ctx = format!("refresh, {point:?}");
-    if !fired {
-        assert_eq!(granted(r, &ctx).token, lease.token);
-        return false;
-    }
-    assert_injected(&r.unwrap_err(), h.dir.path(), &ctx);
-    assert_eq!(h.record(), before, "{ctx}");
-    h.assert_no_leak(Some(lease.token), &ctx);
-    assert_eq!(
-        granted(a.acquire(&id("s"), &owner("a")), &ctx).token,
-        lease.token
-    );
     true
 }
