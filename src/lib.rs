@@ -39,6 +39,23 @@
 //! - A holder is not told when its lease expires; it learns on its next renew.
 //! - Deleting the record by hand resets the token; the crate never deletes it.
 //!
+//! # Decisions where the specification leaves room
+//!
+//! - A takeover locks the new generation, commits the record, and only then closes the
+//!   previous generation this instance held: a failed commit loses nothing.
+//! - A failed directory fsync after the rename of a new owner or token is reported as an error
+//!   (the token is not durable yet) and the new generation's lock is dropped: the record then
+//!   names a dead generation, which the next acquire replaces at once with a greater token. It
+//!   is the one failure after which the visible record has changed.
+//! - A failed takeover leaves its new `<stem>.<token>.live` file, unlocked; the next takeover
+//!   reuses that name. Dead generations' files and leftover temporary files are swept when a
+//!   crashed or expired holder is taken over.
+//! - Ids and owners are 1–1024 bytes without control characters; an empty owner is refused.
+//! - A record moved back by hand under a live holder makes the next takeover fail with
+//!   [`Error::LiveLockBusy`] rather than share a token.
+//! - Each instance keeps at most [`flock::LOCK_CACHE`] transition-lock descriptors open between
+//!   transitions.
+//!
 //! # Architecture
 //!
 //! One pure transition function, [`machine::step`], decides every transition. The real adapter
