@@ -74,6 +74,12 @@ impl Harness {
         fs::read(path).ok().map(|b| record::decode(&b).unwrap())
     }
 
+    /// Another instance's acquire is refused: the lease is still held.
+    fn assert_refused(&self, ctx: &str) {
+        let got = self.instance().acquire(&id("s"), &owner("b")).unwrap();
+        assert!(got.is_held(), "{ctx}: another owner got the lease");
+    }
+
     /// No lock leaked: the transition lock is free and every liveness file but the one of
     /// `held` (a generation legitimately held) can be locked.
     fn assert_no_leak(&self, held: Option<u64>, ctx: &str) {
@@ -157,13 +163,7 @@ fn fresh_acquire(point: FaultPoint) -> bool {
     h.assert_no_leak(None, &ctx);
     let l = granted(a.acquire(&id("s"), &owner("a")), &ctx);
     assert!(l.token >= 1);
-    assert!(
-        h.instance()
-            .acquire(&id("s"), &owner("b"))
-            .unwrap()
-            .is_held(),
-        "{ctx}"
-    );
+    h.assert_refused(&ctx);
     true
 }
 
@@ -224,13 +224,7 @@ fn same_generation(
     assert_eq!(h.record(), before, "{ctx}");
     h.assert_no_leak(Some(lease.token), &ctx);
     // Not lost: still held against others, and the next try succeeds with the same token.
-    assert!(
-        h.instance()
-            .acquire(&id("s"), &owner("b"))
-            .unwrap()
-            .is_held(),
-        "{ctx}"
-    );
+    h.assert_refused(&ctx);
     assert_eq!(granted(op(&a, &lease), &ctx).token, lease.token);
     true
 }
@@ -258,13 +252,7 @@ fn release(point: FaultPoint) -> bool {
                 // Still held: the record names it and others are refused.
                 assert_eq!(h.record().map(|r| r.token), Some(lease.token), "{ctx}");
                 assert!(!h.record().unwrap().owner.is_empty(), "{ctx}");
-                assert!(
-                    h.instance()
-                        .acquire(&id("s"), &owner("b"))
-                        .unwrap()
-                        .is_held(),
-                    "{ctx}"
-                );
+                h.assert_refused(&ctx);
             }
             // The generation is still tracked: a retry completes the release.
             a.release(&lease).unwrap();
