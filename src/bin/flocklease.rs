@@ -180,10 +180,12 @@ fn acquire(
             Grant::Granted(l) => Ok(Some(l)),
             Grant::Held => Ok(None),
         },
-        Some(w) => match leases.acquire_wait(id, owner, w) {
-            Ok(l) => Ok(Some(l)),
-            Err(flocklease::Error::Timeout { .. }) => Ok(None),
-            Err(e) => Err(e.to_string()),
+        Some(w) => match leases
+            .acquire_wait(id, owner, w)
+            .map_err(|e| e.to_string())?
+        {
+            Grant::Granted(l) => Ok(Some(l)),
+            Grant::Held => Ok(None),
         },
     }
 }
