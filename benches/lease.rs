@@ -610,9 +610,10 @@ fn wait_watched(path: &Path) {
     while start.elapsed() < Duration::from_secs(5) {
         if let Ok(ino) = fs::metadata(path).map(|m| m.ino()) {
             let needle = format!(" ino:{ino:x} ");
-            let watched = fs::read_dir("/proc/self/fdinfo").unwrap().flatten().any(|e| {
-                fs::read_to_string(e.path()).is_ok_and(|t| t.contains(&needle))
-            });
+            let watched = fs::read_dir("/proc/self/fdinfo")
+                .unwrap()
+                .flatten()
+                .any(|e| fs::read_to_string(e.path()).is_ok_and(|t| t.contains(&needle)));
             if watched {
                 return;
             }

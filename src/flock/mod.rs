@@ -100,6 +100,8 @@ pub struct FlockLease {
     /// How many transition-lock descriptors the slots keep open (at most [`LOCK_CACHE`]).
     cached_locks: AtomicUsize,
     opener: Opener,
+    /// Inotify instances kept for waiting acquires.
+    watches: wait::Watches,
 }
 
 /// Options for [`FlockLease`]; start from [`FlockLease::builder`].
@@ -254,7 +256,7 @@ impl FlockLease {
             };
             let live = paths.live(rec.token);
             match self.opener.open(&live, Access::Wait) {
-                Ok(file) => wait::wait_for_holder(&live, &file, wake)
+                Ok(file) => wait::wait_for_holder(&self.watches, &live, &file, wake)
                     .map_err(|e| Error::io("wait for", &live, e))?,
                 Err(e) if e.io_kind() == Some(io::ErrorKind::NotFound) => {
                     // No lock to wait on: the record's expiry decides, so look now and then.
@@ -551,6 +553,7 @@ impl FlockLeaseBuilder {
                 prune_at: PRUNE_AT,
             }),
             cached_locks: AtomicUsize::new(0),
+            watches: wait::Watches::default(),
             opener: Opener {
                 owners,
                 file_mode: mode,
