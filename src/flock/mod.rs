@@ -539,7 +539,7 @@ impl FlockLeaseBuilder {
         if mode & !0o666 != 0 || mode & 0o600 != 0o600 || mode & 0o002 != 0 {
             return Err(Error::InvalidFileMode { mode });
         }
-        let (dir_file, owners) =
+        let (dir_file, owners, sticky) =
             files::open_dir(&self.dir, self.allow_network_fs, self.trust_foreign_owners)?;
         Ok(FlockLease {
             dir: self.dir,
@@ -556,6 +556,7 @@ impl FlockLeaseBuilder {
             watches: wait::Watches::default(),
             opener: Opener {
                 owners,
+                sticky,
                 file_mode: mode,
                 faults: self.faults,
             },
