@@ -137,6 +137,70 @@ pub enum Error {
     },
     /// An argument was refused.
     InvalidInput(InvalidInput),
+    /// A PostgreSQL statement or connection failed ([`PgLease`](crate::pg::PgLease)). The
+    /// transition did not commit, or its outcome was checked and differs from what the caller
+    /// asked for; the lease state is as it was.
+    ///
+    /// Remedy: check that the server is reachable and the role may use the lease table; retry.
+    Database {
+        /// What was being done (`"connect"`, `"lock the lease row"`, `"commit"`, ...).
+        op: &'static str,
+        /// The session id involved, if any.
+        id: Option<SessionId>,
+        /// The driver's error (its SQLSTATE, if the server answered, is in its message).
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The lease row of `id` stayed locked by another transition for the whole lock timeout
+    /// (the server's `lock_timeout`): another process's transition on this id is stuck. A
+    /// failure, never contention.
+    ///
+    /// Remedy: find the session holding the row lock (`pg_locks`, `pg_stat_activity`) and end
+    /// it; a longer lock timeout if transitions are legitimately slow.
+    RowLockTimeout {
+        /// The session id.
+        id: SessionId,
+        /// How long this call waited.
+        waited: Duration,
+    },
+    /// The lease row of `id` holds a value no lease can have (an expiry of `infinity`, or
+    /// outside the years 0001–9999). Nothing was written.
+    ///
+    /// Remedy: an operator must repair the row (never delete it: that resets the token).
+    CorruptRow {
+        /// The session id.
+        id: SessionId,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The lease tables were created by another version of the library.
+    ///
+    /// Remedy: use a matching library version, or another schema (`search_path`).
+    SchemaVersion {
+        /// The version found in the database.
+        found: i32,
+        /// The version this library uses.
+        expected: i32,
+    },
+    /// The connection does not keep session state: a transaction-mode pooler (PgBouncer
+    /// `pool_mode = transaction`) sits between the library and the server, which breaks the
+    /// session advisory locks that keep leases alive.
+    ///
+    /// Remedy: connect directly to the server, or through a session-mode pooler.
+    SessionNotKept {
+        /// What was observed.
+        detail: String,
+    },
+    /// The liveness lock of the generation about to be granted or restored is held by another
+    /// session: the row was moved back (restored from a backup, edited) under a live holder,
+    /// or this holder's previous session is still ending on the server.
+    ///
+    /// Remedy: restore the row with a token above every live generation's; retry later.
+    AdvisoryLockBusy {
+        /// The session id.
+        id: SessionId,
+        /// The generation's token.
+        token: u64,
+    },
 }
 
 impl Error {
@@ -157,7 +221,13 @@ impl Error {
             | Error::ExpiryOutOfRange { .. }
             | Error::InvalidFileMode { .. }
             | Error::InvalidInterval { .. }
-            | Error::InvalidInput(_) => None,
+            | Error::InvalidInput(_)
+            | Error::Database { .. }
+            | Error::RowLockTimeout { .. }
+            | Error::CorruptRow { .. }
+            | Error::SchemaVersion { .. }
+            | Error::SessionNotKept { .. }
+            | Error::AdvisoryLockBusy { .. } => None,
         }
     }
 
@@ -238,6 +308,39 @@ impl fmt::Display for Error {
                 left.as_secs_f64()
             ),
             Error::InvalidInput(e) => write!(f, "invalid input: {e}"),
+            Error::Database {
+                op,
+                id: Some(id),
+                source,
+            } => write!(f, "postgresql: {op} (session {id}): {source}"),
+            Error::Database {
+                op,
+                id: None,
+                source,
+            } => write!(f, "postgresql: {op}: {source}"),
+            Error::RowLockTimeout { id, waited } => write!(
+                f,
+                "lease row of session {id} stayed locked for {:.3} s: another transition on \
+                 this id is stuck",
+                waited.as_secs_f64()
+            ),
+            Error::CorruptRow { id, reason } => {
+                write!(f, "corrupt lease row of session {id}: {reason}")
+            }
+            Error::SchemaVersion { found, expected } => write!(
+                f,
+                "lease tables have schema version {found}, this library uses {expected}"
+            ),
+            Error::SessionNotKept { detail } => write!(
+                f,
+                "the postgresql connection does not keep its session ({detail}): a \
+                 transaction-mode pooler? connect directly or through a session-mode pooler"
+            ),
+            Error::AdvisoryLockBusy { id, token } => write!(
+                f,
+                "liveness lock of generation {token} of session {id} is held by another \
+                 session; was the row restored?"
+            ),
         }
     }
 }
@@ -248,6 +351,7 @@ impl std::error::Error for Error {
             Error::Io { source, .. } => Some(source),
             Error::Corrupt { source, .. } => Some(source),
             Error::InvalidInput(e) => Some(e),
+            Error::Database { source, .. } => Some(&**source),
             _ => None,
         }
     }

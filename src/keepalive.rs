@@ -29,6 +29,11 @@ pub enum Loss {
         /// The last renew error, as text, if a renew failed.
         last_error: Option<String>,
     },
+    /// The backend reported that the generation's liveness lock is gone while the holder runs
+    /// (with [`PgLease`](crate::pg::PgLease): its liveness connection ended — dropped, ended
+    /// by the server, server restart). A rival may take the lease over before its expiry;
+    /// its token will be greater. Reported at once, not at the next renew.
+    LivenessLost,
     /// The renewer failed (a panic in the backend or the loss callback); the lease is no
     /// longer renewed.
     RenewerFailed {
@@ -48,6 +53,7 @@ impl fmt::Display for Loss {
                 f.write_str("lease expired without a successful renew")
             }
             Loss::RenewerFailed { reason } => write!(f, "lease renewer failed: {reason}"),
+            Loss::LivenessLost => f.write_str("liveness lock of the lease lost"),
         }
     }
 }
@@ -141,6 +147,18 @@ impl<L: SessionLease + 'static> KeepAliveBuilder<L> {
             first_due: self.clock.now().checked_add(interval),
         };
         let on_loss = self.on_loss;
+        // A backend whose liveness can vanish while we run reports it here, at once.
+        // (The state's lock is not held: the backend may call back before returning.)
+        let weak = Arc::downgrade(&shared);
+        let lease = shared.lock().lease.clone();
+        self.leases.on_liveness_lost(
+            &lease,
+            Box::new(move || {
+                if let Some(shared) = weak.upgrade() {
+                    shared.lose(Loss::LivenessLost);
+                }
+            }),
+        );
         let thread = thread::Builder::new()
             .name("flocklease-keepalive".into())
             .spawn(move || renewer.run(on_loss))

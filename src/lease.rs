@@ -91,4 +91,18 @@ pub trait SessionLease: Send + Sync {
     /// [`Error`] when the tombstone cannot be written; the lease is then still held and a later
     /// release may retry.
     fn release(&self, lease: &Lease) -> Result<(), Error>;
+
+    /// Asks to be told, once, when this instance learns that the liveness lock of `lease`'s
+    /// generation is gone while the lease may still be recorded — so that a rival can take it
+    /// over before its expiry.
+    ///
+    /// A `flock(2)` liveness lock cannot vanish while its process runs, so the default does
+    /// nothing and drops `notify`. [`PgLease`](crate::pg::PgLease) calls `notify` (from any
+    /// thread, possibly before returning when the loss is already known or the generation is
+    /// not held here) the moment the generation's liveness connection ends. After a release
+    /// of the generation, `notify` is dropped uncalled. [`KeepAlive`](crate::KeepAlive) turns
+    /// the call into [`Loss::LivenessLost`](crate::Loss::LivenessLost).
+    fn on_liveness_lost(&self, lease: &Lease, notify: Box<dyn FnOnce() + Send>) {
+        let _ = (lease, notify);
+    }
 }

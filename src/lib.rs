@@ -98,6 +98,8 @@ pub mod lease;
 pub mod machine;
 pub mod memory;
 pub mod name;
+#[cfg(feature = "postgres")]
+pub mod pg;
 pub mod record;
 pub mod status;
 pub mod timestamp;

@@ -1,0 +1,308 @@
+//! Connections: settings per role (transition or liveness), the "session ended" signal of each
+//! connection, prepared statements, and running one statement through the fault seam.
+
+use std::future::Future;
+use std::mem;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::runtime::Runtime;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{Client, Config, NoTls, Statement};
+
+use super::fault::{Faults, PgFault, PgStep};
+use super::schema;
+use crate::error::Error;
+use crate::name::SessionId;
+
+type Notify = Box<dyn FnOnce() + Send>;
+
+/// Set once, when a connection's session ends (closed by us, by the server, or by the
+/// network); runs the callbacks registered until then, once.
+#[derive(Default)]
+pub(super) struct Ended {
+    flag: AtomicBool,
+    waiters: Mutex<Vec<Notify>>,
+}
+
+impl Ended {
+    fn fire(&self) {
+        self.flag.store(true, Ordering::SeqCst);
+        let waiters = mem::take(&mut *lock(&self.waiters));
+        for f in waiters {
+            f();
+        }
+    }
+
+    /// Whether the session has ended.
+    pub(super) fn is_ended(&self) -> bool {
+        self.flag.load(Ordering::SeqCst)
+    }
+
+    /// Calls `f` when the session ends, or now if it has.
+    pub(super) fn subscribe(&self, f: Notify) {
+        let mut waiters = lock(&self.waiters);
+        if self.is_ended() {
+            drop(waiters);
+            f();
+        } else {
+            waiters.push(f);
+        }
+    }
+
+    /// Forgets the callbacks (the generation they watch was given up on purpose).
+    pub(super) fn clear(&self) {
+        drop(mem::take(&mut *lock(&self.waiters)));
+    }
+}
+
+/// The statements prepared on every connection (transition and liveness alike: one round trip
+/// at connect, pipelined).
+pub(super) struct Stmts {
+    pub(super) begin: Statement,
+    pub(super) commit: Statement,
+    pub(super) rollback: Statement,
+    pub(super) lock_row: Statement,
+    pub(super) insert_row: Statement,
+    pub(super) clock: Statement,
+    pub(super) probe: Statement,
+    pub(super) update: Statement,
+    pub(super) wait_timeout: Statement,
+    pub(super) wait: Statement,
+    pub(super) lock_live: Statement,
+    pub(super) unlock: Statement,
+}
+
+/// One connection with its backend pid and its end signal.
+pub(super) struct Conn {
+    pub(super) client: Client,
+    pub(super) pid: i32,
+    pub(super) ended: Arc<Ended>,
+    pub(super) stmts: Stmts,
+    /// Set when a step's outcome is unknown: the connection must not be reused.
+    poisoned: AtomicBool,
+}
+
+impl Conn {
+    /// Whether it may go back to a pool.
+    pub(super) fn reusable(&self) -> bool {
+        !self.poisoned.load(Ordering::Relaxed) && !self.ended.is_ended() && !self.client.is_closed()
+    }
+
+    /// Marks it unusable.
+    pub(super) fn poison(&self) {
+        self.poisoned.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Why a step failed.
+#[derive(Debug)]
+pub(super) enum Fail {
+    /// The driver's error: the server's answer, or a connection failure.
+    Db(tokio_postgres::Error),
+    /// An injected lost reply.
+    LostReply,
+}
+
+impl Fail {
+    /// Whether the server answered "lock not available" (the row lock timed out).
+    pub(super) fn is_lock_timeout(&self) -> bool {
+        matches!(self, Fail::Db(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE))
+    }
+
+    /// Whether the server may have run the step: no answer came back.
+    pub(super) fn outcome_unknown(&self) -> bool {
+        match self {
+            Fail::Db(e) => e.as_db_error().is_none(),
+            Fail::LostReply => true,
+        }
+    }
+
+    /// The caller's error.
+    pub(super) fn into_error(self, op: &'static str, id: Option<&SessionId>) -> Error {
+        let source: Box<dyn std::error::Error + Send + Sync> = match self {
+            Fail::Db(e) => Box::new(e),
+            Fail::LostReply => "injected fault: the reply was lost".into(),
+        };
+        Error::Database {
+            op,
+            id: id.cloned(),
+            source,
+        }
+    }
+}
+
+/// Runs the future `f` (a statement on `conn`) as step `step`, through the fault seam.
+pub(super) fn exec<'c, T, F>(
+    rt: &Runtime,
+    faults: &Faults,
+    step: PgStep,
+    conn: &'c Conn,
+    f: impl FnOnce(&'c Conn) -> F,
+) -> Result<T, Fail>
+where
+    F: Future<Output = Result<T, tokio_postgres::Error>>,
+{
+    match faults.check(step, conn.pid) {
+        None => {}
+        Some(PgFault::Fail) => {
+            let err = rt.block_on(conn.client.simple_query("SELECT 1/0"));
+            return Err(match err {
+                Err(e) => Fail::Db(e),
+                Ok(_) => Fail::LostReply,
+            });
+        }
+        Some(PgFault::LoseReply) => {
+            let _ = rt.block_on(f(conn));
+            conn.poison();
+            return Err(Fail::LostReply);
+        }
+    }
+    let out = rt.block_on(f(conn)).map_err(Fail::Db);
+    if let Err(e) = &out
+        && e.outcome_unknown()
+    {
+        conn.poison();
+    }
+    out
+}
+
+/// The first round trip of a transition, pipelined: `BEGIN`, the row locked and read, then
+/// the server's clock (read after the lock: the server runs them in order).
+pub(super) async fn lock_and_read(
+    c: &Conn,
+    id: &str,
+) -> Result<(Option<tokio_postgres::Row>, tokio_postgres::Row), tokio_postgres::Error> {
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&id];
+    let (_, row, clock) = tokio::try_join!(
+        c.client.execute(&c.stmts.begin, &[]),
+        c.client.query_opt(&c.stmts.lock_row, &params),
+        c.client.query_one(&c.stmts.clock, &[]),
+    )?;
+    Ok((row, clock))
+}
+
+/// Connects with `config` on `rt` and prepares the statements.
+pub(super) fn connect(rt: &Runtime, config: &Config) -> Result<Conn, Fail> {
+    rt.block_on(async {
+        let (client, connection) = config.connect(NoTls).await?;
+        let ended = Arc::new(Ended::default());
+        let signal = Arc::clone(&ended);
+        tokio::spawn(async move {
+            // Resolves when the session ends, for whatever reason (the server's 57P01, EOF,
+            // a TCP timeout, or the client dropped).
+            let _ = connection.await;
+            signal.fire();
+        });
+        let (pid, stmts) = tokio::try_join!(
+            async { client.query_one("SELECT pg_backend_pid()", &[]).await },
+            prepare(&client)
+        )?;
+        Ok(Conn {
+            pid: pid.get(0),
+            client,
+            ended,
+            stmts,
+            poisoned: AtomicBool::new(false),
+        })
+    })
+    .map_err(Fail::Db)
+}
+
+async fn prepare(c: &Client) -> Result<Stmts, tokio_postgres::Error> {
+    let t = schema::TABLE;
+    let lock_row = format!("SELECT key, owner, token, expiry FROM {t} WHERE id = $1 FOR UPDATE");
+    let insert_row = format!(
+        "INSERT INTO {t} (id, owner, token, expiry) VALUES ($1, '', 0, 'epoch') \
+         ON CONFLICT (id) DO NOTHING"
+    );
+    let update = format!("UPDATE {t} SET owner = $2, token = $3, expiry = $4 WHERE key = $1");
+    let (begin, commit, rollback, lock_row, insert_row, clock) = tokio::try_join!(
+        c.prepare("BEGIN"),
+        c.prepare("COMMIT"),
+        c.prepare("ROLLBACK"),
+        c.prepare(&lock_row),
+        c.prepare(&insert_row),
+        c.prepare("SELECT clock_timestamp()"),
+    )?;
+    let (probe, update, wait_timeout, wait, lock_live, unlock) = tokio::try_join!(
+        c.prepare("SELECT pg_try_advisory_xact_lock_shared($1::int4, $2::int4)"),
+        c.prepare(&update),
+        c.prepare("SELECT set_config('lock_timeout', $1, true)"),
+        c.prepare("SELECT pg_advisory_xact_lock_shared($1::int4, $2::int4)"),
+        c.prepare("SELECT pg_try_advisory_lock($1::int4, $2::int4), pg_backend_pid()"),
+        c.prepare("SELECT pg_advisory_unlock($1::int4, $2::int4)"),
+    )?;
+    Ok(Stmts {
+        begin,
+        commit,
+        rollback,
+        lock_row,
+        insert_row,
+        clock,
+        probe,
+        update,
+        wait_timeout,
+        wait,
+        lock_live,
+        unlock,
+    })
+}
+
+/// The connection settings of each role, derived from the caller's.
+#[derive(Clone, Debug)]
+pub(super) struct Configs {
+    /// Transition connections: the row lock is bounded by the server's `lock_timeout`.
+    pub(super) transition: Config,
+    /// Liveness connections: never ended for idleness; host death noticed well within the TTL
+    /// by TCP keepalives and `tcp_user_timeout`, on both ends.
+    pub(super) liveness: Config,
+}
+
+impl Configs {
+    pub(super) fn new(base: &Config, lock_timeout: Duration, ttl: Duration) -> Configs {
+        let user_options = base.get_options().unwrap_or("").to_owned();
+        let with = |extra: &str| {
+            let mut c = base.clone();
+            c.options(format!("{user_options} {extra}").trim());
+            c
+        };
+        let lock_ms = lock_timeout.as_millis().clamp(1, i32::MAX as u128);
+        let mut transition = with(&format!("-c lock_timeout={lock_ms}"));
+        if base.get_application_name().is_none() {
+            transition.application_name("flocklease");
+        }
+        // Host death must be noticed before the TTL runs out: a third of it, at least 1 s
+        // apart per probe (TCP's granularity).
+        let idle = (ttl / 6).max(Duration::from_secs(1));
+        let interval = (ttl / 12).max(Duration::from_secs(1));
+        let user_timeout = (ttl / 3).max(Duration::from_secs(1));
+        let mut liveness = with(&format!(
+            "-c idle_session_timeout=0 -c idle_in_transaction_session_timeout=0 \
+             -c statement_timeout=0 -c tcp_keepalives_idle={} -c tcp_keepalives_interval={} \
+             -c tcp_keepalives_count=2 -c tcp_user_timeout={}",
+            idle.as_secs(),
+            interval.as_secs(),
+            user_timeout.as_millis()
+        ));
+        liveness
+            .keepalives(true)
+            .keepalives_idle(idle)
+            .keepalives_interval(interval)
+            .keepalives_retries(2)
+            .tcp_user_timeout(user_timeout);
+        if base.get_application_name().is_none() {
+            liveness.application_name("flocklease-liveness");
+        }
+        Configs {
+            transition,
+            liveness,
+        }
+    }
+}
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Pools and per-id states are changed in single steps: usable after a panic elsewhere.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}

@@ -1,0 +1,249 @@
+//! The transaction: the primitive steps of one transition on the lease row and advisory locks,
+//! done while the row is locked, for [`driver::run`](crate::driver::run).
+
+use super::Inner;
+use super::conn::{Conn, exec};
+use super::fault::PgStep;
+use super::sqltime::SqlTime;
+use crate::driver::Transaction;
+use crate::error::Error;
+use crate::machine::{Liveness, Local};
+use crate::name::SessionId;
+use crate::record::Record;
+use crate::timestamp::Timestamp;
+
+/// What this instance holds for one id.
+#[derive(Default)]
+pub(super) struct IdState {
+    pub(super) local: Option<LiveGen>,
+}
+
+/// A generation this instance holds: its liveness connection keeps the session advisory lock
+/// `(key, token mod 2^32)` for the generation's whole life.
+pub(super) struct LiveGen {
+    pub(super) local: Local,
+    pub(super) key: i32,
+    pub(super) conn: Conn,
+}
+
+/// The second advisory-lock key of generation `token`.
+pub(super) fn gen_key(token: u64) -> i32 {
+    // Wraps at 2^32 on purpose: two live generations 2^32 apart cannot coexist.
+    token as u32 as i32
+}
+
+/// A new generation's liveness lock, not yet adopted. Dropping it un-adopted (the commit
+/// failed) unlocks it at once, so the next takeover can lock the same generation.
+pub(super) struct PendingLive<'a> {
+    inner: &'a Inner,
+    conn: Option<Conn>,
+    key: i32,
+    token: u64,
+}
+
+impl Drop for PendingLive<'_> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            self.inner.unlock_and_pool(conn, self.key, self.token);
+        }
+    }
+}
+
+/// One transition's transaction: the row is locked (and was read) on `conn`.
+pub(super) struct PgTx<'a> {
+    pub(super) inner: &'a Inner,
+    pub(super) id: &'a SessionId,
+    pub(super) conn: &'a mut Conn,
+    pub(super) key: i32,
+    pub(super) record: Option<Record>,
+    pub(super) state: &'a mut IdState,
+    /// Whether the transaction is over (committed, or its commit resolved).
+    pub(super) finished: bool,
+}
+
+impl PgTx<'_> {
+    /// After a `COMMIT` whose reply never came: re-reads the row under its lock on another
+    /// connection and says whether it holds `record` (then the commit happened).
+    fn committed_anyway(&self, record: &Record) -> Result<bool, Error> {
+        let conn = self.inner.tx_conn(Some(self.id))?;
+        let id = self.id;
+        let read = exec(
+            &self.inner.rt,
+            &self.inner.faults,
+            PgStep::Reread,
+            &conn,
+            |c| async move {
+                c.client.execute(&c.stmts.begin, &[]).await?;
+                let row = c.client.query_opt(&c.stmts.lock_row, &[&id.as_str()]).await?;
+                c.client.execute(&c.stmts.rollback, &[]).await?;
+                Ok(row)
+            },
+        );
+        let row = match read {
+            Ok(row) => {
+                self.inner.give_back_tx(conn);
+                row
+            }
+            Err(e) if e.is_lock_timeout() => {
+                return Err(Error::RowLockTimeout {
+                    id: self.id.clone(),
+                    waited: self.inner.lock_timeout,
+                });
+            }
+            Err(e) => return Err(e.into_error("re-read the row after a lost commit", Some(self.id))),
+        };
+        let Some(row) = row else { return Ok(false) };
+        let now = super::row_record(self.id, &row)?;
+        Ok(now.1.as_ref() == Some(record))
+    }
+}
+
+impl<'a> Transaction for PgTx<'a> {
+    type Pending = PendingLive<'a>;
+
+    fn read(&mut self) -> Result<Option<Record>, Error> {
+        // Read with the row lock, in the transition's first round trip.
+        Ok(self.record.clone())
+    }
+
+    fn local(&self) -> Option<Local> {
+        self.state.local.as_ref().map(|g| g.local.clone())
+    }
+
+    fn probe(&mut self, token: u64) -> Result<Liveness, Error> {
+        // A shared try-lock, released at the end of the transaction: the holder's exclusive
+        // session lock excludes it; another probe or a waiter (shared too) does not, so a
+        // probe never makes a dead holder look alive to anyone else. It runs on a transition
+        // connection, never on a liveness connection (advisory locks are re-entrant).
+        let (key, gk) = (self.key, gen_key(token));
+        let free = exec(&self.inner.rt, &self.inner.faults, PgStep::Probe, self.conn, |c| async move {
+            c.client.query_one(&c.stmts.probe, &[&key, &gk]).await
+        })
+        .map_err(|e| e.into_error("probe the holder's liveness lock", Some(self.id)))?;
+        Ok(if free.get::<_, bool>(0) {
+            Liveness::Dead
+        } else {
+            Liveness::Live
+        })
+    }
+
+    fn lock_live(&mut self, token: u64) -> Result<PendingLive<'a>, Error> {
+        let conn = self.inner.lock_generation(self.id, self.key, token, PgStep::LockLive)?;
+        Ok(PendingLive {
+            inner: self.inner,
+            conn: Some(conn),
+            key: self.key,
+            token,
+        })
+    }
+
+    fn ensure_live(&mut self, token: u64) -> Result<(), Error> {
+        let Some(generation) = self.state.local.as_mut() else {
+            return Ok(());
+        };
+        if generation.local.token != token || generation.conn.reusable() {
+            return Ok(());
+        }
+        // The liveness connection ended while the holder ran. The record still names this
+        // generation (the machine checked), so nobody took over: lock it again on a fresh
+        // connection. If the old session still holds it (not yet ended on the server), this
+        // fails and a later renew retries.
+        let conn = self
+            .inner
+            .lock_generation(self.id, self.key, token, PgStep::RelockLive)?;
+        generation.conn = conn;
+        Ok(())
+    }
+
+    fn commit(&mut self, record: &Record) -> Result<(), Error> {
+        let token = record.token as i64; // the u64's bits (see the schema)
+        let expiry = SqlTime::from_timestamp(record.expiry);
+        let key = self.key;
+        let (rt, faults) = (&self.inner.rt, &self.inner.faults);
+        exec(rt, faults, PgStep::Update, self.conn, |c| async move {
+            c.client
+                .execute(&c.stmts.update, &[&key, &record.owner, &token, &expiry])
+                .await
+        })
+        .map_err(|e| e.into_error("update the lease row", Some(self.id)))?;
+        match exec(rt, faults, PgStep::Commit, self.conn, |c| async move {
+            c.client.execute(&c.stmts.commit, &[]).await
+        }) {
+            Ok(_) => {
+                self.finished = true;
+                Ok(())
+            }
+            Err(e) if e.outcome_unknown() => {
+                // The connection broke during COMMIT: it may have committed. Report an error
+                // only if the row does not hold what we committed.
+                self.finished = true;
+                if self.committed_anyway(record)? {
+                    Ok(())
+                } else {
+                    Err(e.into_error("commit", Some(self.id)))
+                }
+            }
+            Err(e) => Err(e.into_error("commit", Some(self.id))),
+        }
+    }
+
+    fn sync_dir(&mut self) -> Result<(), Error> {
+        // The commit is durable by itself (with the server's `synchronous_commit`).
+        Ok(())
+    }
+
+    fn close_local(&mut self, token: u64) {
+        if self
+            .state
+            .local
+            .as_ref()
+            .is_some_and(|g| g.local.token == token)
+            && let Some(generation) = self.state.local.take()
+        {
+            generation.conn.ended.clear();
+            self.inner
+                .unlock_and_pool(generation.conn, generation.key, token);
+        }
+    }
+
+    fn delete_live(&mut self, _token: u64) {
+        // Advisory locks leave no file behind.
+    }
+
+    fn sweep(&mut self, _below: u64) {
+        // Nothing accumulates: a dead session's locks vanish with it.
+    }
+
+    fn adopt(&mut self, mut pending: PendingLive<'a>, local: Local) {
+        if let Some(conn) = pending.conn.take() {
+            self.state.local = Some(LiveGen {
+                local,
+                key: pending.key,
+                conn,
+            });
+        }
+    }
+}
+
+/// The record a row holds, and the row's advisory key.
+pub(super) fn record_of(
+    id: &SessionId,
+    owner: String,
+    token: i64,
+    expiry: SqlTime,
+) -> Result<Option<Record>, Error> {
+    let token = token as u64; // the u64's bits (see the schema)
+    if token == 0 && owner.is_empty() {
+        // The placeholder inserted to have a row to lock: no record yet.
+        return Ok(None);
+    }
+    let expiry: Timestamp = expiry.to_timestamp().ok_or_else(|| Error::CorruptRow {
+        id: id.clone(),
+        reason: "expiry is infinite or outside the years 0001-9999".into(),
+    })?;
+    Ok(Some(Record {
+        owner,
+        token,
+        expiry,
+    }))
+}
