@@ -181,6 +181,16 @@ pub enum Error {
         /// The version this library uses.
         expected: i32,
     },
+    /// Another lease table `flocklease_leases` exists in another schema of the same database.
+    /// Advisory locks are per database, not per schema, so the two tables' generations would
+    /// share liveness locks.
+    ///
+    /// Remedy: use one lease table per database (a separate database for a separate set of
+    /// leases).
+    SharedLockSpace {
+        /// The schemas holding a lease table.
+        schemas: Vec<String>,
+    },
     /// The connection does not keep session state: a transaction-mode pooler (PgBouncer
     /// `pool_mode = transaction`) sits between the library and the server, which breaks the
     /// session advisory locks that keep leases alive.
@@ -226,6 +236,7 @@ impl Error {
             | Error::RowLockTimeout { .. }
             | Error::CorruptRow { .. }
             | Error::SchemaVersion { .. }
+            | Error::SharedLockSpace { .. }
             | Error::SessionNotKept { .. }
             | Error::AdvisoryLockBusy { .. } => None,
         }
@@ -330,6 +341,12 @@ impl fmt::Display for Error {
             Error::SchemaVersion { found, expected } => write!(
                 f,
                 "lease tables have schema version {found}, this library uses {expected}"
+            ),
+            Error::SharedLockSpace { schemas } => write!(
+                f,
+                "lease tables in several schemas of one database ({}) would share its advisory \
+                 locks; use one lease table per database",
+                schemas.join(", ")
             ),
             Error::SessionNotKept { detail } => write!(
                 f,

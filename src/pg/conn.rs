@@ -175,12 +175,14 @@ pub(super) async fn lock_and_read(
     id: &str,
 ) -> Result<(Option<tokio_postgres::Row>, tokio_postgres::Row), tokio_postgres::Error> {
     let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&id];
-    let (_, row, clock) = tokio::try_join!(
+    let (begin, row, clock) = tokio::join!(
         c.client.execute(&c.stmts.begin, &[]),
         c.client.query_opt(&c.stmts.lock_row, &params),
         c.client.query_one(&c.stmts.clock, &[]),
-    )?;
-    Ok((row, clock))
+    );
+    // The first failure in statement order is the cause (the later ones only say "aborted").
+    begin?;
+    Ok((row?, clock?))
 }
 
 /// Connects with `config` on `rt` and prepares the statements.

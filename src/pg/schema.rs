@@ -13,6 +13,8 @@
 //!
 //! A row is never deleted, so tokens stay monotone. A row with token 0 and an empty owner is
 //! the placeholder a transition inserts to have something to lock: it reads as "no record".
+//! Advisory locks are per database, not per schema: a second lease table in another schema of
+//! the same database is refused ([`Error::SharedLockSpace`]).
 //! The liveness lock of generation `(id, token)` is the session advisory lock
 //! `(key, token mod 2^32)` in the two-`int4` key space, which is disjoint from the `bigint`
 //! keys that migration tools take.
@@ -66,9 +68,26 @@ pub(super) fn ensure(rt: &Runtime, config: &Config) -> Result<(), Error> {
             .await
             .map_err(db("read the schema version"))?
             .get(0);
+        let schemas: Vec<String> = tx
+            .query(
+                &format!(
+                    "SELECT n.nspname::text FROM pg_class c JOIN pg_namespace n \
+                     ON n.oid = c.relnamespace WHERE c.relname = '{TABLE}' AND c.relkind = 'r' \
+                     ORDER BY 1"
+                ),
+                &[],
+            )
+            .await
+            .map_err(db("read the schema version"))?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
         tx.commit().await.map_err(db("create the lease tables"))?;
         drop(client);
         let _ = task.await;
+        if schemas.len() > 1 {
+            return Err(Error::SharedLockSpace { schemas });
+        }
         if found != VERSION {
             return Err(Error::SchemaVersion {
                 found,

@@ -113,6 +113,7 @@ impl Admin {
     pub fn advisory_holders(&self, key: i32, token: u32) -> Vec<i32> {
         self.query(
             "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
              AND classid = $1::int8::oid AND objid = $2::int8::oid AND objsubid = 2",
             &[&i64::from(key), &i64::from(token)],
         )
@@ -121,10 +122,11 @@ impl Admin {
         .collect()
     }
 
-    /// How many advisory locks are granted in the whole server.
+    /// How many advisory locks are granted in this database.
     pub fn advisory_locks(&self) -> i64 {
         self.query(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted",
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
             &[],
         )[0]
         .get(0)
@@ -146,10 +148,11 @@ impl Admin {
         .map(|r| (r.get(0), r.get(1), r.get(2)))
     }
 
-    /// Whether some session waits for an advisory lock (a blocked waiter).
+    /// How many sessions wait for an advisory lock in this database (blocked waiters).
     pub fn advisory_waiters(&self) -> i64 {
         self.query(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
             &[],
         )[0]
         .get(0)

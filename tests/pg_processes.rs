@@ -1,0 +1,291 @@
+//! `PgLease` against a real server with real processes and sessions: crash takeover by a
+//! waiter, a liveness connection ended by the server (seen at once through `KeepAlive`, and
+//! re-locked by a renew when nobody took over), hosts with skewed clocks, stale releases, a
+//! stuck row lock, and the schema checks. Synchronisation is on protocol lines from children
+//! and on server state read with SQL (`pg_locks`), never on sleeps.
+
+#![cfg(feature = "postgres")]
+#![allow(clippy::unwrap_used)]
+
+mod support;
+#[path = "support/pg.rs"]
+mod pg;
+
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use flocklease::pg::PgLease;
+use flocklease::{Clock, Error, KeepAlive, Loss, SessionLease, SystemClock, Timestamp};
+use support::{RoleChild, hear, id, owner, role, tell};
+
+const ENTRY: &str = "child_entry";
+
+/// The holder role: `URL ID OWNER`. Acquires, says `token N`, then waits for stdin to close.
+#[test]
+fn child_entry() {
+    let Some((_, args)) = role() else { return };
+    let leases = PgLease::connect(&args[0]).unwrap();
+    let lease = leases
+        .acquire(&id(&args[1]), &owner(&args[2]))
+        .unwrap()
+        .lease()
+        .expect("free");
+    tell(&format!("token {}", lease.token));
+    while hear().is_some() {}
+}
+
+/// A fresh database on the shared server, or `None` (skip) without PostgreSQL.
+fn fresh() -> Option<(String, pg::Admin)> {
+    let server = pg::server()?;
+    let db = server.fresh_db();
+    Some((server.url(&db), server.admin(&db)))
+}
+
+/// Waits (bounded) until `cond` holds on the server.
+fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn sigkilled_holder_process_is_replaced_by_a_waiter_within_milliseconds() {
+    let Some((url, admin)) = fresh() else { return };
+    let mut child = RoleChild::spawn(ENTRY, "hold", &[&url, "job", "child"]);
+    let held: u64 = child.line().strip_prefix("token ").unwrap().parse().unwrap();
+    let leases = PgLease::connect(&url).unwrap();
+    assert!(leases.acquire(&id("job"), &owner("me")).unwrap().is_held());
+    let (tx, rx) = mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let got = leases.acquire_wait(&id("job"), &owner("me"), Duration::from_secs(20));
+            tx.send((got, Instant::now())).unwrap();
+        });
+        // The waiter is blocked in the server on the holder's generation, not polling.
+        until("the waiter blocks on the advisory lock", || {
+            admin.advisory_waiters() == 1
+        });
+        let killed = Instant::now();
+        child.kill();
+        let (got, at) = rx.recv_timeout(Duration::from_secs(20)).unwrap();
+        let lease = got.unwrap().lease().expect("granted after the crash");
+        let latency = at - killed;
+        eprintln!("takeover after SIGKILL: {latency:?}");
+        assert_eq!(lease.token, held + 1);
+        assert!(
+            latency < Duration::from_secs(2),
+            "took {latency:?}: the waiter was not woken by the crash"
+        );
+    });
+}
+
+#[test]
+fn liveness_connection_ended_by_the_server_is_reported_at_once_and_fenced_by_the_token() {
+    let Some((url, admin)) = fresh() else { return };
+    let leases = Arc::new(PgLease::connect(&url).unwrap());
+    let lease = leases
+        .acquire(&id("job"), &owner("a"))
+        .unwrap()
+        .lease()
+        .unwrap();
+    let (tx, rx) = mpsc::channel();
+    let keep = KeepAlive::builder(Arc::clone(&leases), lease.clone())
+        .clock(leases.clock())
+        .on_loss(move |loss| tx.send(loss.clone()).unwrap())
+        .start()
+        .unwrap();
+    let key = admin.key("job");
+    let holders = admin.advisory_holders(key, 1);
+    assert_eq!(holders.len(), 1, "one session holds generation 1");
+    let ended = Instant::now();
+    admin.terminate(holders[0]);
+    // The TTL is 30 s and renews every 10 s: only the connection's end can report this fast.
+    let loss = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert_eq!(loss, Loss::LivenessLost);
+    eprintln!("liveness loss reported after {:?}", ended.elapsed());
+    assert_eq!(keep.loss(), Some(Loss::LivenessLost));
+    // A rival sees the generation dead and takes over before the expiry; the token orders them.
+    let rival = PgLease::connect(&url).unwrap();
+    let taken = rival
+        .acquire(&id("job"), &owner("b"))
+        .unwrap()
+        .lease()
+        .expect("dead generation taken over before its expiry");
+    assert!(taken.expiry > lease.expiry || taken.token > lease.token);
+    assert_eq!(taken.token, lease.token + 1);
+    // The old holder's renew is a definitive loss, and its release leaves the rival alone.
+    assert!(leases.renew(&lease).unwrap().is_held());
+    drop(keep);
+    assert_eq!(admin.row("job").unwrap().0, "b");
+    assert_eq!(admin.advisory_holders(key, 2).len(), 1);
+}
+
+#[test]
+fn renew_relocks_a_generation_whose_connection_ended_when_nobody_took_over() {
+    let Some((url, admin)) = fresh() else { return };
+    let leases = PgLease::connect(&url).unwrap();
+    let lease = leases
+        .acquire(&id("job"), &owner("a"))
+        .unwrap()
+        .lease()
+        .unwrap();
+    let key = admin.key("job");
+    let before = admin.advisory_holders(key, 1);
+    admin.terminate(before[0]);
+    assert!(admin.advisory_holders(key, 1).is_empty());
+    let renewed = leases.renew(&lease).unwrap().lease().expect("still ours");
+    assert_eq!(renewed.token, lease.token);
+    let after = admin.advisory_holders(key, 1);
+    assert_eq!(after.len(), 1, "the generation is locked again");
+    assert_ne!(after, before, "on a new session");
+    // And it is live again for rivals.
+    let rival = PgLease::connect(&url).unwrap();
+    assert!(rival.acquire(&id("job"), &owner("b")).unwrap().is_held());
+}
+
+/// The system clock moved by a fixed offset: a host whose clock is wrong.
+#[derive(Debug)]
+struct Skewed(i128);
+
+impl Clock for Skewed {
+    fn now(&self) -> Timestamp {
+        Timestamp::from_unix_nanos(SystemClock.now().unix_nanos() + self.0).unwrap()
+    }
+}
+
+#[test]
+fn hosts_with_skewed_clocks_agree_on_expiry() {
+    let Some((url, admin)) = fresh() else { return };
+    let hour = 3_600_000_000_000i128;
+    let ahead = PgLease::builder(&url)
+        .local_clock(Arc::new(Skewed(hour)))
+        .connect()
+        .unwrap();
+    let behind = PgLease::builder(&url)
+        .local_clock(Arc::new(Skewed(-hour)))
+        .connect()
+        .unwrap();
+    let server_now = || -> i128 {
+        let micros: i64 = admin.query(
+            "SELECT (extract(epoch from clock_timestamp()) * 1000000)::int8",
+            &[],
+        )[0]
+        .get(0);
+        i128::from(micros) * 1000
+    };
+    let lease = ahead
+        .acquire(&id("job"), &owner("a"))
+        .unwrap()
+        .lease()
+        .unwrap();
+    // The expiry is the server's now + TTL, whatever this host's clock says.
+    let off = lease.expiry.unix_nanos() - 30_000_000_000 - server_now();
+    assert!(off.abs() < 1_000_000_000, "expiry off the server's clock by {off} ns");
+    // The host one hour ahead would think the lease long expired; the server says live.
+    assert!(ahead.acquire(&id("job"), &owner("a2")).unwrap().is_held());
+    assert!(behind.acquire(&id("job"), &owner("b")).unwrap().is_held());
+    // Both estimate the server's clock, not their own.
+    assert!(behind.acquire(&id("other"), &owner("b")).unwrap().lease().is_some());
+    for l in [&ahead, &behind] {
+        let d = l.clock().now().unix_nanos() - server_now();
+        assert!(d.abs() < 1_000_000_000, "clock estimate off by {d} ns");
+    }
+    // Expired by the server's clock: the host one hour behind takes over at once.
+    admin.execute(
+        "UPDATE flocklease_leases SET expiry = clock_timestamp() WHERE id = 'job'",
+        &[],
+    );
+    let taken = behind
+        .acquire(&id("job"), &owner("b"))
+        .unwrap()
+        .lease()
+        .expect("expired by the server's clock");
+    assert_eq!(taken.token, lease.token + 1);
+    assert!(ahead.renew(&lease).unwrap().is_held());
+}
+
+#[test]
+fn a_stale_release_never_unlocks_a_successor() {
+    let Some((url, admin)) = fresh() else { return };
+    let (a, b, c) = (
+        PgLease::connect(&url).unwrap(),
+        PgLease::connect(&url).unwrap(),
+        PgLease::connect(&url).unwrap(),
+    );
+    let old = a.acquire(&id("job"), &owner("a")).unwrap().lease().unwrap();
+    admin.execute(
+        "UPDATE flocklease_leases SET expiry = clock_timestamp() WHERE id = 'job'",
+        &[],
+    );
+    let new = b.acquire(&id("job"), &owner("b")).unwrap().lease().unwrap();
+    let row = admin.row("job");
+    a.release(&old).unwrap();
+    assert_eq!(admin.row("job"), row, "a stale release must not write");
+    let key = admin.key("job");
+    assert_eq!(admin.advisory_holders(key, new.token as u32).len(), 1);
+    assert!(admin.advisory_holders(key, old.token as u32).is_empty());
+    assert!(c.acquire(&id("job"), &owner("c")).unwrap().is_held());
+    assert!(b.renew(&new).unwrap().lease().is_some());
+}
+
+#[test]
+fn a_stuck_row_lock_is_a_typed_timeout_and_does_not_delay_other_ids() {
+    let Some((url, admin)) = fresh() else { return };
+    let leases = PgLease::builder(&url)
+        .lock_timeout(Duration::from_millis(200))
+        .connect()
+        .unwrap();
+    assert!(leases.acquire(&id("stuck"), &owner("a")).unwrap().lease().is_some());
+    // Another session holds the row lock in an open transaction (a stopped process).
+    admin.execute("BEGIN", &[]);
+    admin.execute(
+        "SELECT 1 FROM flocklease_leases WHERE id = 'stuck' FOR UPDATE",
+        &[],
+    );
+    let started = Instant::now();
+    match leases.acquire(&id("stuck"), &owner("b")) {
+        Err(Error::RowLockTimeout { id: i, .. }) => assert_eq!(i, id("stuck")),
+        other => panic!("expected a row lock timeout, got {other:?}"),
+    }
+    assert!(started.elapsed() >= Duration::from_millis(200));
+    let other = leases.acquire(&id("free"), &owner("b")).unwrap();
+    assert!(other.lease().is_some(), "another id is served meanwhile");
+    admin.execute("ROLLBACK", &[]);
+    assert!(leases.acquire(&id("stuck"), &owner("b")).unwrap().is_held());
+}
+
+#[test]
+fn tables_of_another_version_or_in_two_schemas_are_refused() {
+    let Some((url, admin)) = fresh() else { return };
+    drop(PgLease::connect(&url).unwrap());
+    admin.execute("UPDATE flocklease_schema SET version = 99", &[]);
+    match PgLease::connect(&url) {
+        Err(Error::SchemaVersion { found: 99, expected: 1 }) => {}
+        other => panic!("expected a schema version error, got {other:?}"),
+    }
+    admin.execute("UPDATE flocklease_schema SET version = 1", &[]);
+    admin.execute("CREATE SCHEMA other", &[]);
+    admin.execute("CREATE TABLE other.flocklease_leases (id text)", &[]);
+    match PgLease::connect(&url) {
+        Err(Error::SharedLockSpace { schemas }) => assert_eq!(schemas, ["other", "public"]),
+        other => panic!("expected a shared lock space error, got {other:?}"),
+    }
+}
+
+#[test]
+fn liveness_loss_callback_fires_at_once_for_a_lease_not_held_here() {
+    let Some((url, _admin)) = fresh() else { return };
+    let a = PgLease::connect(&url).unwrap();
+    let b = PgLease::connect(&url).unwrap();
+    let lease = a.acquire(&id("job"), &owner("a")).unwrap().lease().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let tx2 = tx.clone();
+    b.on_liveness_lost(&lease, Box::new(move || tx.send("b").unwrap()));
+    assert_eq!(rx.try_recv(), Ok("b"), "b holds nothing: lost already");
+    a.on_liveness_lost(&lease, Box::new(move || tx2.send("a").unwrap()));
+    a.release(&lease).unwrap();
+    assert!(rx.try_recv().is_err(), "a release is not a loss");
+}
