@@ -1,0 +1,289 @@
+//! Fault injection through `PgLease`'s network seam: in every scenario, every statement
+//! (`PgStep`) fails in each way — the server answers an error, the connection is ended by the
+//! server just before it (`pg_terminate_backend`), or the server runs it and the reply is lost
+//! (an unknown outcome, the commit included) — at its first occurrence in the call, then its
+//! second, and so on while the call reaches that many. Each time: an error leaves the row as
+//! it was, a success matches the row, no advisory lock other than the row's own generation is
+//! held, no row lock is left behind, and the next call recovers with monotone tokens.
+
+#![cfg(all(feature = "postgres", feature = "fault-injection"))]
+#![allow(clippy::unwrap_used)]
+
+#[path = "support/pg.rs"]
+mod pg;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use flocklease::conformance::START;
+use flocklease::pg::{PgFault, PgFaultHook, PgLease, PgStep};
+use flocklease::{Grant, Lease, ManualClock, Owner, SessionId, SessionLease};
+
+/// How a step fails.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kind {
+    Fail,
+    LoseReply,
+    Disconnect,
+}
+
+struct Harness {
+    url: String,
+    admin: Arc<pg::Admin>,
+    clock: ManualClock,
+    armed: Arc<Mutex<Option<(PgStep, Kind, usize)>>>,
+    fired: Arc<AtomicBool>,
+}
+
+impl Harness {
+    fn new() -> Option<Harness> {
+        let server = pg::server()?;
+        let db = server.fresh_db();
+        let url = server.url(&db);
+        drop(PgLease::connect(&url).unwrap());
+        Some(Harness {
+            admin: Arc::new(server.admin(&db)),
+            url,
+            clock: ManualClock::new(START),
+            armed: Arc::default(),
+            fired: Arc::default(),
+        })
+    }
+
+    fn instance(&self) -> PgLease {
+        let (armed, fired, admin) = (
+            Arc::clone(&self.armed),
+            Arc::clone(&self.fired),
+            Arc::clone(&self.admin),
+        );
+        let hook: PgFaultHook = Arc::new(move |step, pid| {
+            let mut armed = armed.lock().unwrap();
+            match armed.as_mut() {
+                Some((s, kind, 0)) if *s == step => {
+                    let kind = *kind;
+                    *armed = None;
+                    fired.store(true, Ordering::SeqCst);
+                    match kind {
+                        Kind::Fail => Some(PgFault::Fail),
+                        Kind::LoseReply => Some(PgFault::LoseReply),
+                        Kind::Disconnect => {
+                            admin.terminate(pid);
+                            None
+                        }
+                    }
+                }
+                Some((s, _, skip)) if *s == step => {
+                    *skip -= 1;
+                    None
+                }
+                _ => None,
+            }
+        });
+        PgLease::builder(&self.url)
+            .clock(Arc::new(self.clock.clone()))
+            .ttl(Duration::from_secs(30))
+            .lock_timeout(Duration::from_secs(2))
+            .faults(hook)
+            .connect()
+            .unwrap()
+    }
+
+    fn with_fault<T>(&self, arm: (PgStep, Kind, usize), op: impl FnOnce() -> T) -> (T, bool) {
+        self.fired.store(false, Ordering::SeqCst);
+        *self.armed.lock().unwrap() = Some(arm);
+        let out = op();
+        *self.armed.lock().unwrap() = None;
+        (out, self.fired.load(Ordering::SeqCst))
+    }
+
+    /// The advisory locks granted on `id`'s key, as `(token, count)`.
+    fn locks(&self, id: &str) -> Vec<(i64, i64)> {
+        self.admin
+            .query(
+                "SELECT objid::int8, count(*) FROM pg_locks l JOIN flocklease_leases r \
+                 ON l.classid::int8 = r.key WHERE r.id = $1 AND l.locktype = 'advisory' \
+                 AND l.granted AND l.database = (SELECT oid FROM pg_database \
+                 WHERE datname = current_database()) GROUP BY 1",
+                &[&id],
+            )
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect()
+    }
+
+    /// No lock but the row's own generation's, held once at most.
+    fn assert_no_leak(&self, id: &str, what: &str) {
+        let row = self.admin.row(id);
+        for (token, count) in self.locks(id) {
+            let current = row.as_ref().is_some_and(|(o, t, _)| !o.is_empty() && *t == token);
+            assert!(
+                current && count == 1,
+                "{what}: leaked advisory lock on generation {token} (x{count}); row {row:?}"
+            );
+        }
+    }
+}
+
+/// The row as a record: the placeholder (empty owner, token 0) reads as no record.
+fn record(h: &Harness, id: &str) -> Option<(String, i64, i64)> {
+    h.admin.row(id).filter(|(o, t, _)| !(o.is_empty() && *t == 0))
+}
+
+fn sid(s: &str) -> SessionId {
+    SessionId::new(s).unwrap()
+}
+
+fn who(s: &str) -> Owner {
+    Owner::new(s).unwrap()
+}
+
+/// What a scenario's faulted call does, after its setup.
+#[derive(Clone, Copy, Debug)]
+enum Scenario {
+    /// Acquire of a new id.
+    AcquireFresh,
+    /// Acquire over a crashed holder (probe, takeover).
+    AcquireCrashed,
+    /// Acquire over this instance's own expired generation (takeover, old one unlocked).
+    AcquireOwnExpired,
+    /// Renew of a held lease.
+    Renew,
+    /// Renew after the liveness connection was ended by the server (re-lock).
+    RenewRelock,
+    /// Release of a held lease.
+    Release,
+}
+
+const SCENARIOS: [Scenario; 6] = [
+    Scenario::AcquireFresh,
+    Scenario::AcquireCrashed,
+    Scenario::AcquireOwnExpired,
+    Scenario::Renew,
+    Scenario::RenewRelock,
+    Scenario::Release,
+];
+
+#[test]
+fn every_statement_failing_in_every_way_loses_nothing_and_leaks_nothing() {
+    let Some(h) = Harness::new() else { return };
+    let mut runs = 0;
+    let mut n = 0;
+    for scenario in SCENARIOS {
+        for step in PgStep::ALL {
+            for kind in [Kind::Fail, Kind::LoseReply, Kind::Disconnect] {
+                for nth in 0.. {
+                    n += 1;
+                    let id = format!("s{n}");
+                    let fired = run_one(&h, scenario, &id, (step, kind, nth));
+                    if !fired {
+                        break;
+                    }
+                    runs += 1;
+                }
+            }
+        }
+    }
+    eprintln!("{runs} faulted calls checked");
+    assert!(runs >= 60, "only {runs} faults fired: the seam is not reached");
+}
+
+/// Sets `scenario` up on `id`, runs its call with the fault armed, checks; returns whether
+/// the fault fired.
+fn run_one(h: &Harness, scenario: Scenario, id: &str, arm: (PgStep, Kind, usize)) -> bool {
+    let what = format!("{scenario:?} {arm:?}");
+    let a = h.instance();
+    let i = sid(id);
+    // Setup, without faults.
+    let held: Option<Lease> = match scenario {
+        Scenario::AcquireFresh => None,
+        Scenario::AcquireCrashed => {
+            let b = h.instance();
+            assert!(b.acquire(&i, &who("b")).unwrap().lease().is_some());
+            drop(b);
+            None
+        }
+        Scenario::AcquireOwnExpired => {
+            let l = a.acquire(&i, &who("a")).unwrap().lease().unwrap();
+            h.clock.advance(Duration::from_secs(31));
+            Some(l)
+        }
+        Scenario::Renew | Scenario::Release => a.acquire(&i, &who("a")).unwrap().lease(),
+        Scenario::RenewRelock => {
+            let l = a.acquire(&i, &who("a")).unwrap().lease().unwrap();
+            let key = h.admin.key(id);
+            let holders = h.admin.advisory_holders(key, l.token as u32);
+            h.admin.terminate(holders[0]);
+            Some(l)
+        }
+    };
+    let before = record(h, id);
+    let before_token = before.as_ref().map_or(0, |r| r.1);
+    let call = |a: &PgLease| -> Result<Option<Grant>, flocklease::Error> {
+        match scenario {
+            Scenario::AcquireFresh | Scenario::AcquireCrashed | Scenario::AcquireOwnExpired => {
+                a.acquire(&i, &who("a")).map(Some)
+            }
+            Scenario::Renew | Scenario::RenewRelock => a.renew(held.as_ref().unwrap()).map(Some),
+            Scenario::Release => a.release(held.as_ref().unwrap()).map(|()| None),
+        }
+    };
+    let (result, fired) = h.with_fault(arm, || call(&a));
+    if !fired {
+        return false;
+    }
+    let after = record(h, id);
+    match &result {
+        Err(_) => assert_eq!(after, before, "{what}: an error after the row changed"),
+        Ok(Some(Grant::Granted(l))) => {
+            let (owner, token, _) = after.clone().unwrap();
+            assert_eq!((owner.as_str(), token as u64), ("a", l.token), "{what}: grant vs row");
+        }
+        Ok(Some(Grant::Held)) => panic!("{what}: a fault reported as held"),
+        Ok(None) => {
+            let (owner, _, _) = after.clone().unwrap();
+            assert_eq!(owner, "", "{what}: released but no tombstone");
+        }
+    }
+    h.assert_no_leak(id, &what);
+    // The next call recovers (a leaked row lock would time out here).
+    let again = call(&a).unwrap_or_else(|e| panic!("{what}: no recovery: {e}"));
+    match again {
+        Some(Grant::Granted(l)) => {
+            assert!(l.token as i64 >= before_token, "{what}: token went back");
+            let (owner, token, _) = h.admin.row(id).unwrap();
+            assert_eq!((owner.as_str(), token as u64), ("a", l.token), "{what}: recovered grant vs row");
+            // And it is really held: a rival is refused.
+            let rival = h.instance();
+            assert!(rival.acquire(&i, &who("r")).unwrap().is_held(), "{what}: not live");
+        }
+        Some(Grant::Held) => panic!("{what}: recovery answered held"),
+        None => assert_eq!(h.admin.row(id).unwrap().0, "", "{what}: not released"),
+    }
+    h.assert_no_leak(id, &format!("{what}, after recovery"));
+    drop(a);
+    h.clock.set(START);
+    true
+}
+
+#[test]
+fn a_commit_whose_reply_is_lost_is_resolved_by_rereading_the_row() {
+    let Some(h) = Harness::new() else { return };
+    let a = h.instance();
+    // The server committed; the reply was lost: the caller is told the truth, a grant.
+    let (got, fired) = h.with_fault((PgStep::Commit, Kind::LoseReply, 0), || {
+        a.acquire(&sid("lost"), &who("a"))
+    });
+    assert!(fired);
+    let lease = got.unwrap().lease().expect("committed, so granted");
+    assert_eq!(record(&h, "lost").map(|r| r.1), Some(lease.token as i64));
+    assert!(h.instance().acquire(&sid("lost"), &who("r")).unwrap().is_held());
+    // The session ended before COMMIT reached the server: nothing committed, an error.
+    let (got, fired) = h.with_fault((PgStep::Commit, Kind::Disconnect, 0), || {
+        a.acquire(&sid("cut"), &who("a"))
+    });
+    assert!(fired);
+    assert!(got.is_err());
+    assert_eq!(record(&h, "cut"), None);
+    assert!(h.locks("cut").is_empty(), "the new generation's lock was dropped");
+}
