@@ -144,6 +144,13 @@ fn renew_relocks_a_generation_whose_connection_ended_when_nobody_took_over() {
     // And it is live again for rivals.
     let rival = PgLease::connect(&url).unwrap();
     assert!(rival.acquire(&id("job"), &owner("b")).unwrap().is_held());
+    // The same through a refreshing acquire by the holder (which an acquire's speculative
+    // probe of its own generation would break).
+    admin.terminate(after[0]);
+    let again = leases.acquire(&id("job"), &owner("a")).unwrap().lease().expect("refresh");
+    assert_eq!(again.token, lease.token);
+    assert_eq!(admin.advisory_holders(key, 1).len(), 1);
+    assert!(rival.acquire(&id("job"), &owner("b")).unwrap().is_held());
 }
 
 /// The system clock moved by a fixed offset: a host whose clock is wrong.
@@ -288,4 +295,35 @@ fn liveness_loss_callback_fires_at_once_for_a_lease_not_held_here() {
     a.on_liveness_lost(&lease, Box::new(move || tx2.send("a").unwrap()));
     a.release(&lease).unwrap();
     assert!(rx.try_recv().is_err(), "a release is not a loss");
+}
+
+#[test]
+fn cycles_reuse_one_transition_and_one_liveness_connection() {
+    let Some((url, admin)) = fresh() else { return };
+    let leases = PgLease::connect(&url).unwrap();
+    let sessions = || -> Vec<(String, i64)> {
+        admin
+            .query(
+                "SELECT application_name, count(*) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND application_name LIKE 'flocklease%' \
+                 GROUP BY 1 ORDER BY 1",
+                &[],
+            )
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect()
+    };
+    let pids = || admin.query("SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'flocklease%' ORDER BY pid", &[]).iter().map(|r| r.get::<_, i32>(0)).collect::<Vec<_>>();
+    let l = leases.acquire(&id("job"), &owner("a")).unwrap().lease().unwrap();
+    leases.release(&l).unwrap();
+    let first = pids();
+    for _ in 0..20 {
+        let l = leases.acquire(&id("job"), &owner("a")).unwrap().lease().unwrap();
+        leases.release(&l).unwrap();
+    }
+    assert_eq!(
+        sessions(),
+        [("flocklease".to_owned(), 1), ("flocklease-liveness".to_owned(), 1)]
+    );
+    assert_eq!(pids(), first, "no connection was replaced");
 }

@@ -67,6 +67,7 @@ pub(super) struct Stmts {
     pub(super) insert_row: Statement,
     pub(super) clock: Statement,
     pub(super) probe: Statement,
+    pub(super) probe_row: Statement,
     pub(super) update: Statement,
     pub(super) wait_timeout: Statement,
     pub(super) wait: Statement,
@@ -168,21 +169,52 @@ where
     out
 }
 
-/// The first round trip of a transition, pipelined: `BEGIN`, the row locked and read, then
-/// the server's clock (read after the lock: the server runs them in order).
+/// What the first round trip of a transition reads.
+pub(super) struct FirstRead {
+    /// The lease row, if any.
+    pub(super) row: Option<tokio_postgres::Row>,
+    /// `clock_timestamp()` after the row lock.
+    pub(super) clock: tokio_postgres::Row,
+    /// The recorded generation's liveness, probed under the row lock: `(token mod 2^32 as
+    /// the key's int4, free)`.
+    pub(super) probe: Option<(i32, bool)>,
+}
+
+/// The first round trip of a transition, pipelined: `BEGIN`, the row locked and read, the
+/// server's clock, and — for an acquire — a speculative probe of the recorded generation
+/// (the server runs them in order, so both come after the lock).
+///
+/// The probe is a shared try-lock held until the transaction ends. It saves a round trip
+/// when the machine asks for it (an acquire over a live-looking holder) and harms no one when
+/// it does not: shared locks exclude only a holder's exclusive lock, and a generation is
+/// locked exclusively only under its row lock — by this very transaction only when it
+/// restores this instance's own generation, which is why the probe skips `local_token`.
 pub(super) async fn lock_and_read(
     c: &Conn,
     id: &str,
-) -> Result<(Option<tokio_postgres::Row>, tokio_postgres::Row), tokio_postgres::Error> {
+    probe: Option<Option<i64>>,
+) -> Result<FirstRead, tokio_postgres::Error> {
     let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&id];
-    let (begin, row, clock) = tokio::join!(
+    let local = probe.flatten();
+    let probe_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&id, &local];
+    let speculate = async {
+        match probe {
+            Some(_) => c.client.query_opt(&c.stmts.probe_row, &probe_params).await,
+            None => Ok(None),
+        }
+    };
+    let (begin, row, clock, probe) = tokio::join!(
         c.client.execute(&c.stmts.begin, &[]),
         c.client.query_opt(&c.stmts.lock_row, &params),
         c.client.query_one(&c.stmts.clock, &[]),
+        speculate,
     );
     // The first failure in statement order is the cause (the later ones only say "aborted").
     begin?;
-    Ok((row?, clock?))
+    let row = row?;
+    let clock = clock?;
+    let probe = probe?.map(|r| (r.get(0), r.get(1)));
+    Ok(FirstRead { row, clock, probe })
 }
 
 /// Connects with `config` on `rt` and prepares the statements.
@@ -219,6 +251,12 @@ async fn prepare(c: &Client) -> Result<Stmts, tokio_postgres::Error> {
         "INSERT INTO {t} (id, owner, token, expiry) VALUES ($1, '', 0, 'epoch') \
          ON CONFLICT (id) DO NOTHING"
     );
+    // `(token << 32) >> 32`: the token's low 32 bits as a signed int4 (`gen_key`).
+    let probe_row = format!(
+        "SELECT ((token << 32) >> 32)::int4, \
+         pg_try_advisory_xact_lock_shared(key, ((token << 32) >> 32)::int4) \
+         FROM {t} WHERE id = $1 AND token IS DISTINCT FROM $2::int8"
+    );
     let update = format!("UPDATE {t} SET owner = $2, token = $3, expiry = $4 WHERE key = $1");
     let (begin, commit, rollback, lock_row, insert_row, clock) = tokio::try_join!(
         c.prepare("BEGIN"),
@@ -228,8 +266,9 @@ async fn prepare(c: &Client) -> Result<Stmts, tokio_postgres::Error> {
         c.prepare(&insert_row),
         c.prepare("SELECT clock_timestamp()"),
     )?;
-    let (probe, update, wait_timeout, wait, lock_live, unlock) = tokio::try_join!(
+    let (probe, probe_row, update, wait_timeout, wait, lock_live, unlock) = tokio::try_join!(
         c.prepare("SELECT pg_try_advisory_xact_lock_shared($1::int4, $2::int4)"),
+        c.prepare(&probe_row),
         c.prepare(&update),
         c.prepare("SELECT set_config('lock_timeout', $1, true)"),
         c.prepare("SELECT pg_advisory_xact_lock_shared($1::int4, $2::int4)"),
@@ -244,6 +283,7 @@ async fn prepare(c: &Client) -> Result<Stmts, tokio_postgres::Error> {
         insert_row,
         clock,
         probe,
+        probe_row,
         update,
         wait_timeout,
         wait,

@@ -26,9 +26,7 @@ pub enum PgStep {
     /// Re-locking the local generation on a fresh liveness connection (renew after its
     /// connection ended).
     RelockLive,
-    /// `UPDATE` of the lease row.
-    Update,
-    /// `COMMIT`.
+    /// `UPDATE` of the lease row and `COMMIT`, pipelined.
     Commit,
     /// Re-reading the row after a commit whose outcome is unknown.
     Reread,
@@ -39,13 +37,12 @@ pub enum PgStep {
 
 impl PgStep {
     /// Every step, in the order a transition may reach them.
-    pub const ALL: [PgStep; 9] = [
+    pub const ALL: [PgStep; 8] = [
         PgStep::LockRow,
         PgStep::InsertRow,
         PgStep::Probe,
         PgStep::LockLive,
         PgStep::RelockLive,
-        PgStep::Update,
         PgStep::Commit,
         PgStep::Reread,
         PgStep::Unlock,

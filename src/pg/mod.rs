@@ -22,7 +22,7 @@
 //! SELECT pg_try_advisory_xact_lock_shared($key, $token);   -- only if a live-looking holder
 //! -- on a liveness connection: SELECT pg_try_advisory_lock($key, $token + 1), pg_backend_pid();
 //! UPDATE flocklease_leases SET owner = $2, token = $3, expiry = $4 WHERE key = $1;
-//! COMMIT;
+//! COMMIT;                                                  -- pipelined with the UPDATE
 //! ```
 //!
 //! The first use of an id inserts its row first (`INSERT … ON CONFLICT DO NOTHING`).
@@ -247,7 +247,11 @@ impl PgLease {
         // In-process serialization of one id; across processes the row lock does it.
         let mut state = lock(&entry);
         let mut conn = inner.tx_conn(Some(id))?;
-        let (key, record, server_now) = match inner.begin(id, &conn) {
+        // An acquire may need a probe: send it speculatively in the first round trip, except
+        // for the generation this instance holds (which it may have to lock again).
+        let probe = matches!(event, Event::Acquire { .. })
+            .then(|| state.local.as_ref().map(|g| g.local.token as i64));
+        let (key, record, server_now, probed) = match inner.begin(id, &conn, probe) {
             Ok(read) => read,
             Err(e) => {
                 inner.end_tx(conn, false);
@@ -269,6 +273,7 @@ impl PgLease {
             conn: &mut conn,
             key,
             record,
+            probed,
             state: &mut state,
             finished: false,
         };
@@ -413,10 +418,16 @@ impl PgLeaseBuilder {
             .build()
             .map_err(|e| db("start the runtime")(Box::new(e)))?;
         schema::ensure(&rt, &base)?;
+        let configs = Configs::new(&base, self.lock_timeout, self.ttl);
+        // One liveness connection up front: the first acquire does not wait for a connect,
+        // and its descriptor is this instance's lowest, so when the process dies the kernel
+        // closes it first and the server hears of the crash before anything else.
+        let first_live = conn::connect(&rt, &configs.liveness)
+            .map_err(|e| e.into_error("connect a liveness connection", None))?;
         Ok(PgLease {
             inner: Inner {
                 rt,
-                configs: Configs::new(&base, self.lock_timeout, self.ttl),
+                configs,
                 ttl: self.ttl,
                 lock_timeout: self.lock_timeout,
                 clock: self.clock,
@@ -424,7 +435,7 @@ impl PgLeaseBuilder {
                 offset_nanos: Arc::default(),
                 faults: self.faults,
                 tx_pool: Mutex::default(),
-                live_pool: Mutex::default(),
+                live_pool: Mutex::new(vec![first_live]),
                 ids: Mutex::new(Ids {
                     map: HashMap::new(),
                     prune_at: PRUNE_AT,
@@ -493,9 +504,18 @@ impl Inner {
         conn::connect(&self.rt, &self.configs.transition).map_err(|e| e.into_error("connect", id))
     }
 
+    /// Keeps a sound transition connection for later; ends the session of one whose last
+    /// outcome is unknown (it may still hold the row lock or a probe's lock), so that nothing
+    /// it held outlives the call.
     fn give_back_tx(&self, conn: Conn) {
+        if !conn.reusable() {
+            if !conn.ended.is_ended() {
+                self.discard(conn);
+            }
+            return;
+        }
         let mut pool = lock(&self.tx_pool);
-        if conn.reusable() && pool.len() < POOL_MAX {
+        if pool.len() < POOL_MAX {
             pool.push(conn);
         }
     }
@@ -516,9 +536,9 @@ impl Inner {
         }
     }
 
-    /// Ends a liveness connection whose locks are unknown, and makes sure the server has
-    /// ended its session (so its locks are gone) before returning, as far as it can.
-    fn discard_live(&self, conn: Conn) {
+    /// Ends a connection whose locks are unknown, and makes sure the server has ended its
+    /// session (so its locks are gone) before returning, as far as it can.
+    fn discard(&self, conn: Conn) {
         let pid = conn.pid;
         drop(conn);
         if let Ok(admin) = self.tx_conn(None) {
@@ -552,7 +572,7 @@ impl Inner {
                 let unknown = e.outcome_unknown();
                 // The lock may have been granted without our knowing: end that session.
                 if unknown {
-                    self.discard_live(conn);
+                    self.discard(conn);
                 } else {
                     self.give_back_live(conn);
                 }
@@ -562,7 +582,7 @@ impl Inner {
         let (locked, pid): (bool, i32) = (row.get(0), row.get(1));
         if pid != conn.pid {
             let opened = conn.pid;
-            self.discard_live(conn);
+            self.discard(conn);
             return Err(Error::SessionNotKept {
                 detail: format!(
                     "the liveness lock was taken in server session {pid}, the connection \
@@ -589,13 +609,19 @@ impl Inner {
         });
         match done {
             Ok(row) if row.get::<_, bool>(0) => self.give_back_live(conn),
-            _ => self.discard_live(conn),
+            _ => self.discard(conn),
         }
     }
 
     /// The transition's first round trip: `BEGIN`, the row locked and read, the server's
     /// clock read after the lock. Inserts the row first if missing.
-    fn begin(&self, id: &SessionId, conn: &Conn) -> Result<(i32, Option<Record>, Timestamp), Error> {
+    #[allow(clippy::type_complexity)]
+    fn begin(
+        &self,
+        id: &SessionId,
+        conn: &Conn,
+        probe: Option<Option<i64>>,
+    ) -> Result<(i32, Option<Record>, Timestamp, Option<(i32, bool)>), Error> {
         let started = Instant::now();
         let map = |e: Fail| {
             if e.is_lock_timeout() {
@@ -608,12 +634,12 @@ impl Inner {
             }
         };
         let idp = id.as_str();
-        let (row, clock) = exec(&self.rt, &self.faults, PgStep::LockRow, conn, |c| {
-            conn::lock_and_read(c, idp)
+        let first = exec(&self.rt, &self.faults, PgStep::LockRow, conn, |c| {
+            conn::lock_and_read(c, idp, probe)
         })
         .map_err(map)?;
-        let (row, clock) = match row {
-            Some(row) => (row, clock),
+        let (row, clock, probe) = match first.row {
+            Some(row) => (row, first.clock, first.probe),
             None => {
                 // First use of the id: insert a placeholder row to lock (outside the
                 // transaction, so a concurrent first user's insert cannot abort ours), then
@@ -623,13 +649,13 @@ impl Inner {
                     c.client.execute(&c.stmts.insert_row, &[&id.as_str()]).await
                 })
                 .map_err(map)?;
-                match exec(&self.rt, &self.faults, PgStep::LockRow, conn, |c| {
-                    conn::lock_and_read(c, idp)
+                let again = exec(&self.rt, &self.faults, PgStep::LockRow, conn, |c| {
+                    conn::lock_and_read(c, idp, probe)
                 })
-                .map_err(map)?
-                {
-                    (Some(row), clock) => (row, clock),
-                    (None, _) => {
+                .map_err(map)?;
+                match again.row {
+                    Some(row) => (row, again.clock, again.probe),
+                    None => {
                         return Err(Error::CorruptRow {
                             id: id.clone(),
                             reason: "the row vanished right after its insert (deleted by hand?)"
@@ -647,7 +673,7 @@ impl Inner {
                 id: id.clone(),
                 reason: "the server's clock is outside the years 0001-9999".into(),
             })?;
-        Ok((key, record, now))
+        Ok((key, record, now, probe))
     }
 
     /// Ends a transition's transaction: rolls back what was not committed, and keeps the
@@ -683,6 +709,7 @@ impl Inner {
                 conn.client.query_one(&conn.stmts.clock, &[]),
             )
         });
+        let mut finished = false;
         let result = match peek {
             Err(e) => Err(db(e)),
             Ok((_, None, _)) => Ok(()),
@@ -697,13 +724,17 @@ impl Inner {
                         let gk = gen_key(r.token);
                         let p1: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&ms];
                         let p2: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&key, &gk];
+                        // The ROLLBACK is pipelined too: it ends the wait's transaction (and
+                        // drops its shared lock) as soon as the wait returns.
                         let waited = self.rt.block_on(async {
                             tokio::join!(
                                 conn.client.query_one(&conn.stmts.wait_timeout, &p1),
                                 conn.client.execute(&conn.stmts.wait, &p2),
+                                conn.client.execute(&conn.stmts.rollback, &[]),
                             )
                         });
-                        match waited {
+                        finished = waited.2.is_ok();
+                        match (waited.0, waited.1) {
                             (Ok(_), Ok(_)) => Ok(()),
                             (Err(e), _) | (_, Err(e)) => {
                                 if Fail::Db(e).is_lock_timeout() {
@@ -722,7 +753,7 @@ impl Inner {
                 }
             }
         };
-        self.end_tx(conn, false);
+        self.end_tx(conn, finished);
         result
     }
 }

@@ -56,6 +56,8 @@ pub(super) struct PgTx<'a> {
     pub(super) conn: &'a mut Conn,
     pub(super) key: i32,
     pub(super) record: Option<Record>,
+    /// The speculative probe of the first round trip: `(generation key, free)`.
+    pub(super) probed: Option<(i32, bool)>,
     pub(super) state: &'a mut IdState,
     /// Whether the transaction is over (committed, or its commit resolved).
     pub(super) finished: bool,
@@ -116,6 +118,12 @@ impl<'a> Transaction for PgTx<'a> {
         // probe never makes a dead holder look alive to anyone else. It runs on a transition
         // connection, never on a liveness connection (advisory locks are re-entrant).
         let (key, gk) = (self.key, gen_key(token));
+        if let Some((probed, free)) = self.probed
+            && probed == gk
+        {
+            // Probed in the first round trip, under the row lock (the row is unchanged since).
+            return Ok(if free { Liveness::Dead } else { Liveness::Live });
+        }
         let free = exec(&self.inner.rt, &self.inner.faults, PgStep::Probe, self.conn, |c| async move {
             c.client.query_one(&c.stmts.probe, &[&key, &gk]).await
         })
@@ -160,15 +168,27 @@ impl<'a> Transaction for PgTx<'a> {
         let expiry = SqlTime::from_timestamp(record.expiry);
         let key = self.key;
         let (rt, faults) = (&self.inner.rt, &self.inner.faults);
-        exec(rt, faults, PgStep::Update, self.conn, |c| async move {
-            c.client
-                .execute(&c.stmts.update, &[&key, &record.owner, &token, &expiry])
-                .await
-        })
-        .map_err(|e| e.into_error("update the lease row", Some(self.id)))?;
-        match exec(rt, faults, PgStep::Commit, self.conn, |c| async move {
-            c.client.execute(&c.stmts.commit, &[]).await
-        }) {
+        // UPDATE and COMMIT pipelined: one round trip. If the UPDATE fails, the server turns
+        // the COMMIT into a rollback, and the UPDATE's error is the one reported.
+        let done = exec(rt, faults, PgStep::Commit, self.conn, |c| async move {
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+                [&key, &record.owner, &token, &expiry];
+            let (updated, committed) = tokio::join!(
+                c.client.execute(&c.stmts.update, &params),
+                c.client.execute(&c.stmts.commit, &[]),
+            );
+            let rows = updated?;
+            committed?;
+            Ok(rows)
+        });
+        match done {
+            Ok(0) => {
+                self.finished = true;
+                Err(Error::CorruptRow {
+                    id: self.id.clone(),
+                    reason: "the locked row vanished (deleted by hand?)".into(),
+                })
+            }
             Ok(_) => {
                 self.finished = true;
                 Ok(())

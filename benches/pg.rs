@@ -1,0 +1,424 @@
+//! PostgreSQL benchmarks: `PgLease` beside its floor, the same transactions' SQL sent by hand
+//! on raw connections, in one run against a throwaway server (as the tests start it).
+//!
+//! `cargo bench --features postgres --bench pg` prints the tables of BENCHMARKS.md's
+//! PostgreSQL section. `-- quick` runs fewer rounds. Without PostgreSQL it says so and exits.
+
+#![allow(clippy::unwrap_used, missing_docs)]
+
+#[cfg(feature = "postgres")]
+#[path = "../tests/support/pg.rs"]
+mod pg;
+
+#[cfg(not(feature = "postgres"))]
+fn main() {
+    eprintln!("the PostgreSQL benchmark needs --features postgres");
+}
+
+#[cfg(feature = "postgres")]
+fn main() {
+    imp::main();
+}
+
+#[cfg(feature = "postgres")]
+mod imp {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::{Child, Command, Stdio};
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    use flocklease::pg::PgLease;
+    use flocklease::{Owner, SessionId, SessionLease};
+    use tokio_postgres::{Client, NoTls, Statement};
+
+    use super::pg;
+
+    const ROLE: &str = "FLOCKLEASE_BENCH_ROLE";
+
+    pub fn main() {
+        if let Ok(role) = std::env::var(ROLE) {
+            return child(&role);
+        }
+        let quick = std::env::args().any(|a| a == "quick");
+        let Some(server) = pg::server() else {
+            eprintln!("PostgreSQL not found: nothing measured");
+            return;
+        };
+        let db = server.fresh_db();
+        let url = server.url(&db);
+        let (rounds, ops, runs) = if quick { (3, 200, 15) } else { (9, 500, 50) };
+        println!("### PostgreSQL (TCP on 127.0.0.1, fsync=off; medians of {rounds} rounds of {ops})\n");
+        println!("| operation | median | throughput | floor | floor median | ratio |");
+        println!("| --- | --- | --- | --- | --- | --- |");
+        let leases = PgLease::connect(&url).unwrap();
+        let raw = Raw::connect(&url);
+        let id = SessionId::new("bench").unwrap();
+        let me = Owner::new("bench").unwrap();
+        // Warm up both (connections, prepared statements, the row).
+        for _ in 0..50 {
+            let l = leases.acquire(&id, &me).unwrap().lease().unwrap();
+            leases.release(&l).unwrap();
+        }
+        raw.own_row();
+        let key = raw.key("bench-raw");
+        // Rounds alternate between the lease and its floor, so both see the same load.
+        let (cycle, cycle_floor) = interleaved(
+            rounds,
+            || {
+                time(ops, || {
+                    let l = leases.acquire(&id, &me).unwrap().lease().unwrap();
+                    leases.release(&l).unwrap();
+                })
+            },
+            || time(ops, || raw.cycle(key)),
+        );
+        row("acquire + release cycle", cycle, "the same SQL by hand", cycle_floor);
+        let lease = leases.acquire(&id, &me).unwrap().lease().unwrap();
+        let (renew, renew_floor) = interleaved(
+            rounds,
+            || {
+                time(ops, || {
+                    leases.renew(&lease).unwrap().lease().unwrap();
+                })
+            },
+            || time(ops, || raw.renew(key)),
+        );
+        row("renew", renew, "the same SQL by hand", renew_floor);
+        leases.release(&lease).unwrap();
+        drop(leases);
+        println!();
+        takeover(&url, runs);
+    }
+
+    fn row(what: &str, t: Duration, floor_what: &str, floor: Duration) {
+        println!(
+            "| {what} | {} | {:.0}/s | {floor_what} | {} | {:.2}× |",
+            fmt(t),
+            1.0 / t.as_secs_f64(),
+            fmt(floor),
+            t.as_secs_f64() / floor.as_secs_f64()
+        );
+    }
+
+    fn fmt(d: Duration) -> String {
+        if d < Duration::from_millis(1) {
+            format!("{:.0} µs", d.as_secs_f64() * 1e6)
+        } else {
+            format!("{:.2} ms", d.as_secs_f64() * 1e3)
+        }
+    }
+
+    fn time(n: u32, mut f: impl FnMut()) -> Duration {
+        let start = Instant::now();
+        for _ in 0..n {
+            f();
+        }
+        start.elapsed() / n
+    }
+
+    /// Medians of `rounds` rounds of `a` and of `b`, run alternately.
+    fn interleaved(
+        rounds: usize,
+        mut a: impl FnMut() -> Duration,
+        mut b: impl FnMut() -> Duration,
+    ) -> (Duration, Duration) {
+        let (mut va, mut vb) = (vec![], vec![]);
+        for _ in 0..rounds {
+            va.push(a());
+            vb.push(b());
+        }
+        va.sort();
+        vb.sort();
+        (va[va.len() / 2], vb[vb.len() / 2])
+    }
+
+    /// The floor: a transition connection and a liveness connection, driven by hand with the
+    /// very statements `PgLease` sends, pipelined the same way.
+    struct Raw {
+        rt: tokio::runtime::Runtime,
+        tx: Client,
+        live: Client,
+        begin: Statement,
+        commit: Statement,
+        lock_row: Statement,
+        clock: Statement,
+        probe_row: Statement,
+        update: Statement,
+        lock_live: Statement,
+        unlock: Statement,
+    }
+
+    impl Raw {
+        fn connect(url: &str) -> Raw {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .unwrap();
+            let (tx, live) = rt.block_on(async {
+                let (a, c) = tokio_postgres::connect(url, NoTls).await.unwrap();
+                tokio::spawn(c);
+                let (b, c) = tokio_postgres::connect(url, NoTls).await.unwrap();
+                tokio::spawn(c);
+                (a, b)
+            });
+            let p = |c: &Client, sql: &str| rt.block_on(c.prepare(sql)).unwrap();
+            Raw {
+                begin: p(&tx, "BEGIN"),
+                commit: p(&tx, "COMMIT"),
+                lock_row: p(
+                    &tx,
+                    "SELECT key, owner, token, expiry FROM flocklease_leases WHERE id = $1 FOR UPDATE",
+                ),
+                clock: p(&tx, "SELECT clock_timestamp()"),
+                probe_row: p(
+                    &tx,
+                    "SELECT ((token << 32) >> 32)::int4, pg_try_advisory_xact_lock_shared(key, \
+                     ((token << 32) >> 32)::int4) FROM flocklease_leases WHERE id = $1 \
+                     AND token IS DISTINCT FROM $2::int8",
+                ),
+                update: p(
+                    &tx,
+                    "UPDATE flocklease_leases SET owner = $2, token = $3, \
+                     expiry = clock_timestamp() + interval '30 s' WHERE key = $1",
+                ),
+                lock_live: p(
+                    &live,
+                    "SELECT pg_try_advisory_lock($1::int4, $2::int4), pg_backend_pid()",
+                ),
+                unlock: p(&live, "SELECT pg_advisory_unlock($1::int4, $2::int4)"),
+                rt,
+                tx,
+                live,
+            }
+        }
+
+        fn key(&self, id: &str) -> i32 {
+            self.rt
+                .block_on(self.tx.query_one("SELECT key FROM flocklease_leases WHERE id = $1", &[&id]))
+                .unwrap()
+                .get(0)
+        }
+
+        /// First round trip: BEGIN, lock and read the row, the clock, the speculative probe.
+        fn lock(&self, probe: bool) -> i64 {
+            let id = "bench-raw";
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&id];
+            let none: Option<i64> = None;
+            let probe_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&id, &none];
+            let speculate = async {
+                match probe {
+                    true => self.tx.query_opt(&self.probe_row, &probe_params).await,
+                    false => Ok(None),
+                }
+            };
+            let (_, row, _, _) = self
+                .rt
+                .block_on(async {
+                    tokio::try_join!(
+                        self.tx.execute(&self.begin, &[]),
+                        self.tx.query_opt(&self.lock_row, &params),
+                        self.tx.query_one(&self.clock, &[]),
+                        speculate,
+                    )
+                })
+                .unwrap();
+            row.map_or(0, |r| r.get(2))
+        }
+
+        /// UPDATE and COMMIT, pipelined (one round trip), as `PgLease` sends them.
+        fn write(&self, key: i32, owner: &str, token: i64) {
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&key, &owner, &token];
+            self.rt
+                .block_on(async {
+                    tokio::try_join!(
+                        self.tx.execute(&self.update, &params),
+                        self.tx.execute(&self.commit, &[]),
+                    )
+                })
+                .unwrap();
+        }
+
+        fn cycle(&self, key: i32) {
+            let token = self.lock(true) + 1;
+            let gk = token as u32 as i32;
+            let row = self
+                .rt
+                .block_on(self.live.query_one(&self.lock_live, &[&key, &gk]))
+                .unwrap();
+            assert!(row.get::<_, bool>(0));
+            self.write(key, "bench", token);
+            let _ = self.lock(false);
+            self.write(key, "", token);
+            self.rt
+                .block_on(self.live.query_one(&self.unlock, &[&key, &gk]))
+                .unwrap();
+        }
+
+        fn renew(&self, key: i32) {
+            let token = self.lock(false);
+            self.write(key, "bench", token);
+        }
+
+        /// Gives the raw floor its own row (so it does not disturb the lease's).
+        fn own_row(&self) {
+            self.rt
+                .block_on(self.tx.execute(
+                    "INSERT INTO flocklease_leases (id, owner, token, expiry) \
+                     VALUES ('bench-raw', '', 1, 'epoch') ON CONFLICT DO NOTHING",
+                    &[],
+                ))
+                .unwrap();
+        }
+    }
+
+    /// A child holding the lease (`lease`) or a bare advisory lock (`bare`); it says `held`
+    /// and waits to be killed.
+    fn child(role: &str) {
+        let url = std::env::var("FLOCKLEASE_BENCH_URL").unwrap();
+        let stdout = std::io::stdout();
+        let mut out = stdout.lock();
+        // Kept alive until the process is killed.
+        let _keep: Box<dyn std::any::Any> = match role {
+            "lease" => {
+                let leases = PgLease::connect(&url).unwrap();
+                let id = SessionId::new("takeover").unwrap();
+                let lease = leases.acquire(&id, &Owner::new("child").unwrap()).unwrap();
+                assert!(lease.lease().is_some());
+                Box::new(leases)
+            }
+            _ => {
+                let rt = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(1)
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                let client = rt.block_on(async {
+                    let (c, conn) = tokio_postgres::connect(&url, NoTls).await.unwrap();
+                    tokio::spawn(conn);
+                    c.execute("SELECT pg_advisory_lock(7, 7)", &[]).await.unwrap();
+                    c
+                });
+                Box::new((rt, client))
+            }
+        };
+        writeln!(out, "held").unwrap();
+        out.flush().unwrap();
+        let mut line = String::new();
+        let _ = std::io::stdin().read_line(&mut line);
+    }
+
+    fn spawn(url: &str, role: &str) -> Child {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .env(ROLE, role)
+            .env("FLOCKLEASE_BENCH_URL", url)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "held");
+        child
+    }
+
+    fn waiters(admin: &pg::Admin) -> i64 {
+        admin.advisory_waiters()
+    }
+
+    /// SIGKILL of the holder → the waiter holds: `acquire_wait` against a bare
+    /// `pg_advisory_lock` waiter.
+    fn takeover(url: &str, runs: usize) {
+        let admin = pg::Admin::connect(url);
+        let leases = PgLease::connect(url).unwrap();
+        let id = SessionId::new("takeover").unwrap();
+        let me = Owner::new("waiter").unwrap();
+        let (rt, bare) = {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .unwrap();
+            let c = rt.block_on(async {
+                let (c, conn) = tokio_postgres::connect(url, NoTls).await.unwrap();
+                tokio::spawn(conn);
+                c
+            });
+            (rt, c)
+        };
+        let mut lease_times = vec![];
+        let mut raw_on_lease = vec![];
+        let mut bare_times = vec![];
+        // One SIGKILL → granted measurement: `holder` is the child's role, `wait` blocks until
+        // the lease (or lock) is ours and returns that instant.
+        let measure = |holder: &str, wait: &(dyn Fn() -> Instant + Sync)| -> Duration {
+            let mut child = spawn(url, holder);
+            let (tx, rx) = mpsc::channel();
+            let d = std::thread::scope(|s| {
+                s.spawn(|| tx.send(wait()).unwrap());
+                while waiters(&admin) == 0 {
+                    std::thread::yield_now();
+                }
+                let killed = Instant::now();
+                child.kill().unwrap();
+                rx.recv().unwrap() - killed
+            });
+            child.wait().unwrap();
+            d
+        };
+        for _ in 0..runs {
+            lease_times.push(measure("lease", &|| {
+                let got = leases.acquire_wait(&id, &me, Duration::from_secs(30)).unwrap();
+                let at = Instant::now();
+                leases.release(&got.lease().unwrap()).unwrap();
+                at
+            }));
+            // A bare waiter on a lease holder: when the server releases its liveness lock.
+            raw_on_lease.push(measure("lease", &|| {
+                let row = rt
+                    .block_on(bare.query_one(
+                        "SELECT key, token::int4 FROM flocklease_leases WHERE id = 'takeover'",
+                        &[],
+                    ))
+                    .unwrap();
+                let (k, t): (i32, i32) = (row.get(0), row.get(1));
+                rt.block_on(bare.execute("SELECT pg_advisory_lock_shared($1, $2)", &[&k, &t]))
+                    .unwrap();
+                let at = Instant::now();
+                rt.block_on(bare.execute("SELECT pg_advisory_unlock_shared($1, $2)", &[&k, &t]))
+                    .unwrap();
+                at
+            }));
+            bare_times.push(measure("bare", &|| {
+                rt.block_on(bare.execute("SELECT pg_advisory_lock(7, 7)", &[])).unwrap();
+                let at = Instant::now();
+                rt.block_on(bare.execute("SELECT pg_advisory_unlock(7, 7)", &[])).unwrap();
+                at
+            }));
+        }
+        lease_times.sort();
+        raw_on_lease.sort();
+        bare_times.sort();
+        let pct = |v: &[Duration], p: f64| v[((v.len() - 1) as f64 * p).round() as usize];
+        println!("### PostgreSQL crash takeover: SIGKILL of the holder → waiter holds ({runs} runs)\n");
+        println!("| waiter | min | median | p90 | max |");
+        println!("| --- | --- | --- | --- | --- |");
+        for (what, v) in [
+            ("`PgLease::acquire_wait` on a `PgLease` holder", &lease_times),
+            ("bare `pg_advisory_lock_shared` on a `PgLease` holder", &raw_on_lease),
+            ("bare `pg_advisory_lock` on a bare holder (floor)", &bare_times),
+        ] {
+            println!(
+                "| {what} | {} | {} | {} | {} |",
+                fmt(v[0]),
+                fmt(pct(v, 0.5)),
+                fmt(pct(v, 0.9)),
+                fmt(v[v.len() - 1])
+            );
+        }
+        let diff = pct(&lease_times, 0.5).saturating_sub(pct(&bare_times, 0.5));
+        println!("| difference of medians | | {} | | |", fmt(diff));
+    }
+}
