@@ -172,7 +172,9 @@ fn skip_notice() {
 
 fn find_bin() -> Option<PathBuf> {
     if let Ok(dir) = std::env::var("FLOCKLEASE_PG_BIN") {
-        return Some(PathBuf::from(dir));
+        // Set: that directory or nothing (which is how to try a machine without PostgreSQL).
+        let dir = PathBuf::from(dir);
+        return dir.join("initdb").exists().then_some(dir);
     }
     let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
         .into_iter()
