@@ -47,7 +47,9 @@ mod imp {
         let db = server.fresh_db();
         let url = server.url(&db);
         let (rounds, ops, runs) = if quick { (3, 200, 15) } else { (9, 500, 50) };
-        println!("### PostgreSQL (TCP on 127.0.0.1, fsync=off; medians of {rounds} rounds of {ops})\n");
+        println!(
+            "### PostgreSQL (TCP on 127.0.0.1, fsync=off; medians of {rounds} rounds of {ops})\n"
+        );
         println!("| operation | median | throughput | floor | floor median | ratio |");
         println!("| --- | --- | --- | --- | --- | --- |");
         let leases = PgLease::connect(&url).unwrap();
@@ -72,7 +74,12 @@ mod imp {
             },
             || time(ops, || raw.cycle(key)),
         );
-        row("acquire + release cycle", cycle, "the same SQL by hand", cycle_floor);
+        row(
+            "acquire + release cycle",
+            cycle,
+            "the same SQL by hand",
+            cycle_floor,
+        );
         let lease = leases.acquire(&id, &me).unwrap().lease().unwrap();
         let (renew, renew_floor) = interleaved(
             rounds,
@@ -195,7 +202,10 @@ mod imp {
 
         fn key(&self, id: &str) -> i32 {
             self.rt
-                .block_on(self.tx.query_one("SELECT key FROM flocklease_leases WHERE id = $1", &[&id]))
+                .block_on(
+                    self.tx
+                        .query_one("SELECT key FROM flocklease_leases WHERE id = $1", &[&id]),
+                )
                 .unwrap()
                 .get(0)
         }
@@ -296,7 +306,9 @@ mod imp {
                 let client = rt.block_on(async {
                     let (c, conn) = tokio_postgres::connect(&url, NoTls).await.unwrap();
                     tokio::spawn(conn);
-                    c.execute("SELECT pg_advisory_lock(7, 7)", &[]).await.unwrap();
+                    c.execute("SELECT pg_advisory_lock(7, 7)", &[])
+                        .await
+                        .unwrap();
                     c
                 });
                 Box::new((rt, client))
@@ -370,7 +382,9 @@ mod imp {
         };
         for _ in 0..runs {
             lease_times.push(measure("lease", &|| {
-                let got = leases.acquire_wait(&id, &me, Duration::from_secs(30)).unwrap();
+                let got = leases
+                    .acquire_wait(&id, &me, Duration::from_secs(30))
+                    .unwrap();
                 let at = Instant::now();
                 leases.release(&got.lease().unwrap()).unwrap();
                 at
@@ -392,9 +406,11 @@ mod imp {
                 at
             }));
             bare_times.push(measure("bare", &|| {
-                rt.block_on(bare.execute("SELECT pg_advisory_lock(7, 7)", &[])).unwrap();
+                rt.block_on(bare.execute("SELECT pg_advisory_lock(7, 7)", &[]))
+                    .unwrap();
                 let at = Instant::now();
-                rt.block_on(bare.execute("SELECT pg_advisory_unlock(7, 7)", &[])).unwrap();
+                rt.block_on(bare.execute("SELECT pg_advisory_unlock(7, 7)", &[]))
+                    .unwrap();
                 at
             }));
         }
@@ -402,13 +418,24 @@ mod imp {
         raw_on_lease.sort();
         bare_times.sort();
         let pct = |v: &[Duration], p: f64| v[((v.len() - 1) as f64 * p).round() as usize];
-        println!("### PostgreSQL crash takeover: SIGKILL of the holder → waiter holds ({runs} runs)\n");
+        println!(
+            "### PostgreSQL crash takeover: SIGKILL of the holder → waiter holds ({runs} runs)\n"
+        );
         println!("| waiter | min | median | p90 | max |");
         println!("| --- | --- | --- | --- | --- |");
         for (what, v) in [
-            ("`PgLease::acquire_wait` on a `PgLease` holder", &lease_times),
-            ("bare `pg_advisory_lock_shared` on a `PgLease` holder", &raw_on_lease),
-            ("bare `pg_advisory_lock` on a bare holder (floor)", &bare_times),
+            (
+                "`PgLease::acquire_wait` on a `PgLease` holder",
+                &lease_times,
+            ),
+            (
+                "bare `pg_advisory_lock_shared` on a `PgLease` holder",
+                &raw_on_lease,
+            ),
+            (
+                "bare `pg_advisory_lock` on a bare holder (floor)",
+                &bare_times,
+            ),
         ] {
             println!(
                 "| {what} | {} | {} | {} | {} |",

@@ -116,7 +116,9 @@ impl Harness {
     fn assert_no_leak(&self, id: &str, what: &str) {
         let row = self.admin.row(id);
         for (token, count) in self.locks(id) {
-            let current = row.as_ref().is_some_and(|(o, t, _)| !o.is_empty() && *t == token);
+            let current = row
+                .as_ref()
+                .is_some_and(|(o, t, _)| !o.is_empty() && *t == token);
             assert!(
                 current && count == 1,
                 "{what}: leaked advisory lock on generation {token} (x{count}); row {row:?}"
@@ -127,7 +129,9 @@ impl Harness {
 
 /// The row as a record: the placeholder (empty owner, token 0) reads as no record.
 fn record(h: &Harness, id: &str) -> Option<(String, i64, i64)> {
-    h.admin.row(id).filter(|(o, t, _)| !(o.is_empty() && *t == 0))
+    h.admin
+        .row(id)
+        .filter(|(o, t, _)| !(o.is_empty() && *t == 0))
 }
 
 fn sid(s: &str) -> SessionId {
@@ -185,7 +189,10 @@ fn every_statement_failing_in_every_way_loses_nothing_and_leaks_nothing() {
         }
     }
     eprintln!("{runs} faulted calls checked");
-    assert!(runs >= 60, "only {runs} faults fired: the seam is not reached");
+    assert!(
+        runs >= 60,
+        "only {runs} faults fired: the seam is not reached"
+    );
 }
 
 /// Sets `scenario` up on `id`, runs its call with the fault armed, checks; returns whether
@@ -237,7 +244,11 @@ fn run_one(h: &Harness, scenario: Scenario, id: &str, arm: (PgStep, Kind, usize)
         Err(_) => assert_eq!(after, before, "{what}: an error after the row changed"),
         Ok(Some(Grant::Granted(l))) => {
             let (owner, token, _) = after.clone().unwrap();
-            assert_eq!((owner.as_str(), token as u64), ("a", l.token), "{what}: grant vs row");
+            assert_eq!(
+                (owner.as_str(), token as u64),
+                ("a", l.token),
+                "{what}: grant vs row"
+            );
         }
         Ok(Some(Grant::Held)) => panic!("{what}: a fault reported as held"),
         Ok(None) => {
@@ -252,10 +263,17 @@ fn run_one(h: &Harness, scenario: Scenario, id: &str, arm: (PgStep, Kind, usize)
         Some(Grant::Granted(l)) => {
             assert!(l.token as i64 >= before_token, "{what}: token went back");
             let (owner, token, _) = h.admin.row(id).unwrap();
-            assert_eq!((owner.as_str(), token as u64), ("a", l.token), "{what}: recovered grant vs row");
+            assert_eq!(
+                (owner.as_str(), token as u64),
+                ("a", l.token),
+                "{what}: recovered grant vs row"
+            );
             // And it is really held: a rival is refused.
             let rival = h.instance();
-            assert!(rival.acquire(&i, &who("r")).unwrap().is_held(), "{what}: not live");
+            assert!(
+                rival.acquire(&i, &who("r")).unwrap().is_held(),
+                "{what}: not live"
+            );
         }
         Some(Grant::Held) => panic!("{what}: recovery answered held"),
         None => assert_eq!(h.admin.row(id).unwrap().0, "", "{what}: not released"),
@@ -277,7 +295,12 @@ fn a_commit_whose_reply_is_lost_is_resolved_by_rereading_the_row() {
     assert!(fired);
     let lease = got.unwrap().lease().expect("committed, so granted");
     assert_eq!(record(&h, "lost").map(|r| r.1), Some(lease.token as i64));
-    assert!(h.instance().acquire(&sid("lost"), &who("r")).unwrap().is_held());
+    assert!(
+        h.instance()
+            .acquire(&sid("lost"), &who("r"))
+            .unwrap()
+            .is_held()
+    );
     // The session ended before COMMIT reached the server: nothing committed, an error.
     let (got, fired) = h.with_fault((PgStep::Commit, Kind::Disconnect, 0), || {
         a.acquire(&sid("cut"), &who("a"))
@@ -285,5 +308,8 @@ fn a_commit_whose_reply_is_lost_is_resolved_by_rereading_the_row() {
     assert!(fired);
     assert!(got.is_err());
     assert_eq!(record(&h, "cut"), None);
-    assert!(h.locks("cut").is_empty(), "the new generation's lock was dropped");
+    assert!(
+        h.locks("cut").is_empty(),
+        "the new generation's lock was dropped"
+    );
 }

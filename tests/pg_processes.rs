@@ -7,9 +7,9 @@
 #![cfg(feature = "postgres")]
 #![allow(clippy::unwrap_used)]
 
-mod support;
 #[path = "support/pg.rs"]
 mod pg;
+mod support;
 
 use std::sync::Arc;
 use std::sync::mpsc;
@@ -55,7 +55,12 @@ fn until(what: &str, mut cond: impl FnMut() -> bool) {
 fn sigkilled_holder_process_is_replaced_by_a_waiter_within_milliseconds() {
     let Some((url, admin)) = fresh() else { return };
     let mut child = RoleChild::spawn(ENTRY, "hold", &[&url, "job", "child"]);
-    let held: u64 = child.line().strip_prefix("token ").unwrap().parse().unwrap();
+    let held: u64 = child
+        .line()
+        .strip_prefix("token ")
+        .unwrap()
+        .parse()
+        .unwrap();
     let leases = PgLease::connect(&url).unwrap();
     assert!(leases.acquire(&id("job"), &owner("me")).unwrap().is_held());
     let (tx, rx) = mpsc::channel();
@@ -147,7 +152,11 @@ fn renew_relocks_a_generation_whose_connection_ended_when_nobody_took_over() {
     // The same through a refreshing acquire by the holder (which an acquire's speculative
     // probe of its own generation would break).
     admin.terminate(after[0]);
-    let again = leases.acquire(&id("job"), &owner("a")).unwrap().lease().expect("refresh");
+    let again = leases
+        .acquire(&id("job"), &owner("a"))
+        .unwrap()
+        .lease()
+        .expect("refresh");
     assert_eq!(again.token, lease.token);
     assert_eq!(admin.advisory_holders(key, 1).len(), 1);
     assert!(rival.acquire(&id("job"), &owner("b")).unwrap().is_held());
@@ -190,12 +199,21 @@ fn hosts_with_skewed_clocks_agree_on_expiry() {
         .unwrap();
     // The expiry is the server's now + TTL, whatever this host's clock says.
     let off = lease.expiry.unix_nanos() - 30_000_000_000 - server_now();
-    assert!(off.abs() < 1_000_000_000, "expiry off the server's clock by {off} ns");
+    assert!(
+        off.abs() < 1_000_000_000,
+        "expiry off the server's clock by {off} ns"
+    );
     // The host one hour ahead would think the lease long expired; the server says live.
     assert!(ahead.acquire(&id("job"), &owner("a2")).unwrap().is_held());
     assert!(behind.acquire(&id("job"), &owner("b")).unwrap().is_held());
     // Both estimate the server's clock, not their own.
-    assert!(behind.acquire(&id("other"), &owner("b")).unwrap().lease().is_some());
+    assert!(
+        behind
+            .acquire(&id("other"), &owner("b"))
+            .unwrap()
+            .lease()
+            .is_some()
+    );
     for l in [&ahead, &behind] {
         let d = l.clock().now().unix_nanos() - server_now();
         assert!(d.abs() < 1_000_000_000, "clock estimate off by {d} ns");
@@ -245,7 +263,13 @@ fn a_stuck_row_lock_is_a_typed_timeout_and_does_not_delay_other_ids() {
         .lock_timeout(Duration::from_millis(200))
         .connect()
         .unwrap();
-    assert!(leases.acquire(&id("stuck"), &owner("a")).unwrap().lease().is_some());
+    assert!(
+        leases
+            .acquire(&id("stuck"), &owner("a"))
+            .unwrap()
+            .lease()
+            .is_some()
+    );
     // Another session holds the row lock in an open transaction (a stopped process).
     admin.execute("BEGIN", &[]);
     admin.execute(
@@ -270,7 +294,10 @@ fn tables_of_another_version_or_in_two_schemas_are_refused() {
     drop(PgLease::connect(&url).unwrap());
     admin.execute("UPDATE flocklease_schema SET version = 99", &[]);
     match PgLease::connect(&url) {
-        Err(Error::SchemaVersion { found: 99, expected: 1 }) => {}
+        Err(Error::SchemaVersion {
+            found: 99,
+            expected: 1,
+        }) => {}
         other => panic!("expected a schema version error, got {other:?}"),
     }
     admin.execute("UPDATE flocklease_schema SET version = 1", &[]);
@@ -313,17 +340,30 @@ fn cycles_reuse_one_transition_and_one_liveness_connection() {
             .map(|r| (r.get(0), r.get(1)))
             .collect()
     };
-    let pids = || admin.query("SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'flocklease%' ORDER BY pid", &[]).iter().map(|r| r.get::<_, i32>(0)).collect::<Vec<_>>();
-    let l = leases.acquire(&id("job"), &owner("a")).unwrap().lease().unwrap();
+    let pids = || {
+        admin.query("SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'flocklease%' ORDER BY pid", &[]).iter().map(|r| r.get::<_, i32>(0)).collect::<Vec<_>>()
+    };
+    let l = leases
+        .acquire(&id("job"), &owner("a"))
+        .unwrap()
+        .lease()
+        .unwrap();
     leases.release(&l).unwrap();
     let first = pids();
     for _ in 0..20 {
-        let l = leases.acquire(&id("job"), &owner("a")).unwrap().lease().unwrap();
+        let l = leases
+            .acquire(&id("job"), &owner("a"))
+            .unwrap()
+            .lease()
+            .unwrap();
         leases.release(&l).unwrap();
     }
     assert_eq!(
         sessions(),
-        [("flocklease".to_owned(), 1), ("flocklease-liveness".to_owned(), 1)]
+        [
+            ("flocklease".to_owned(), 1),
+            ("flocklease-liveness".to_owned(), 1)
+        ]
     );
     assert_eq!(pids(), first, "no connection was replaced");
 }

@@ -17,7 +17,9 @@ use std::time::Duration;
 
 use flocklease::conformance::START;
 use flocklease::pg::PgLease;
-use flocklease::{Error, Grant, Lease, ManualClock, MemLease, MemStore, Owner, SessionId, SessionLease};
+use flocklease::{
+    Error, Grant, Lease, ManualClock, MemLease, MemStore, Owner, SessionId, SessionLease,
+};
 use proptest::prelude::*;
 
 const INSTANCES: usize = 3;

@@ -87,11 +87,11 @@ pub mod schema;
 mod sqltime;
 mod tx;
 
-use conn::{Conn, Configs, Fail, exec, lock};
+use conn::{Configs, Conn, Fail, exec, lock};
+use fault::Faults;
 #[cfg(feature = "fault-injection")]
 pub use fault::PgFaultHook;
 pub use fault::{PgFault, PgStep};
-use fault::Faults;
 use sqltime::{SqlTime, truncate_to_micros};
 use tx::{IdState, PgTx, gen_key};
 
@@ -227,7 +227,10 @@ impl PgLease {
         let rows = inner
             .rt
             .block_on(conn.client.query(
-                &format!("SELECT id, owner, token, expiry FROM {} ORDER BY id", schema::TABLE),
+                &format!(
+                    "SELECT id, owner, token, expiry FROM {} ORDER BY id",
+                    schema::TABLE
+                ),
                 &[],
             ))
             .map_err(|e| Fail::Db(e).into_error("list the leases", None))?;
@@ -262,7 +265,8 @@ impl PgLease {
             Some(c) => truncate_to_micros(c.now()),
             None => {
                 let local = inner.local_clock.now().unix_nanos();
-                let offset = (server_now.unix_nanos() - local).clamp(i64::MIN.into(), i64::MAX.into());
+                let offset =
+                    (server_now.unix_nanos() - local).clamp(i64::MIN.into(), i64::MAX.into());
                 inner.offset_nanos.store(offset as i64, Ordering::Relaxed);
                 server_now
             }
@@ -337,7 +341,10 @@ impl Drop for PgLease {
         for entry in ids {
             if let Some(generation) = lock(&entry).local.take() {
                 generation.conn.ended.clear();
-                let unlock = generation.conn.client.simple_query("SELECT pg_advisory_unlock_all()");
+                let unlock = generation
+                    .conn
+                    .client
+                    .simple_query("SELECT pg_advisory_unlock_all()");
                 let _ = inner
                     .rt
                     .block_on(async { tokio::time::timeout(Duration::from_secs(2), unlock).await });
@@ -360,7 +367,8 @@ impl PgLeaseBuilder {
     /// microseconds, the precision of `timestamptz`.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         let ttl = if ttl.is_zero() { DEFAULT_TTL } else { ttl };
-        self.ttl = Duration::from_micros(ttl.as_micros().try_into().unwrap_or(u64::MAX)).max(Duration::from_micros(1));
+        self.ttl = Duration::from_micros(ttl.as_micros().try_into().unwrap_or(u64::MAX))
+            .max(Duration::from_micros(1));
         self
     }
 
@@ -402,10 +410,12 @@ impl PgLeaseBuilder {
     ///   reached or the tables cannot be created;
     /// - [`Error::SchemaVersion`] when they were created by an incompatible version.
     pub fn connect(self) -> Result<PgLease, Error> {
-        let db = |op| move |e: Box<dyn std::error::Error + Send + Sync>| Error::Database {
-            op,
-            id: None,
-            source: e,
+        let db = |op| {
+            move |e: Box<dyn std::error::Error + Send + Sync>| Error::Database {
+                op,
+                id: None,
+                source: e,
+            }
         };
         let base: tokio_postgres::Config = self
             .url
@@ -454,7 +464,8 @@ struct ServerClock {
 
 impl Clock for ServerClock {
     fn now(&self) -> Timestamp {
-        let nanos = self.local.now().unix_nanos() + i128::from(self.offset_nanos.load(Ordering::Relaxed));
+        let nanos =
+            self.local.now().unix_nanos() + i128::from(self.offset_nanos.load(Ordering::Relaxed));
         Timestamp::from_unix_nanos(nanos).unwrap_or(Timestamp::MAX)
     }
 }
@@ -542,11 +553,17 @@ impl Inner {
         let pid = conn.pid;
         drop(conn);
         if let Ok(admin) = self.tx_conn(None) {
-            let done = exec(&self.rt, &Faults::default(), PgStep::Unlock, &admin, |c| async move {
-                c.client
-                    .execute("SELECT pg_terminate_backend($1::int4, 2000)", &[&pid])
-                    .await
-            });
+            let done = exec(
+                &self.rt,
+                &Faults::default(),
+                PgStep::Unlock,
+                &admin,
+                |c| async move {
+                    c.client
+                        .execute("SELECT pg_terminate_backend($1::int4, 2000)", &[&pid])
+                        .await
+                },
+            );
             if done.is_ok() {
                 self.give_back_tx(admin);
             }
@@ -604,9 +621,13 @@ impl Inner {
     /// otherwise ends its session so that the lock cannot outlive this call.
     fn unlock_and_pool(&self, conn: Conn, key: i32, token: u64) {
         let gk = gen_key(token);
-        let done = exec(&self.rt, &self.faults, PgStep::Unlock, &conn, |c| async move {
-            c.client.query_one(&c.stmts.unlock, &[&key, &gk]).await
-        });
+        let done = exec(
+            &self.rt,
+            &self.faults,
+            PgStep::Unlock,
+            &conn,
+            |c| async move { c.client.query_one(&c.stmts.unlock, &[&key, &gk]).await },
+        );
         match done {
             Ok(row) if row.get::<_, bool>(0) => self.give_back_live(conn),
             _ => self.discard(conn),
@@ -644,10 +665,16 @@ impl Inner {
                 // First use of the id: insert a placeholder row to lock (outside the
                 // transaction, so a concurrent first user's insert cannot abort ours), then
                 // lock and read it as above.
-                exec(&self.rt, &self.faults, PgStep::InsertRow, conn, |c| async move {
-                    c.client.execute(&c.stmts.rollback, &[]).await?;
-                    c.client.execute(&c.stmts.insert_row, &[&id.as_str()]).await
-                })
+                exec(
+                    &self.rt,
+                    &self.faults,
+                    PgStep::InsertRow,
+                    conn,
+                    |c| async move {
+                        c.client.execute(&c.stmts.rollback, &[]).await?;
+                        c.client.execute(&c.stmts.insert_row, &[&id.as_str()]).await
+                    },
+                )
                 .map_err(map)?;
                 let again = exec(&self.rt, &self.faults, PgStep::LockRow, conn, |c| {
                     conn::lock_and_read(c, idp, probe)

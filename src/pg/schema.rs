@@ -37,15 +37,20 @@ const CREATE_LOCK: i64 = 0x666c_6f63_6b6c_6561;
 
 /// Creates the tables if missing and checks their version.
 pub(super) fn ensure(rt: &Runtime, config: &Config) -> Result<(), Error> {
-    let db = |op| move |e: tokio_postgres::Error| Error::Database {
-        op,
-        id: None,
-        source: Box::new(e),
+    let db = |op| {
+        move |e: tokio_postgres::Error| Error::Database {
+            op,
+            id: None,
+            source: Box::new(e),
+        }
     };
     rt.block_on(async {
         let (mut client, connection) = config.connect(NoTls).await.map_err(db("connect"))?;
         let task = tokio::spawn(connection);
-        let tx = client.transaction().await.map_err(db("create the lease tables"))?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(db("create the lease tables"))?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&CREATE_LOCK])
             .await
             .map_err(db("create the lease tables"))?;

@@ -19,7 +19,8 @@ pub(super) struct SqlTime(pub(super) i64);
 impl SqlTime {
     /// `t`, truncated to whole microseconds (the column's precision).
     pub(super) fn from_timestamp(t: Timestamp) -> SqlTime {
-        let micros = (t.unix_nanos() - PG_EPOCH_UNIX_SECS * 1_000_000_000).div_euclid(NANOS_PER_MICRO);
+        let micros =
+            (t.unix_nanos() - PG_EPOCH_UNIX_SECS * 1_000_000_000).div_euclid(NANOS_PER_MICRO);
         // Years 0001–9999 are ±3.2e17 µs from 2000: far inside i64.
         SqlTime(i64::try_from(micros).unwrap_or(i64::MAX))
     }
@@ -68,7 +69,11 @@ mod tests {
 
     #[test]
     fn round_trips_whole_microseconds_and_truncates_the_rest() {
-        for nanos in [0i128, 1_700_000_000_123_456_000, -62_135_596_800_000_000_000] {
+        for nanos in [
+            0i128,
+            1_700_000_000_123_456_000,
+            -62_135_596_800_000_000_000,
+        ] {
             let t = Timestamp::from_unix_nanos(nanos).unwrap();
             assert_eq!(SqlTime::from_timestamp(t).to_timestamp(), Some(t));
         }
@@ -77,7 +82,10 @@ mod tests {
             truncate_to_micros(t),
             Timestamp::from_unix_nanos(1_700_000_000_123_456_000).unwrap()
         );
-        assert_eq!(SqlTime::from_timestamp(Timestamp::from_unix_secs(946_684_800).unwrap()), SqlTime(0));
+        assert_eq!(
+            SqlTime::from_timestamp(Timestamp::from_unix_secs(946_684_800).unwrap()),
+            SqlTime(0)
+        );
         assert_eq!(SqlTime(i64::MAX).to_timestamp(), None);
         assert_eq!(SqlTime(i64::MIN).to_timestamp(), None);
     }

@@ -76,7 +76,10 @@ impl PgTx<'_> {
             &conn,
             |c| async move {
                 c.client.execute(&c.stmts.begin, &[]).await?;
-                let row = c.client.query_opt(&c.stmts.lock_row, &[&id.as_str()]).await?;
+                let row = c
+                    .client
+                    .query_opt(&c.stmts.lock_row, &[&id.as_str()])
+                    .await?;
                 c.client.execute(&c.stmts.rollback, &[]).await?;
                 Ok(row)
             },
@@ -92,7 +95,9 @@ impl PgTx<'_> {
                     waited: self.inner.lock_timeout,
                 });
             }
-            Err(e) => return Err(e.into_error("re-read the row after a lost commit", Some(self.id))),
+            Err(e) => {
+                return Err(e.into_error("re-read the row after a lost commit", Some(self.id)));
+            }
         };
         let Some(row) = row else { return Ok(false) };
         let now = super::row_record(self.id, &row)?;
@@ -124,9 +129,13 @@ impl<'a> Transaction for PgTx<'a> {
             // Probed in the first round trip, under the row lock (the row is unchanged since).
             return Ok(if free { Liveness::Dead } else { Liveness::Live });
         }
-        let free = exec(&self.inner.rt, &self.inner.faults, PgStep::Probe, self.conn, |c| async move {
-            c.client.query_one(&c.stmts.probe, &[&key, &gk]).await
-        })
+        let free = exec(
+            &self.inner.rt,
+            &self.inner.faults,
+            PgStep::Probe,
+            self.conn,
+            |c| async move { c.client.query_one(&c.stmts.probe, &[&key, &gk]).await },
+        )
         .map_err(|e| e.into_error("probe the holder's liveness lock", Some(self.id)))?;
         Ok(if free.get::<_, bool>(0) {
             Liveness::Dead
@@ -136,7 +145,9 @@ impl<'a> Transaction for PgTx<'a> {
     }
 
     fn lock_live(&mut self, token: u64) -> Result<PendingLive<'a>, Error> {
-        let conn = self.inner.lock_generation(self.id, self.key, token, PgStep::LockLive)?;
+        let conn = self
+            .inner
+            .lock_generation(self.id, self.key, token, PgStep::LockLive)?;
         Ok(PendingLive {
             inner: self.inner,
             conn: Some(conn),
