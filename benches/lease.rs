@@ -21,7 +21,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use flocklease::{Durability, FlockLease, Lease, Owner, SessionId, SessionLease};
+use flocklease::{Durability, FlockLease, Lease, Owner, SessionId};
 
 /// Counts allocations, to report allocations per operation.
 struct Counting;

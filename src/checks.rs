@@ -160,7 +160,7 @@ mod fuzzing {
     use crate::clock::{Clock, ManualClock};
     use crate::error::Error;
     use crate::flock::{Durability, FlockLease};
-    use crate::lease::{Grant, Lease, SessionLease};
+    use crate::lease::{Grant, Lease};
     use crate::machine::{Liveness, Local};
     use crate::memory::{MemLease, MemStore};
     use crate::name::{Owner, SessionId};

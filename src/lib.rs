@@ -2,9 +2,42 @@
 //! `flock(2)` locks and an atomic JSON record.
 //!
 //! A *session lease* gives one owner the exclusive right to drive one session id for a limited
-//! time. [`SessionLease::acquire`] returns a [`Lease`] `{ session_id, owner, token, expiry }`, or
-//! [`Grant::Held`] when another live owner holds it; [`SessionLease::renew`] extends it with
-//! the same token; [`SessionLease::release`] gives it up.
+//! time, among cooperating processes of one host. A crashed holder is replaced at once (the
+//! kernel drops its lock), an expired one can always be taken over, and every new holder gets a
+//! greater **fencing token** to hand to the resource it protects.
+//!
+//! ```
+//! use flocklease::{FlockLease, SessionId};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let dir = tempfile::tempdir()?; let dir = dir.path();
+//! let leases = FlockLease::open(dir)?; // e.g. "/run/myapp/leases"
+//! if let Some(lease) = leases.acquire_guard(&SessionId::new("nightly-report")?)? {
+//!     println!("running with token {}", lease.token); // fence writes with it
+//! } // released here, also if the work panics
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Where to go next
+//!
+//! - [`FlockLease`]: open a lease directory; [`acquire`](FlockLease::acquire),
+//!   [`renew`](FlockLease::renew), [`release`](FlockLease::release), and
+//!   [`acquire_wait`](FlockLease::acquire_wait) to wait for the holder to leave.
+//! - [`LeaseGuard`] (from [`acquire_guard`](SessionLease::acquire_guard)): release on drop.
+//! - [`KeepAlive`]: renew in the background for long work, and learn of a loss at once.
+//! - [`Lease`], [`Grant`], [`Error`]: what the calls return; contention is [`Grant::Held`],
+//!   failures are [`Error`]s naming the file.
+//! - [`SessionId`], [`Owner`] (with [`Owner::unique`] and [`Owner::this_process`]),
+//!   [`Timestamp`]: the values.
+//! - [`MemLease`]: the same semantics in memory with an injected clock, for your tests.
+//! - For backend authors: [`machine`] (the pure transition function), [`driver`] (its one
+//!   interpreter) and [`conformance`] (the test suite every backend passes).
+//!
+//! In the protocol's terms: [`SessionLease::acquire`] returns a [`Lease`]
+//! `{ session_id, owner, token, expiry }`, or [`Grant::Held`] when another live owner holds it;
+//! [`SessionLease::renew`] extends it with the same token; [`SessionLease::release`] gives it
+//! up.
 //!
 //! ```text
 //!            acquire (free / released / expired / holder crashed)   token := token + 1
@@ -110,31 +143,47 @@
 
 #![forbid(unsafe_code)]
 
-pub mod checks;
-pub mod clock;
 pub mod conformance;
 pub mod driver;
-pub mod error;
-pub mod fault;
 pub mod flock;
 pub mod keepalive;
-pub mod lease;
 pub mod machine;
 pub mod memory;
-pub mod name;
-pub mod record;
 pub mod status;
+
+// The modules below hold what the crate root re-exports; their paths stay public for code
+// written against them, but the documentation shows their items at the root.
+#[doc(hidden)]
+pub mod clock;
+#[doc(hidden)]
+pub mod error;
+#[doc(hidden)]
+pub mod lease;
+#[doc(hidden)]
+pub mod name;
+#[doc(hidden)]
 pub mod timestamp;
+
+// Support for tests, fuzzing and the model, not an API: byte-driven checks for the fuzz
+// targets and the corpus replay, the fault-injection seam (documented when the
+// `fault-injection` feature is on), and the record codec (the format is documented in the
+// README and in `Record`).
+#[doc(hidden)]
+pub mod checks;
+#[cfg_attr(not(feature = "fault-injection"), doc(hidden))]
+pub mod fault;
+#[doc(hidden)]
+pub mod record;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::Error;
-pub use flock::{DEFAULT_LOCK_TIMEOUT, Durability, FlockLease, FlockLeaseBuilder};
-pub use keepalive::{KeepAlive, KeepAliveBuilder, Loss};
-pub use lease::{DEFAULT_TTL, Grant, Lease, SessionLease};
+pub use flock::{AcquireWait, DEFAULT_LOCK_TIMEOUT, Durability, FlockLease, FlockLeaseBuilder};
+pub use keepalive::{KeepAlive, KeepAliveBuilder, Loss, Lost};
+pub use lease::{DEFAULT_TTL, Grant, Lease, LeaseGuard, SessionLease};
 pub use memory::{MemLease, MemStore};
-pub use name::{InvalidInput, Owner, SessionId, stem};
+pub use name::{InvalidInput, MAX_ID_BYTES, MAX_OWNER_BYTES, Owner, SessionId, stem};
 pub use record::Record;
-pub use timestamp::Timestamp;
+pub use timestamp::{OutOfRange, Timestamp};
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

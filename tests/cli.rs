@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use flocklease::{FlockLease, Owner, Record, SessionId, SessionLease, Timestamp, record};
+use flocklease::{FlockLease, Owner, Record, SessionId, Timestamp, record};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 

@@ -9,9 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
-use flocklease::{
-    Clock, FlockLease, Grant, KeepAlive, Lease, Owner, SessionId, SessionLease, SystemClock,
-};
+use flocklease::{Clock, FlockLease, Grant, KeepAlive, Lease, Owner, SessionId, SystemClock};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 

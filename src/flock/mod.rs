@@ -24,7 +24,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::driver;
 use crate::error::Error;
 use crate::fault::{FaultPoint, Faults};
-use crate::lease::{DEFAULT_TTL, Grant, Lease, SessionLease};
+use crate::lease::{DEFAULT_TTL, Grant, Lease};
 use crate::machine::{Event, Outcome};
 use crate::name::{Owner, SessionId};
 use crate::record::{self, Record};
@@ -602,4 +602,111 @@ fn next_pause(pause: Duration) -> Duration {
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Maps and slots are updated in single steps: usable after a panic elsewhere.
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl FlockLease {
+    /// [`FlockLease::acquire_wait`] as a [`Future`](std::future::Future), for async code: the
+    /// wait runs on a thread of its own (started now, ended by the grant or the deadline), so
+    /// no executor thread blocks, and that thread wakes the task. No runtime is required.
+    ///
+    /// Dropping the future before it resolves abandons the wait: a lease granted afterwards is
+    /// released at once by the waiting thread.
+    ///
+    /// ```
+    /// use std::{sync::Arc, time::Duration};
+    /// use flocklease::{FlockLease, Grant, Owner, SessionId};
+    ///
+    /// # async fn example(leases: Arc<FlockLease>) -> Result<(), flocklease::Error> {
+    /// let id = SessionId::new("reindex")?;
+    /// match leases.acquire_wait_async(&id, &Owner::unique(), Duration::from_secs(60)).await? {
+    ///     Grant::Granted(lease) => { /* work, then */ leases.release(&lease)?; }
+    ///     Grant::Held => eprintln!("still held after a minute"),
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn acquire_wait_async(
+        self: &Arc<Self>,
+        id: &SessionId,
+        owner: &Owner,
+        timeout: Duration,
+    ) -> AcquireWait {
+        let shared = Arc::new(Mutex::new(AsyncWait::default()));
+        let (leases, id, owner, state) = (
+            Arc::clone(self),
+            id.clone(),
+            owner.clone(),
+            Arc::clone(&shared),
+        );
+        let spawned = std::thread::Builder::new()
+            .name("flocklease-acquire-wait".into())
+            .spawn(move || {
+                let result = leases.acquire_wait(&id, &owner, timeout);
+                let mut st = lock(&state);
+                if st.abandoned {
+                    // Nobody will take the lease: give it back.
+                    if let Ok(Grant::Granted(lease)) = &result {
+                        drop(st);
+                        let _ = leases.release(lease);
+                    }
+                    return;
+                }
+                st.result = Some(result);
+                if let Some(w) = st.waker.take() {
+                    w.wake();
+                }
+            });
+        if let Err(e) = spawned {
+            lock(&shared).result = Some(Err(Error::io("start a thread to wait for", &self.dir, e)));
+        }
+        AcquireWait {
+            shared,
+            leases: Arc::clone(self),
+        }
+    }
+}
+
+/// The future of [`FlockLease::acquire_wait_async`].
+#[must_use = "futures do nothing unless polled; dropping this one abandons the wait"]
+#[derive(Debug)]
+pub struct AcquireWait {
+    shared: Arc<Mutex<AsyncWait>>,
+    leases: Arc<FlockLease>,
+}
+
+#[derive(Debug, Default)]
+struct AsyncWait {
+    result: Option<Result<Grant, Error>>,
+    waker: Option<std::task::Waker>,
+    abandoned: bool,
+}
+
+impl std::future::Future for AcquireWait {
+    type Output = Result<Grant, Error>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<Grant, Error>> {
+        let mut st = lock(&self.shared);
+        match st.result.take() {
+            Some(result) => std::task::Poll::Ready(result),
+            None => {
+                st.waker = Some(cx.waker().clone());
+                std::task::Poll::Pending
+            }
+        }
+    }
+}
+
+impl Drop for AcquireWait {
+    /// Abandons the wait; a lease granted but never taken is released.
+    fn drop(&mut self) {
+        let mut st = lock(&self.shared);
+        st.abandoned = true;
+        if let Some(Ok(Grant::Granted(lease))) = st.result.take() {
+            drop(st);
+            let _ = self.leases.release(&lease);
+        }
+    }
 }
