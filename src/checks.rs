@@ -393,7 +393,7 @@ mod fuzzing {
 
     /// The same operations by two owners on two instances, against `FlockLease` on a scratch
     /// directory and `MemLease`, with one manual clock: every outcome must be identical, and
-    /// equal to what an [`Oracle`] written from the specification (not from the machine)
+    /// equal to what an `Oracle` written from the specification (not from the machine)
     /// expects.
     pub fn ops_bytes(data: &[u8]) {
         static NEXT: AtomicU64 = AtomicU64::new(0);

@@ -286,7 +286,7 @@ impl<L: SessionLease + 'static> KeepAlive<L> {
         }
     }
 
-    /// The loss as a [`Future`](std::future::Future), for async code: it resolves with the
+    /// The loss as a [`Future`], for async code: it resolves with the
     /// loss when the lease is lost (a takeover, the wall-clock expiry without a renew, a
     /// renewer failure), or with `None` once the keep-alive is released. It never blocks an
     /// executor thread: the renewer thread wakes it.

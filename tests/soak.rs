@@ -19,7 +19,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use flocklease::Grant;
 use nix::sys::signal::{Signal, kill};
-use support::{RoleChild, id, open_real, owner, role};
+use support::{RoleChild, id, owner, role};
 
 const ENTRY: &str = "child_entry";
 const TTL: Duration = Duration::from_millis(300);

@@ -170,7 +170,7 @@ impl FlockLease {
     ///
     /// # Errors
     ///
-    /// Any error of [`SessionLease::acquire`], among them [`Error::LockTimeout`] naming
+    /// Any error of [`SessionLease::acquire`](crate::SessionLease::acquire), among them [`Error::LockTimeout`] naming
     /// `<stem>.lock` when another transition on the id stays stuck for the lock timeout (each
     /// attempt is bounded by it, so the call may end up to one lock timeout after `timeout`).
     ///
@@ -208,7 +208,7 @@ impl FlockLease {
     ///
     /// # Errors
     ///
-    /// Any error of [`SessionLease::acquire`].
+    /// Any error of [`SessionLease::acquire`](crate::SessionLease::acquire).
     pub fn acquire_blocking(&self, id: &SessionId, owner: &Owner) -> Result<Lease, Error> {
         match self.acquire_until(id, owner, None)? {
             Grant::Granted(lease) => Ok(lease),
@@ -605,7 +605,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl FlockLease {
-    /// [`FlockLease::acquire_wait`] as a [`Future`](std::future::Future), for async code: the
+    /// [`FlockLease::acquire_wait`] as a [`Future`], for async code: the
     /// wait runs on a thread of its own (started now, ended by the grant or the deadline), so
     /// no executor thread blocks, and that thread wakes the task. No runtime is required.
     ///
