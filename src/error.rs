@@ -173,10 +173,10 @@ impl fmt::Display for Error {
                 path.display()
             ),
             Error::TokenExhausted { id } => {
-                write!(f, "fencing token of session {id:?} is exhausted (u64::MAX)")
+                write!(f, "fencing token of session {id} is exhausted (u64::MAX)")
             }
             Error::ExpiryOutOfRange { id } => {
-                write!(f, "expiry of session {id:?} would lie past the year 9999")
+                write!(f, "expiry of session {id} would lie past the year 9999")
             }
             Error::InvalidInput(e) => write!(f, "invalid input: {e}"),
         }
