@@ -248,12 +248,16 @@ fn supervise(
             if !job.group_alive() {
                 return if lost { EXIT_LOST } else { exit.status() };
             }
-            if !leftovers_told && kill_at.is_none() {
+            if !leftovers_told {
+                // What the command left behind (background jobs of a script ignore SIGINT
+                // and SIGQUIT, so a forwarded signal may not have ended them) gets SIGTERM.
                 leftovers_told = true;
-                eprintln!(
-                    "flocklease: the command exited; stopping what it left running in its \
-                     process group {pgid}"
-                );
+                if kill_at.is_none() {
+                    eprintln!(
+                        "flocklease: the command exited; stopping what it left running in its \
+                         process group {pgid}"
+                    );
+                }
                 terminate(&job);
                 stop_by(&mut kill_at);
             }
