@@ -46,10 +46,7 @@ fn stop_signals_reach_the_whole_group_and_the_lease_is_kept_until_its_last_proce
         let name = &sig.as_str()[3..];
         let id = format!("drain-{name}");
         let file = |f: &str| format!("{f}.{name}");
-        let mut run = s
-            .run(&id, &["--grace", "60s"], &["sh", &job, name, &d])
-            .spawn()
-            .unwrap();
+        let mut run = s.start(&id, &["--grace", "60s"], &["sh", &job, name, &d]);
         let leader = s.pid(&file("leader-pid"));
         signal(run.id() as i32, sig);
         s.wait_file(&file("leader"));
@@ -84,10 +81,7 @@ fn after_the_grace_period_the_group_is_killed_and_run_exits_with_128_plus_the_si
         gc = s.path("gc").display(),
         pid = s.path("pid").display()
     );
-    let run = s
-        .run("grace", &["--grace", "200ms"], &["sh", "-c", &script])
-        .spawn()
-        .unwrap();
+    let run = s.start("grace", &["--grace", "200ms"], &["sh", "-c", &script]);
     let (gc, leader) = (s.pid("gc"), s.pid("pid"));
     signal(run.id() as i32, Signal::SIGTERM);
     let out = output_of(run);
@@ -109,14 +103,11 @@ fn a_lost_lease_stops_every_process_of_the_job() {
         gc = s.path("gc").display(),
         pid = s.path("pid").display()
     );
-    let run = s
-        .run(
-            "lost",
-            &["--ttl", "300ms", "--grace", "10s"],
-            &["sh", "-c", &script],
-        )
-        .spawn()
-        .unwrap();
+    let run = s.start(
+        "lost",
+        &["--ttl", "300ms", "--grace", "10s"],
+        &["sh", "-c", &script],
+    );
     let (gc, leader) = (s.pid("gc"), s.pid("pid"));
     let runner = run.id() as i32;
     signal(runner, Signal::SIGSTOP);
@@ -143,10 +134,7 @@ fn kill_9_of_run_stops_its_job_through_the_watchdog_and_frees_the_lease_then() {
         gc = s.path("gc").display(),
         pid = s.path("pid").display()
     );
-    let mut run = s
-        .run("nine", &["--ttl", "60s"], &["sh", "-c", &script])
-        .spawn()
-        .unwrap();
+    let mut run = s.start("nine", &["--ttl", "60s"], &["sh", "-c", &script]);
     let (gc, leader) = (s.pid("gc"), s.pid("pid"));
     signal(run.id() as i32, Signal::SIGKILL);
     wait_exit(&mut run);
@@ -167,14 +155,11 @@ fn after_kill_9_of_run_the_lease_stays_held_while_the_job_runs_until_its_expiry(
         pid = s.path("pid").display(),
         go = s.path("go").display()
     );
-    let mut run = s
-        .run(
-            "expiry",
-            &["--ttl", "2s", "--grace", "600s"],
-            &["sh", "-c", &script],
-        )
-        .spawn()
-        .unwrap();
+    let mut run = s.start(
+        "expiry",
+        &["--ttl", "2s", "--grace", "600s"],
+        &["sh", "-c", &script],
+    );
     let leader = s.pid("pid");
     signal(run.id() as i32, Signal::SIGKILL);
     wait_exit(&mut run);
@@ -218,10 +203,7 @@ fn with_run_and_its_watchdog_both_killed_the_inherited_descriptor_keeps_the_leas
         pid = s.path("pid").display(),
         go = s.path("go").display()
     );
-    let mut run = s
-        .run("fd", &["--ttl", "60s"], &["sh", "-c", &script])
-        .spawn()
-        .unwrap();
+    let mut run = s.start("fd", &["--ttl", "60s"], &["sh", "-c", &script]);
     let runner = run.id() as i32;
     let leader = s.pid("pid");
     let watchdog = children(runner)
@@ -260,6 +242,7 @@ fn an_interactive_job_reads_the_terminal_and_ctrl_z_suspends_run() {
         .stderr(Stdio::from(slave))
         .spawn()
         .unwrap();
+    s.track(child.id() as i32);
     let mut master = std::fs::File::from(pty.master);
     let seen = Arc::new(Mutex::new(String::new()));
     let reader = {

@@ -5,6 +5,7 @@
 
 #![allow(dead_code, clippy::unwrap_used)]
 
+use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -19,17 +20,51 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_flocklease");
 pub const GUARD: Duration = Duration::from_secs(30);
 
 /// A temporary directory with a lease directory `leases` inside it (not created: `run`
-/// creates it).
+/// creates it). Processes it started or learnt of are killed when it is dropped, so a failing
+/// test leaves nothing running.
 pub struct Scene {
     pub tmp: tempfile::TempDir,
     pub leases: PathBuf,
+    /// (pid, start time) of processes to kill, with their process groups, on drop.
+    tracked: RefCell<Vec<(i32, String)>>,
+}
+
+impl Drop for Scene {
+    fn drop(&mut self) {
+        // Newest first: jobs before the runs that started them.
+        for (pid, started) in self.tracked.borrow().iter().rev() {
+            // Only the very process we saw: a recycled pid has another start time.
+            if start_time(*pid).as_ref() == Some(started) {
+                let _ = kill(Pid::from_raw(-pid), Signal::SIGKILL);
+                let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
+            }
+        }
+    }
 }
 
 impl Scene {
     pub fn new() -> Scene {
         let tmp = tempfile::tempdir().unwrap();
         let leases = tmp.path().join("leases");
-        Scene { tmp, leases }
+        Scene {
+            tmp,
+            leases,
+            tracked: RefCell::new(vec![]),
+        }
+    }
+
+    /// Kills `pid` (and the group it leads, if any) when the scene is dropped, if it still runs.
+    pub fn track(&self, pid: i32) {
+        if let Some(started) = start_time(pid) {
+            self.tracked.borrow_mut().push((pid, started));
+        }
+    }
+
+    /// Spawns [`Scene::run`] and tracks the process.
+    pub fn start(&self, id: &str, extra: &[&str], cmd: &[&str]) -> Child {
+        let child = self.run(id, extra, cmd).spawn().unwrap();
+        self.track(child.id() as i32);
+        child
     }
 
     /// A path in the scene's directory (outside the lease directory).
@@ -74,9 +109,11 @@ impl Scene {
         std::fs::read_to_string(&path).unwrap()
     }
 
-    /// The pid a job wrote to `name`.
+    /// The pid a job wrote to `name` (tracked).
     pub fn pid(&self, name: &str) -> i32 {
-        self.wait_file(name).trim().parse().unwrap()
+        let pid = self.wait_file(name).trim().parse().unwrap();
+        self.track(pid);
+        pid
     }
 
     /// A second `run` of `id`: `Some(token)` when granted, `None` when answered held (75).
@@ -110,6 +147,14 @@ pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
         assert!(start.elapsed() < GUARD, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// The start time of `pid` (field 22 of its stat), which tells it from a later process that
+/// reuses its pid.
+fn start_time(pid: i32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(") ")?;
+    rest.split_whitespace().nth(19).map(str::to_owned)
 }
 
 /// Whether `pid` runs (a zombie counts as gone).
