@@ -67,6 +67,10 @@ fn main() {
         let shm = scratch(Path::new("/dev/shm"));
         return scaling(shm.path(), if quick { 3 } else { 5 }, quick);
     }
+    if args.iter().any(|a| a == "takeover") {
+        let shm = scratch(Path::new("/dev/shm"));
+        return takeover(shm.path(), if quick { 30 } else { 200 });
+    }
     let rounds = if quick { 3 } else { 5 };
     println!(
         "flocklease benchmarks: median of {rounds} rounds; ratios are against the floor measured in the same run\n"
@@ -598,6 +602,27 @@ fn wait_blocked(path: &Path) {
     panic!("the waiter never blocked on {}", path.display());
 }
 
+/// Waits (bounded) until this process has an inotify watch on `path`'s inode: the waiting
+/// acquire is parked on the holder's liveness file, so the kill is measured from a comparable
+/// starting line.
+fn wait_watched(path: &Path) {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(5) {
+        if let Ok(ino) = fs::metadata(path).map(|m| m.ino()) {
+            let needle = format!(" ino:{ino:x} ");
+            let watched = fs::read_dir("/proc/self/fdinfo")
+                .unwrap()
+                .flatten()
+                .any(|e| fs::read_to_string(e.path()).is_ok_and(|t| t.contains(&needle)));
+            if watched {
+                return;
+            }
+        }
+        std::thread::yield_now();
+    }
+    panic!("the waiter never watched {}", path.display());
+}
+
 fn spawn_child(args: &[&str]) -> (std::process::Child, String) {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args(args)
@@ -649,10 +674,12 @@ fn takeover(dir: &Path, runs: usize) {
             let waiter = s.spawn(|| {
                 let l = leases
                     .acquire_wait(&id, &Owner::new("waiter").unwrap(), Duration::from_secs(30))
+                    .unwrap()
+                    .lease()
                     .unwrap();
                 (Instant::now(), l.token)
             });
-            wait_blocked(&live);
+            wait_watched(&live);
             let t0 = Instant::now();
             child.kill().unwrap();
             let (t1, token) = waiter.join().unwrap();

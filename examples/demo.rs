@@ -57,7 +57,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     child.kill()?; // SIGKILL: no release, no cleanup
     child.wait()?;
     // Wait on the dead holder's liveness lock: the kernel drops it as the child is torn down.
-    let taken = leases.acquire_wait(&id, &parent, Duration::from_secs(5))?;
+    let taken = expect_grant(
+        leases.acquire_wait(&id, &parent, Duration::from_secs(5))?,
+        "waiting acquire",
+    )?;
     println!(
         "child SIGKILLed; parent took over {:?} after the kill with token {} (TTL was {:?})",
         killed.elapsed(),

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::machine::{self, Cleanup, Decision, Event, Input, Outcome, Prepare, StepError};
+use crate::machine::{self, Cleanup, Decision, DirSync, Event, Input, Outcome, Prepare, StepError};
 use crate::name::stem;
 use crate::record::{self, Record};
 
@@ -94,11 +94,15 @@ pub fn machine_step(input: &Input) {
                 // A new generation: exactly one more, locked first, made durable.
                 assert_eq!(*token, old + 1, "takeover skipped a token");
                 assert_eq!(locked, vec![*token], "new generation not locked first");
-                assert!(plan.sync_dir, "a new generation must be made durable");
+                assert_eq!(
+                    plan.sync_dir,
+                    DirSync::Required,
+                    "a new generation must be made durable"
+                );
                 assert!(matches!(input.event, Event::Acquire { .. }));
             } else {
                 assert!(locked.is_empty(), "same generation locked again");
-                assert!(!plan.sync_dir);
+                assert_eq!(plan.sync_dir, DirSync::No);
             }
         }
         (Outcome::Granted { .. }, None) => panic!("granted without a commit"),
@@ -108,7 +112,7 @@ pub fn machine_step(input: &Input) {
             if let Some(c) = c {
                 assert!(c.is_tombstone(), "release commits a tombstone");
                 assert_eq!(c.token, old, "release changed the token");
-                assert!(plan.sync_dir);
+                assert_eq!(plan.sync_dir, DirSync::BestEffort);
             }
         }
     }

@@ -8,7 +8,9 @@
 use std::time::Duration;
 
 use crate::error::Error;
-use crate::machine::{self, Cleanup, Decision, Event, Input, Liveness, Local, Outcome, Prepare};
+use crate::machine::{
+    self, Cleanup, Decision, DirSync, Event, Input, Liveness, Local, Outcome, Prepare,
+};
 use crate::name::SessionId;
 use crate::record::Record;
 use crate::timestamp::Timestamp;
@@ -53,12 +55,20 @@ pub trait Transaction {
     /// I/O failure.
     fn ensure_live(&mut self, token: u64) -> Result<(), Error>;
 
-    /// Replaces the record atomically; `sync_dir` asks for the rename to be made durable.
+    /// Replaces the record atomically.
     ///
     /// # Errors
     ///
     /// I/O failure; the old record then stands.
-    fn commit(&mut self, record: &Record, sync_dir: bool) -> Result<(), Error>;
+    fn commit(&mut self, record: &Record) -> Result<(), Error>;
+
+    /// Makes the last commit durable (the directory sync after the rename); called when the
+    /// plan asks for it ([`DirSync`]). A backend without such a step returns `Ok`.
+    ///
+    /// # Errors
+    ///
+    /// I/O failure: the committed record is visible but may not survive power loss.
+    fn sync_dir(&mut self) -> Result<(), Error>;
 
     /// Closes and forgets the local generation `token` (nothing if another is held).
     fn close_local(&mut self, token: u64);
@@ -123,7 +133,18 @@ pub fn run<T: Transaction>(
         }
     }
     if let Some(record) = &plan.commit {
-        tx.commit(record, plan.sync_dir)?;
+        tx.commit(record)?;
+        match plan.sync_dir {
+            DirSync::No => {}
+            // A new token that might not survive power loss must not be used: fail, and the
+            // `?` drops the new generation's lock, so the visible record names a dead
+            // generation that the next acquire replaces at once.
+            DirSync::Required => tx.sync_dir()?,
+            // A tombstone keeps the token: committed is enough, the sync is a bonus.
+            DirSync::BestEffort => {
+                let _ = tx.sync_dir();
+            }
+        }
     }
     // Committed: from here on nothing is reported but the outcome.
     for c in &plan.cleanup {

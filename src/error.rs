@@ -49,9 +49,12 @@ pub enum Error {
         /// The path.
         path: PathBuf,
     },
-    /// The lease directory is writable by every user, so anyone could replace its files.
+    /// The lease directory is writable by every user and not sticky, so anyone could replace
+    /// its files.
     ///
-    /// Remedy: `chmod o-w` the directory, or use a private one.
+    /// Remedy: use a private subdirectory (`mkdir -m 0700`), or `chmod o-w` the directory. A
+    /// sticky world-writable directory such as `/tmp` is accepted (see
+    /// [`FlockLeaseBuilder::open`](crate::FlockLeaseBuilder::open)).
     WorldWritable {
         /// The directory.
         path: PathBuf,
@@ -74,13 +77,37 @@ pub enum Error {
         /// The file-system name (`"nfs"`, `"cifs"`, ...).
         fs: &'static str,
     },
-    /// The stable transition lock could not be taken before the deadline: another transition on
-    /// this id is stuck (its process may be stopped).
-    Timeout {
-        /// The lock file.
+    /// The id's transition lock `<stem>.lock` stayed taken for the whole lock timeout: another
+    /// transition on this id is stuck (its process may be stopped or hung on a slow disk).
+    /// This is a failure, never contention: a held lease is [`Grant::Held`](crate::Grant).
+    ///
+    /// Remedy: find the process holding `<stem>.lock` (`fuser`, `lsof`) and resume or kill it;
+    /// a longer [`lock_timeout`](crate::FlockLeaseBuilder::lock_timeout) if transitions are
+    /// legitimately slow.
+    LockTimeout {
+        /// The transition lock file, `<stem>.lock`.
         path: PathBuf,
         /// How long this call waited.
         waited: Duration,
+    },
+    /// A lease file in a shared (sticky, world-writable) directory belongs to another user: it
+    /// may have been planted, so it is neither trusted nor followed.
+    ///
+    /// Remedy: remove the file (as its owner or root) and use a private subdirectory, or opt
+    /// in with [`trust_foreign_owners`](crate::FlockLeaseBuilder::trust_foreign_owners) when
+    /// the directory is shared on purpose.
+    ForeignOwner {
+        /// The file.
+        path: PathBuf,
+        /// The user id owning it.
+        uid: u32,
+    },
+    /// The mode given to [`file_mode`](crate::FlockLeaseBuilder::file_mode) is unusable: it
+    /// must include `0o600`, may not let other users write (`0o002`), and has no other bits
+    /// than `0o666`.
+    InvalidFileMode {
+        /// The mode given.
+        mode: u32,
     },
     /// The liveness lock of the generation about to be granted is already held by someone:
     /// the record was moved back (restored from a backup, edited) under a live holder.
@@ -115,10 +142,12 @@ impl Error {
             | Error::WorldWritable { path, .. }
             | Error::NotADirectory { path }
             | Error::NetworkFilesystem { path, .. }
-            | Error::Timeout { path, .. }
+            | Error::LockTimeout { path, .. }
+            | Error::ForeignOwner { path, .. }
             | Error::LiveLockBusy { path } => Some(path),
             Error::TokenExhausted { .. }
             | Error::ExpiryOutOfRange { .. }
+            | Error::InvalidFileMode { .. }
             | Error::InvalidInput(_) => None,
         }
     }
@@ -153,7 +182,9 @@ impl fmt::Display for Error {
             Error::NotAFile { path } => write!(f, "{} is not a regular file", path.display()),
             Error::WorldWritable { path, mode } => write!(
                 f,
-                "lease directory {} is world-writable (mode {mode:o}); remove o+w",
+                "lease directory {} is writable by every user without the sticky bit (mode \
+                 {mode:o}), so anyone could replace its files; use a private subdirectory \
+                 (mkdir -m 0700) or remove o+w",
                 path.display()
             ),
             Error::NotADirectory { path } => write!(f, "{} is not a directory", path.display()),
@@ -162,10 +193,22 @@ impl fmt::Display for Error {
                 "lease directory {} is on a network file system ({fs}) where flock is unreliable",
                 path.display()
             ),
-            Error::Timeout { path, waited } => write!(
+            Error::LockTimeout { path, waited } => write!(
                 f,
-                "timed out after {waited:?} waiting for transition lock {}",
+                "transition lock {} stayed taken for {:.3} s: another transition on this id is \
+                 stuck (a stopped or hung process?)",
+                path.display(),
+                waited.as_secs_f64()
+            ),
+            Error::ForeignOwner { path, uid } => write!(
+                f,
+                "refusing lease file {} owned by another user (uid {uid}) in a shared directory",
                 path.display()
+            ),
+            Error::InvalidFileMode { mode } => write!(
+                f,
+                "file mode {mode:o} is unusable for lease files: it must include 600, may not \
+                 let others write, and has no bits beyond 666"
             ),
             Error::LiveLockBusy { path } => write!(
                 f,

@@ -45,11 +45,19 @@ pub enum FaultPoint {
     SyncDir,
     /// Deleting an obsolete liveness file.
     Unlink,
+    /// Checking a freshly locked liveness file's identity (after [`FaultPoint::LockLive`]).
+    StatNewLive,
+    /// Removing a foreign file found at the local generation's liveness path (renew, refresh).
+    UnlinkLive,
+    /// Listing the directory to sweep dead generations' files.
+    ReadDir,
+    /// Opening a holder's liveness file to wait for it (a waiting acquire).
+    OpenWait,
 }
 
 impl FaultPoint {
     /// Every fault point, in the order a transition may reach them.
-    pub const ALL: [FaultPoint; 16] = [
+    pub const ALL: [FaultPoint; 20] = [
         FaultPoint::OpenStable,
         FaultPoint::LockStable,
         FaultPoint::StatStable,
@@ -66,6 +74,10 @@ impl FaultPoint {
         FaultPoint::Rename,
         FaultPoint::SyncDir,
         FaultPoint::Unlink,
+        FaultPoint::StatNewLive,
+        FaultPoint::UnlinkLive,
+        FaultPoint::ReadDir,
+        FaultPoint::OpenWait,
     ];
 }
 
@@ -106,14 +118,16 @@ impl FaultPoint {
             | FaultPoint::OpenRecord
             | FaultPoint::OpenProbe
             | FaultPoint::OpenLive
-            | FaultPoint::CreateTemp => "open",
+            | FaultPoint::CreateTemp
+            | FaultPoint::OpenWait => "open",
             FaultPoint::LockStable | FaultPoint::LockProbe | FaultPoint::LockLive => "lock",
-            FaultPoint::StatStable | FaultPoint::StatLive => "stat",
+            FaultPoint::StatStable | FaultPoint::StatLive | FaultPoint::StatNewLive => "stat",
+            FaultPoint::ReadDir => "read directory",
             FaultPoint::ReadRecord => "read",
             FaultPoint::WriteTemp => "write",
             FaultPoint::SyncTemp | FaultPoint::SyncDir => "fsync",
             FaultPoint::Rename => "rename",
-            FaultPoint::Unlink => "unlink",
+            FaultPoint::Unlink | FaultPoint::UnlinkLive => "unlink",
         }
     }
 }

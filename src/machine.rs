@@ -114,13 +114,28 @@ pub struct Plan {
     pub prepare: Vec<Prepare>,
     /// The record to write atomically, if any.
     pub commit: Option<Record>,
-    /// Whether the commit changes the owner or the token, so the directory must be synced
-    /// after the rename for the change to survive power loss (a renew's new expiry need not).
-    pub sync_dir: bool,
+    /// Whether, and how strictly, the directory is synced after the rename.
+    pub sync_dir: DirSync,
     /// Steps after the commit; their failures are not reported.
     pub cleanup: Vec<Cleanup>,
     /// What to report once the commit (if any) succeeded.
     pub outcome: Outcome,
+}
+
+/// Whether the directory is synced after the commit's rename, so the new record survives
+/// power loss.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DirSync {
+    /// No sync: a renew's or a refresh's new expiry need not survive power loss (the record
+    /// it replaces names the same generation).
+    No,
+    /// A new owner or token: until the sync succeeds the token could be reissued after power
+    /// loss, so a failed sync fails the transition.
+    Required,
+    /// A release's tombstone: it keeps the token, so losing it to power loss only brings back
+    /// the released (dead) generation, which the next acquire replaces with a greater token.
+    /// The sync is attempted; its failure is not reported (the record is already committed).
+    BestEffort,
 }
 
 /// A step before the commit.
@@ -246,7 +261,7 @@ fn acquire(input: &Input, owner: &Owner) -> Result<Decision, StepError> {
                     token: rec.token,
                     expiry,
                 }),
-                sync_dir: false,
+                sync_dir: DirSync::No,
                 cleanup: vec![],
                 outcome: Outcome::Granted {
                     token: rec.token,
@@ -285,7 +300,7 @@ fn renew(input: &Input, owner: &Owner, token: u64) -> Result<Plan, StepError> {
             token,
             expiry,
         }),
-        sync_dir: false,
+        sync_dir: DirSync::No,
         cleanup: vec![],
         outcome: Outcome::Granted { token, expiry },
     })
@@ -295,7 +310,7 @@ fn release(input: &Input, owner: &Owner, token: u64) -> Plan {
     let released = |cleanup| Plan {
         prepare: vec![],
         commit: None,
-        sync_dir: false,
+        sync_dir: DirSync::No,
         cleanup,
         outcome: Outcome::Released,
     };
@@ -314,7 +329,7 @@ fn release(input: &Input, owner: &Owner, token: u64) -> Plan {
             token,
             expiry: input.now,
         }),
-        sync_dir: true,
+        sync_dir: DirSync::BestEffort,
         cleanup: vec![Cleanup::DeleteLive { token }, Cleanup::CloseLocal { token }],
         outcome: Outcome::Released,
     }
@@ -334,6 +349,10 @@ fn takeover(input: &Input, owner: &Owner, old: u64, unclean: bool) -> Result<Pla
         // The previous holder crashed or overran its TTL: its liveness file (and maybe
         // leftovers of earlier crashes) is garbage now.
         cleanup.push(Cleanup::Sweep { below: token });
+    } else if input.record.is_some() {
+        // From a tombstone: the release deleted its generation's file unless that cleanup
+        // failed; delete it now (one unlink, no directory scan on the hot path).
+        cleanup.push(Cleanup::DeleteLive { token: old });
     }
     Ok(Plan {
         prepare: vec![Prepare::LockLive {
@@ -345,7 +364,7 @@ fn takeover(input: &Input, owner: &Owner, old: u64, unclean: bool) -> Result<Pla
             token,
             expiry,
         }),
-        sync_dir: true,
+        sync_dir: DirSync::Required,
         cleanup,
         outcome: Outcome::Granted { token, expiry },
     })
@@ -355,7 +374,7 @@ fn held(cleanup: Vec<Cleanup>) -> Plan {
     Plan {
         prepare: vec![],
         commit: None,
-        sync_dir: false,
+        sync_dir: DirSync::No,
         cleanup,
         outcome: Outcome::Held,
     }
@@ -475,7 +494,7 @@ mod tests {
                 owner: o(owner),
             }],
             commit: rec(owner, token, now + 30),
-            sync_dir: true,
+            sync_dir: DirSync::Required,
             cleanup,
             outcome: granted(token, now),
         }
@@ -491,7 +510,11 @@ mod tests {
     #[test]
     fn acquire_tombstone_grants_next_token_even_if_unexpired() {
         let p = plan(&input(rec("", 4, 100), None, 0, acq("b")));
-        assert_eq!(p, takeover_plan("b", 5, 0, vec![]));
+        // The released generation's file goes too, in case the release could not delete it.
+        assert_eq!(
+            p,
+            takeover_plan("b", 5, 0, vec![Cleanup::DeleteLive { token: 4 }])
+        );
     }
 
     // Row 2: owner = caller, unexpired, held locally -> refresh, same token.
@@ -503,7 +526,7 @@ mod tests {
             Plan {
                 prepare: vec![Prepare::EnsureLive { token: 3 }],
                 commit: rec("a", 3, 35),
-                sync_dir: false,
+                sync_dir: DirSync::No,
                 cleanup: vec![],
                 outcome: granted(3, 5),
             }
@@ -655,7 +678,7 @@ mod tests {
                 Plan {
                     prepare: vec![Prepare::EnsureLive { token: 3 }],
                     commit: rec("a", 3, now + 30),
-                    sync_dir: false,
+                    sync_dir: DirSync::No,
                     cleanup: vec![],
                     outcome: granted(3, now),
                 }
@@ -669,7 +692,7 @@ mod tests {
         let released = Plan {
             prepare: vec![],
             commit: None,
-            sync_dir: false,
+            sync_dir: DirSync::No,
             cleanup: vec![],
             outcome: Outcome::Released,
         };
@@ -697,7 +720,7 @@ mod tests {
             Plan {
                 prepare: vec![],
                 commit: None,
-                sync_dir: false,
+                sync_dir: DirSync::No,
                 cleanup: vec![Cleanup::CloseLocal { token: 3 }],
                 outcome: Outcome::Released,
             }
@@ -713,7 +736,8 @@ mod tests {
                 Plan {
                     prepare: vec![],
                     commit: rec("", 3, now),
-                    sync_dir: true,
+                    // The tombstone keeps the token: its durability is best effort.
+                    sync_dir: DirSync::BestEffort,
                     cleanup: vec![
                         Cleanup::DeleteLive { token: 3 },
                         Cleanup::CloseLocal { token: 3 }

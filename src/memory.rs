@@ -184,8 +184,13 @@ impl Transaction for MemTx<'_> {
         Ok(())
     }
 
-    fn commit(&mut self, record: &Record, _sync_dir: bool) -> Result<(), Error> {
+    fn commit(&mut self, record: &Record) -> Result<(), Error> {
         self.state.records.insert(self.id.clone(), record.clone());
+        Ok(())
+    }
+
+    fn sync_dir(&mut self) -> Result<(), Error> {
+        // Memory has no power loss to survive.
         Ok(())
     }
 

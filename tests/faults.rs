@@ -1,5 +1,6 @@
 //! Fault injection through the adapter's I/O seam: for every fault point, in every transition
-//! that reaches it, the step fails once. Each time: the error is reported (or success, when the
+//! that reaches it, the step fails once — at its first occurrence in the call, then at its
+//! second, and so on while the call reaches that many. Each time: the error is reported (or success, when the
 //! record was already committed), no lease is lost, no lock leaks, the next call recovers and
 //! tokens stay monotone.
 
@@ -22,7 +23,8 @@ use support::{files_ending, id, owner};
 struct Harness {
     dir: tempfile::TempDir,
     clock: ManualClock,
-    armed: Arc<Mutex<Option<FaultPoint>>>,
+    /// The point to fail and how many of its occurrences to let pass first.
+    armed: Arc<Mutex<Option<(FaultPoint, usize)>>>,
     fired: Arc<AtomicBool>,
 }
 
@@ -40,12 +42,18 @@ impl Harness {
         let (armed, fired) = (Arc::clone(&self.armed), Arc::clone(&self.fired));
         let hook: FaultHook = Arc::new(move |point, _path| {
             let mut armed = armed.lock().unwrap();
-            if *armed == Some(point) {
-                *armed = None;
-                fired.store(true, Ordering::SeqCst);
-                return Some(std::io::Error::other("injected fault"));
+            match armed.as_mut() {
+                Some((p, 0)) if *p == point => {
+                    *armed = None;
+                    fired.store(true, Ordering::SeqCst);
+                    Some(std::io::Error::other("injected fault"))
+                }
+                Some((p, skip)) if *p == point => {
+                    *skip -= 1;
+                    None
+                }
+                _ => None,
             }
-            None
         });
         FlockLease::builder(self.dir.path())
             .clock(Arc::new(self.clock.clone()))
@@ -56,11 +64,11 @@ impl Harness {
             .unwrap()
     }
 
-    /// Runs `op` with `point` failing at its first occurrence; returns the result and whether
-    /// the fault fired.
-    fn with_fault<T>(&self, point: FaultPoint, op: impl FnOnce() -> T) -> (T, bool) {
+    /// Runs `op` with `point` failing at its occurrence number `nth` (0: the first); returns
+    /// the result and whether the fault fired.
+    fn with_fault<T>(&self, (point, nth): Arm, op: impl FnOnce() -> T) -> (T, bool) {
         self.fired.store(false, Ordering::SeqCst);
-        *self.armed.lock().unwrap() = Some(point);
+        *self.armed.lock().unwrap() = Some((point, nth));
         let out = op();
         *self.armed.lock().unwrap() = None;
         (out, self.fired.load(Ordering::SeqCst))
@@ -101,6 +109,9 @@ impl Harness {
     }
 }
 
+/// A fault point and how many of its occurrences pass before it fails.
+type Arm = (FaultPoint, usize);
+
 fn granted(g: Result<Grant, Error>, ctx: &str) -> Lease {
     match g {
         Ok(Grant::Granted(l)) => l,
@@ -121,20 +132,33 @@ fn assert_injected(e: &Error, dir: &Path, ctx: &str) {
 #[test]
 fn every_fault_point_of_every_transition() {
     let mut fired = BTreeSet::new();
+    let mut later = 0;
     for point in FaultPoint::ALL {
         for (name, scenario) in [
-            ("fresh acquire", fresh_acquire as fn(FaultPoint) -> bool),
+            ("fresh acquire", fresh_acquire as fn(Arm) -> bool),
             ("takeover from a crashed holder", takeover_from_crashed),
+            ("takeover from a tombstone", takeover_from_tombstone),
             ("renew", renew),
             ("release", release),
             ("refresh", refresh),
+            (
+                "renew restoring a replaced liveness file",
+                renew_replaced_live,
+            ),
+            ("waiting acquire", waiting_acquire),
         ] {
-            if scenario(point) {
+            // Every occurrence in turn, until the call no longer reaches that many.
+            for nth in 0.. {
+                if !scenario((point, nth)) {
+                    break;
+                }
                 fired.insert(point);
-                eprintln!("{point:?} failed during {name}: recovered");
+                later += usize::from(nth > 0);
+                eprintln!("{point:?} #{} failed during {name}: recovered", nth + 1);
             }
         }
     }
+    assert!(later > 0, "no later occurrence of any point was reached");
     let missed: Vec<_> = FaultPoint::ALL
         .iter()
         .filter(|p| !fired.contains(p))
@@ -142,11 +166,12 @@ fn every_fault_point_of_every_transition() {
     assert!(missed.is_empty(), "fault points never reached: {missed:?}");
 }
 
-fn fresh_acquire(point: FaultPoint) -> bool {
+fn fresh_acquire(arm: Arm) -> bool {
+    let point = arm.0;
     let h = Harness::new();
     let a = h.instance();
-    let (r, fired) = h.with_fault(point, || a.acquire(&id("s"), &owner("a")));
-    let ctx = format!("fresh acquire, {point:?}");
+    let (r, fired) = h.with_fault(arm, || a.acquire(&id("s"), &owner("a")));
+    let ctx = format!("fresh acquire, {arm:?}");
     if !fired {
         assert_eq!(granted(r, &ctx).token, 1);
         return false;
@@ -167,17 +192,25 @@ fn fresh_acquire(point: FaultPoint) -> bool {
     true
 }
 
-fn takeover_from_crashed(point: FaultPoint) -> bool {
+fn takeover_from_crashed(arm: Arm) -> bool {
+    let point = arm.0;
     let h = Harness::new();
     let old = granted(h.instance().acquire(&id("s"), &owner("a")), "setup");
     // The holder instance is dropped: its process "crashed".
     let before = h.record();
     let b = h.instance();
-    let (r, fired) = h.with_fault(point, || b.acquire(&id("s"), &owner("b")));
-    let ctx = format!("takeover, {point:?}");
+    let (r, fired) = h.with_fault(arm, || b.acquire(&id("s"), &owner("b")));
+    let ctx = format!("takeover, {arm:?}");
     if !fired {
         assert_eq!(granted(r, &ctx).token, old.token + 1);
         return false;
+    }
+    if point == FaultPoint::ReadDir {
+        // The sweep is cleanup after the commit: the takeover stands, the dead generation's
+        // file stays until a later sweep.
+        assert_eq!(granted(r, &ctx).token, old.token + 1);
+        h.assert_refused(&ctx);
+        return true;
     }
     assert_injected(&r.unwrap_err(), h.dir.path(), &ctx);
     if point != FaultPoint::SyncDir {
@@ -193,19 +226,19 @@ fn takeover_from_crashed(point: FaultPoint) -> bool {
     true
 }
 
-fn renew(point: FaultPoint) -> bool {
-    same_generation(point, "renew", |a, lease| a.renew(lease))
+fn renew(arm: Arm) -> bool {
+    same_generation(arm, "renew", |a, lease| a.renew(lease))
 }
 
-fn refresh(point: FaultPoint) -> bool {
-    same_generation(point, "refresh", |a, lease| {
+fn refresh(arm: Arm) -> bool {
+    same_generation(arm, "refresh", |a, lease| {
         a.acquire(&lease.session_id, &lease.owner)
     })
 }
 
 /// A renew or a refresh: the generation stays; a failure must lose nothing.
 fn same_generation(
-    point: FaultPoint,
+    arm: Arm,
     name: &str,
     op: fn(&FlockLease, &Lease) -> Result<Grant, Error>,
 ) -> bool {
@@ -214,8 +247,8 @@ fn same_generation(
     let lease = granted(a.acquire(&id("s"), &owner("a")), "setup");
     h.clock.advance(Duration::from_secs(10));
     let before = h.record();
-    let (r, fired) = h.with_fault(point, || op(&a, &lease));
-    let ctx = format!("{name}, {point:?}");
+    let (r, fired) = h.with_fault(arm, || op(&a, &lease));
+    let ctx = format!("{name}, {arm:?}");
     if !fired {
         assert_eq!(granted(r, &ctx).token, lease.token);
         return false;
@@ -229,31 +262,31 @@ fn same_generation(
     true
 }
 
-fn release(point: FaultPoint) -> bool {
+fn release(arm: Arm) -> bool {
+    let point = arm.0;
     let h = Harness::new();
     let a = h.instance();
     let lease = granted(a.acquire(&id("s"), &owner("a")), "setup");
-    let (r, fired) = h.with_fault(point, || a.release(&lease));
-    let ctx = format!("release, {point:?}");
+    let (r, fired) = h.with_fault(arm, || a.release(&lease));
+    let ctx = format!("release, {arm:?}");
     if !fired {
         r.unwrap();
         return false;
     }
     match point {
-        // After the commit: the release happened, only its cleanup failed.
-        FaultPoint::Unlink => {
+        // After the commit: the release happened, only its cleanup or the (best-effort)
+        // directory sync of the tombstone failed. No error after the commit.
+        FaultPoint::Unlink | FaultPoint::SyncDir => {
             r.unwrap();
             assert!(h.record().unwrap().owner.is_empty(), "{ctx}");
             h.assert_no_leak(None, &ctx);
         }
         _ => {
             assert_injected(&r.unwrap_err(), h.dir.path(), &ctx);
-            if point != FaultPoint::SyncDir {
-                // Still held: the record names it and others are refused.
-                assert_eq!(h.record().map(|r| r.token), Some(lease.token), "{ctx}");
-                assert!(!h.record().unwrap().owner.is_empty(), "{ctx}");
-                h.assert_refused(&ctx);
-            }
+            // Still held: the record names it and others are refused.
+            assert_eq!(h.record().map(|r| r.token), Some(lease.token), "{ctx}");
+            assert!(!h.record().unwrap().owner.is_empty(), "{ctx}");
+            h.assert_refused(&ctx);
             // The generation is still tracked: a retry completes the release.
             a.release(&lease).unwrap();
             assert!(h.record().unwrap().owner.is_empty(), "{ctx}");
@@ -262,5 +295,91 @@ fn release(point: FaultPoint) -> bool {
     }
     let next = granted(h.instance().acquire(&id("s"), &owner("b")), &ctx);
     assert!(next.token > lease.token, "{ctx}");
+    // The takeover from the tombstone removed the released generation's file, whether or not
+    // the release could.
+    assert_eq!(
+        files_ending(h.dir.path(), ".live"),
+        vec![format!("{}.{}.live", id("s").stem(), next.token)],
+        "{ctx}"
+    );
+    true
+}
+
+/// An acquire after a clean release: a fault before the commit changes nothing; after it
+/// (the unlink of the released generation's file) the grant stands.
+fn takeover_from_tombstone(arm: Arm) -> bool {
+    let point = arm.0;
+    let h = Harness::new();
+    let a = h.instance();
+    let old = granted(a.acquire(&id("s"), &owner("a")), "setup");
+    a.release(&old).unwrap();
+    let before = h.record();
+    let b = h.instance();
+    let (r, fired) = h.with_fault(arm, || b.acquire(&id("s"), &owner("b")));
+    let ctx = format!("takeover from a tombstone, {arm:?}");
+    if !fired {
+        assert_eq!(granted(r, &ctx).token, old.token + 1);
+        return false;
+    }
+    if point == FaultPoint::Unlink {
+        assert_eq!(granted(r, &ctx).token, old.token + 1);
+        return true;
+    }
+    assert_injected(&r.unwrap_err(), h.dir.path(), &ctx);
+    if point != FaultPoint::SyncDir {
+        assert_eq!(
+            h.record(),
+            before,
+            "{ctx}: record changed by a failed takeover"
+        );
+    }
+    h.assert_no_leak(None, &ctx);
+    assert!(granted(b.acquire(&id("s"), &owner("b")), &ctx).token > old.token);
+    true
+}
+
+/// A renew after someone replaced the holder's liveness file with another file: the renew
+/// removes it and restores a locked one. A failure there is an error, the generation stays
+/// this instance's, and the next renew restores it.
+fn renew_replaced_live(arm: Arm) -> bool {
+    let h = Harness::new();
+    let a = h.instance();
+    let lease = granted(a.acquire(&id("s"), &owner("a")), "setup");
+    let live = h
+        .dir
+        .path()
+        .join(format!("{}.{}.live", id("s").stem(), lease.token));
+    fs::remove_file(&live).unwrap();
+    fs::write(&live, b"").unwrap();
+    let (r, fired) = h.with_fault(arm, || a.renew(&lease));
+    let ctx = format!("renew restoring, {arm:?}");
+    if !fired {
+        assert_eq!(granted(r, &ctx).token, lease.token);
+        return false;
+    }
+    assert_injected(&r.unwrap_err(), h.dir.path(), &ctx);
+    assert_eq!(granted(a.renew(&lease), &ctx).token, lease.token);
+    // Restored: the file at the path is locked again, so others are refused.
+    h.assert_refused(&ctx);
+    true
+}
+
+/// A waiting acquire whose wait fails: the error is reported and nothing is disturbed.
+fn waiting_acquire(arm: Arm) -> bool {
+    let h = Harness::new();
+    let a = h.instance();
+    let lease = granted(a.acquire(&id("s"), &owner("a")), "setup");
+    let b = h.instance();
+    let wait = || b.acquire_wait(&id("s"), &owner("b"), Duration::from_millis(30));
+    let (r, fired) = h.with_fault(arm, wait);
+    let ctx = format!("waiting acquire, {arm:?}");
+    if !fired {
+        assert_eq!(r.unwrap(), Grant::Held, "{ctx}");
+        return false;
+    }
+    assert_injected(&r.unwrap_err(), h.dir.path(), &ctx);
+    h.assert_no_leak(Some(lease.token), &ctx);
+    assert_eq!(granted(a.renew(&lease), &ctx).token, lease.token);
+    assert_eq!(wait().unwrap(), Grant::Held, "{ctx}");
     true
 }

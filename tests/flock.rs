@@ -128,7 +128,9 @@ fn flock_is_dropped_when_the_holder_process_dies() {
     // parent reaped it): a waiting acquire returns the moment it does, long before expiry.
     let lease = leases
         .acquire_wait(&id("s"), &owner("parent"), Duration::from_secs(10))
-        .expect("takeover after SIGKILL");
+        .expect("takeover after SIGKILL")
+        .lease()
+        .expect("granted before the deadline");
     assert_eq!(lease.token, 2);
     assert!(
         !live_path(dir.path(), "s", 1).exists(),
@@ -152,7 +154,7 @@ fn liveness_lock_is_not_inherited_by_spawned_programs() {
         nix::sys::signal::Signal::SIGKILL,
     );
     assert_eq!(
-        got.map(|l| l.token).ok(),
+        got.ok().and_then(Grant::lease).map(|l| l.token),
         Some(2),
         "the grandchild kept the lock"
     );
@@ -220,7 +222,7 @@ fn replaced_stable_lock_file_is_detected_and_retried() {
         .unwrap();
     // Without the inode check this would lock the unlinked file and run concurrently.
     let err = leases.acquire(&id("s"), &owner("a")).unwrap_err();
-    assert!(matches!(err, Error::Timeout { .. }), "{err}");
+    assert!(matches!(err, Error::LockTimeout { .. }), "{err}");
     assert_eq!(err.path(), Some(path.as_path()));
     assert!(!record_path(dir.path(), "s").exists());
     // Once the other transition is done, the new file is used.
@@ -300,25 +302,32 @@ fn symlinks_are_never_followed() {
         assert!(rec.map(|m| m.file_type().is_symlink()).unwrap_or(true));
         assert_no_locked_live_file(dir.path());
     }
-    // The temporary record file too.
+    // The temporary record file too: created exclusively, so a link (or any file) planted
+    // at its name is removed, never followed or reused.
     let dir = tempfile::tempdir().unwrap();
     let tmp = dir
         .path()
         .join(format!("{}.lease.json.tmp", id("t").stem()));
-    symlink(&target, &tmp).unwrap();
-    let leases = open_manual(dir.path(), &clock);
-    let err = leases.acquire(&id("t"), &owner("a")).unwrap_err();
-    assert!(matches!(err, Error::Symlink { .. }), "{err}");
-    assert_eq!(fs::read(&target).unwrap(), b"precious");
-    assert_no_locked_live_file(dir.path());
-    // And the failed takeover cost nothing: the next one, without the link, grants token 1.
-    let _ = fs::remove_file(&tmp); // the failed commit may already have removed the link
-    let l = leases
-        .acquire(&id("t"), &owner("a"))
-        .unwrap()
-        .lease()
-        .unwrap();
-    assert_eq!(l.token, 1);
+    for planted in ["link", "file"] {
+        match planted {
+            "link" => symlink(&target, &tmp).unwrap(),
+            _ => fs::write(&tmp, b"{\"owner\":\"evil\",\"token\":99").unwrap(),
+        }
+        let leases = open_manual(dir.path(), &clock);
+        let l = leases
+            .acquire(&id("t"), &owner("a"))
+            .unwrap()
+            .lease()
+            .unwrap();
+        assert_eq!(fs::read(&target).unwrap(), b"precious");
+        assert!(
+            !tmp.exists() && fs::symlink_metadata(&tmp).is_err(),
+            "{planted}"
+        );
+        assert_eq!(read_record(dir.path(), "t").owner, "a", "{planted}");
+        assert_eq!(read_record(dir.path(), "t").token, l.token);
+        leases.release(&l).unwrap();
+    }
 }
 
 #[test]
@@ -343,7 +352,8 @@ fn directory_and_file_modes() {
         matches!(err, Error::WorldWritable { mode: 0o777, .. }),
         "{err}"
     );
-    assert!(err.to_string().contains("world-writable"));
+    assert!(err.to_string().contains("writable by every user"), "{err}");
+    assert!(err.to_string().contains("private subdirectory"), "{err}");
     let file = parent.path().join("plain");
     fs::write(&file, b"").unwrap();
     assert!(matches!(
@@ -409,9 +419,10 @@ fn a_stuck_transition_times_out_and_does_not_delay_other_ids() {
         leases.release(&l).unwrap();
     }
     let err = waiter.join().unwrap().unwrap_err();
-    assert!(matches!(err, Error::Timeout { .. }), "{err}");
+    assert!(matches!(err, Error::LockTimeout { .. }), "{err}");
     assert_eq!(err.path(), Some(lock_path(dir.path(), "x").as_path()));
-    assert!(err.to_string().contains("timed out"));
+    assert!(err.to_string().contains("transition lock"), "{err}");
+    assert!(err.to_string().contains(".lock "), "{err}");
 }
 
 #[test]
@@ -540,7 +551,8 @@ fn a_waiting_acquire_wakes_on_release_and_on_expiry() {
     thread::scope(|s| {
         let waiter = s.spawn(|| b.acquire_wait(&id("s"), &owner("b"), Duration::from_secs(20)));
         a.release(&first).unwrap();
-        assert_eq!(waiter.join().unwrap().unwrap().token, first.token + 1);
+        let got = waiter.join().unwrap().unwrap().lease().unwrap();
+        assert_eq!(got.token, first.token + 1);
     });
     // A holder that stays alive but stops renewing is waited out until its expiry.
     let short = open_real(dir.path(), Duration::from_millis(150));
@@ -551,6 +563,8 @@ fn a_waiting_acquire_wakes_on_release_and_on_expiry() {
         .unwrap();
     let got = b
         .acquire_wait(&id("t"), &owner("b"), Duration::from_secs(20))
+        .unwrap()
+        .lease()
         .unwrap();
     assert_eq!(got.token, held.token + 1);
 }

@@ -707,6 +707,14 @@ impl fmt::Debug for State {
     }
 }
 
+fn injected(op: &'static str) -> Error {
+    Error::Io {
+        op,
+        path: "model.lease.json".into(),
+        source: io::Error::other("injected"),
+    }
+}
+
 /// The model's interpretation of the primitive steps: the same meaning `FlockLease` gives them
 /// on files, over [`State`].
 pub struct ModelTx<'a> {
@@ -751,24 +759,22 @@ impl Transaction for ModelTx<'_> {
         Ok(())
     }
 
-    fn commit(&mut self, record: &Record, sync_dir: bool) -> Result<(), Error> {
-        let fail = |what| {
-            Err(Error::Io {
-                op: what,
-                path: "model.lease.json".into(),
-                source: io::Error::other("injected"),
-            })
-        };
+    fn commit(&mut self, record: &Record) -> Result<(), Error> {
         if self.fault == Some(Fault::BeforeRename) {
-            return fail("write");
+            return Err(injected("write"));
         }
         self.state.record = Some(record.clone());
-        if sync_dir && self.durable_policy {
-            if self.fault == Some(Fault::AfterRename) {
-                return fail("fsync");
-            }
-            self.state.durable = Some(record.clone());
+        Ok(())
+    }
+
+    fn sync_dir(&mut self) -> Result<(), Error> {
+        if !self.durable_policy {
+            return Ok(());
         }
+        if self.fault == Some(Fault::AfterRename) {
+            return Err(injected("fsync"));
+        }
+        self.state.durable = self.state.record.clone();
         Ok(())
     }
 

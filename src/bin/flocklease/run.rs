@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use clap::{ArgGroup, Args, ValueEnum};
 use flocklease::{
-    Clock, Durability, Error, FlockLease, Grant, KeepAlive, Lease, Owner, SessionId, SessionLease,
+    Clock, Durability, Error, FlockLease, KeepAlive, Lease, Owner, SessionId, SessionLease,
     SystemClock,
 };
 use nix::sys::signal::Signal;
@@ -192,7 +192,8 @@ fn run(a: RunArgs) -> Result<u8, String> {
     Ok(code)
 }
 
-/// Acquires, waiting up to `wait` if given. `None` means held.
+/// Acquires, waiting up to `wait` if given. `None` means held: contention is data, and a
+/// stuck transition lock is an error (`LockTimeout` naming `<stem>.lock`), never "held".
 fn acquire(
     leases: &FlockLease,
     id: &SessionId,
@@ -201,24 +202,9 @@ fn acquire(
 ) -> Result<Option<Lease>, Error> {
     let grant = match wait {
         None => leases.acquire(id, owner)?,
-        Some(w) => waited(leases.acquire_wait(id, owner, w))?,
+        Some(w) => leases.acquire_wait(id, owner, w)?,
     };
     Ok(grant.lease())
-}
-
-/// The waiting acquire's answer as granted / held / failure: the one place that knows how the
-/// library reports a deadline passed with the lease still held (a `Timeout` naming the record)
-/// apart from a stuck transition lock (a `Timeout` naming `<stem>.lock`, a failure).
-fn waited(result: Result<Lease, Error>) -> Result<Grant, Error> {
-    match result {
-        Ok(lease) => Ok(Grant::Granted(lease)),
-        Err(Error::Timeout { path, .. })
-            if path.to_str().is_some_and(|p| p.ends_with(".lease.json")) =>
-        {
-            Ok(Grant::Held)
-        }
-        Err(e) => Err(e),
-    }
 }
 
 /// Waits for the job to end, forwarding signals and stopping it on loss; returns the exit

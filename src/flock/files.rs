@@ -1,0 +1,289 @@
+//! Paths and opening: every file of the lease directory is opened here, without following
+//! symbolic links or blocking on special files, close-on-exec, with the directory's ownership
+//! policy applied.
+
+use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::io::{self, Read};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::error::Error;
+use crate::fault::{FaultPoint, Faults};
+use crate::record::MAX_RECORD_BYTES;
+
+/// The files of one id.
+#[derive(Debug)]
+pub(super) struct Paths {
+    pub(super) stem: String,
+    pub(super) lock: PathBuf,
+    pub(super) record: PathBuf,
+    pub(super) temp: PathBuf,
+    pub(super) dir: PathBuf,
+}
+
+impl Paths {
+    pub(super) fn new(dir: &Path, stem: String) -> Paths {
+        Paths {
+            lock: dir.join(format!("{stem}.lock")),
+            record: dir.join(format!("{stem}.lease.json")),
+            temp: dir.join(format!("{stem}.lease.json.tmp")),
+            dir: dir.to_owned(),
+            stem,
+        }
+    }
+
+    pub(super) fn live(&self, token: u64) -> PathBuf {
+        self.dir.join(format!("{}.{token}.live", self.stem))
+    }
+}
+
+/// How a file is opened.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Access {
+    /// `<stem>.lock`, created if missing.
+    LockCreate,
+    /// A new or restored generation's `.live` file, created if missing.
+    LiveCreate,
+    /// A generation's `.live` file, to probe it (never created).
+    Probe,
+    /// A generation's `.live` file, to wait for its holder (never created).
+    Wait,
+    /// The record, to read it.
+    Read,
+    /// The temporary record, created exclusively.
+    Temp,
+}
+
+impl Access {
+    fn fault_point(self) -> FaultPoint {
+        match self {
+            Access::LockCreate => FaultPoint::OpenStable,
+            Access::LiveCreate => FaultPoint::OpenLive,
+            Access::Probe => FaultPoint::OpenProbe,
+            Access::Wait => FaultPoint::OpenWait,
+            Access::Read => FaultPoint::OpenRecord,
+            Access::Temp => FaultPoint::CreateTemp,
+        }
+    }
+
+    fn creates(self) -> bool {
+        matches!(self, Access::LockCreate | Access::LiveCreate | Access::Temp)
+    }
+}
+
+/// Who may own the files this instance opens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum OwnerCheck {
+    /// The directory's permissions decide who may create files (a private or group
+    /// directory): any owner is trusted.
+    Any,
+    /// A sticky world-writable directory: a file must be owned by this process's effective
+    /// user, or it is refused with [`Error::ForeignOwner`].
+    Mine(u32),
+}
+
+/// Opens the files of one lease directory under its policy.
+#[derive(Debug)]
+pub(super) struct Opener {
+    pub(super) owners: OwnerCheck,
+    /// Mode of new files (0600 unless configured for a group).
+    pub(super) file_mode: u32,
+    pub(super) faults: Faults,
+}
+
+impl Opener {
+    /// Opens `path` in the lease directory without following symbolic links or blocking on
+    /// special files; every descriptor is close-on-exec (std's default).
+    pub(super) fn open(&self, path: &Path, access: Access) -> Result<File, Error> {
+        self.faults.check(access.fault_point(), path)?;
+        let mut opts = OpenOptions::new();
+        match access {
+            Access::LockCreate | Access::LiveCreate => {
+                opts.read(true).write(true).create(true);
+            }
+            Access::Probe | Access::Wait | Access::Read => {
+                opts.read(true);
+            }
+            Access::Temp => {
+                // Never reuse a file found at the name: it may be planted.
+                opts.write(true).create_new(true);
+            }
+        }
+        opts.mode(self.file_mode)
+            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK);
+        let file = opts.open(path).map_err(|e| self.open_error(path, e))?;
+        self.check_file(path, &file, access)?;
+        Ok(file)
+    }
+
+    /// Applies the ownership policy and the configured mode to a freshly opened file.
+    fn check_file(&self, path: &Path, file: &File, access: Access) -> Result<(), Error> {
+        let default_mode = self.file_mode == DEFAULT_FILE_MODE;
+        if self.owners == OwnerCheck::Any && (default_mode || !access.creates()) {
+            // The fast path: nothing to check, nothing to widen.
+            return Ok(());
+        }
+        let meta = file.metadata().map_err(|e| Error::io("stat", path, e))?;
+        if let OwnerCheck::Mine(me) = self.owners
+            && meta.uid() != me
+        {
+            return Err(Error::ForeignOwner {
+                path: path.to_owned(),
+                uid: meta.uid(),
+            });
+        }
+        // The umask may have narrowed a group mode: widen our own new files to it.
+        if access.creates()
+            && !default_mode
+            && meta.uid() == nix::unistd::geteuid().as_raw()
+            && meta.permissions().mode() & 0o777 != self.file_mode
+        {
+            file.set_permissions(fs::Permissions::from_mode(self.file_mode))
+                .map_err(|e| Error::io("chmod", path, e))?;
+        }
+        Ok(())
+    }
+
+    /// Removes `path` (a leftover temporary file or a foreign liveness file), explaining a
+    /// refusal by the sticky bit.
+    pub(super) fn remove(&self, path: &Path) -> Result<(), Error> {
+        fs::remove_file(path).map_err(|e| self.open_error(path, e))
+    }
+
+    fn open_error(&self, path: &Path, e: io::Error) -> Error {
+        match e.raw_os_error() {
+            Some(nix::libc::ELOOP) => Error::Symlink {
+                path: path.to_owned(),
+            },
+            Some(nix::libc::EISDIR | nix::libc::ENXIO) => Error::NotAFile {
+                path: path.to_owned(),
+            },
+            // In a sticky directory the kernel refuses to open or remove another user's file
+            // (fs.protected_regular, the sticky bit): say whose it is.
+            Some(nix::libc::EACCES | nix::libc::EPERM) => match fs::symlink_metadata(path) {
+                Ok(m) if m.uid() != nix::unistd::geteuid().as_raw() => Error::ForeignOwner {
+                    path: path.to_owned(),
+                    uid: m.uid(),
+                },
+                _ => Error::io("open", path, e),
+            },
+            _ => Error::io("open", path, e),
+        }
+    }
+}
+
+/// The mode of new lease files unless configured otherwise.
+pub(super) const DEFAULT_FILE_MODE: u32 = 0o600;
+
+/// Opens the lease directory: creates it (mode 0700, parents as needed, each new directory
+/// synced into its parent), checks it, and decides the ownership policy.
+pub(super) fn open_dir(
+    dir: &Path,
+    allow_network_fs: bool,
+    trust_foreign: bool,
+) -> Result<(File, OwnerCheck), Error> {
+    create_dir_durably(dir)?;
+    let meta = fs::metadata(dir).map_err(|e| Error::io("stat", dir, e))?;
+    if !meta.is_dir() {
+        return Err(Error::NotADirectory {
+            path: dir.to_owned(),
+        });
+    }
+    let mode = meta.permissions().mode() & 0o7777;
+    let owners = if mode & 0o002 == 0 {
+        OwnerCheck::Any
+    } else if mode & 0o1000 == 0 {
+        // Anyone may replace anyone's files: no policy makes that safe.
+        return Err(Error::WorldWritable {
+            path: dir.to_owned(),
+            mode,
+        });
+    } else if trust_foreign {
+        OwnerCheck::Any
+    } else {
+        OwnerCheck::Mine(nix::unistd::geteuid().as_raw())
+    };
+    if !allow_network_fs {
+        let st = nix::sys::statfs::statfs(dir)
+            .map_err(|e| Error::io("statfs", dir, io::Error::from(e)))?;
+        if let Some(fs) = network_fs_name(st.filesystem_type().0 as i64) {
+            return Err(Error::NetworkFilesystem {
+                path: dir.to_owned(),
+                fs,
+            });
+        }
+    }
+    let file = File::open(dir).map_err(|e| Error::io("open", dir, e))?;
+    Ok((file, owners))
+}
+
+/// Creates `dir` and any missing parents (mode 0700), syncing each new directory's entry into
+/// its parent so the lease directory itself survives power loss.
+fn create_dir_durably(dir: &Path) -> Result<(), Error> {
+    create_dirs(dir).map_err(|e| Error::io("create directory", dir, e))
+}
+
+fn create_dirs(dir: &Path) -> io::Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    let parent = dir.parent().filter(|p| !p.as_os_str().is_empty());
+    if let Some(parent) = parent {
+        create_dirs(parent)?;
+    }
+    match DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => File::open(parent.unwrap_or(Path::new(".")))?.sync_all(),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Reads a whole record file: one `read` for any record of normal size (a short read of a
+/// regular file means end of file), never more than the size limit plus one byte.
+pub(super) fn read_bounded(mut file: &File) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; 4096];
+    let mut len = 0;
+    loop {
+        let n = file.read(&mut buf[len..])?;
+        len += n;
+        if n == 0 || len < buf.len() || len > MAX_RECORD_BYTES {
+            break;
+        }
+        buf.resize((buf.len() * 4).min(MAX_RECORD_BYTES + 1), 0);
+    }
+    buf.truncate(len);
+    Ok(buf)
+}
+
+/// The name of a network or cluster file system by its `statfs` magic, if it is one.
+fn network_fs_name(magic: i64) -> Option<&'static str> {
+    Some(match magic {
+        0x6969 => "nfs",
+        0x517b => "smb",
+        0xff53_4d42 => "cifs",
+        0xfe53_4d42 => "smb2",
+        0x5346_414f => "afs",
+        0x7375_7245 => "coda",
+        0x564c => "ncp",
+        0x00c3_6400 => "ceph",
+        0x0102_1997 => "9p",
+        0x0bd0_0bd0 => "lustre",
+        0x0116_1970 => "gfs2",
+        0x7461_636f => "ocfs2",
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn network_magics_are_recognised() {
+        assert_eq!(network_fs_name(0x6969), Some("nfs"));
+        assert_eq!(network_fs_name(0xff53_4d42), Some("cifs"));
+        // tmpfs and ext4 are local.
+        assert_eq!(network_fs_name(0x0102_1994), None);
+        assert_eq!(network_fs_name(0xef53), None);
+    }
+}

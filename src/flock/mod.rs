@@ -1,0 +1,655 @@
+//! [`FlockLease`]: the real adapter over a lease directory, with `flock(2)` locks.
+//!
+//! Per session id, with `<stem>` its [safe name](crate::stem):
+//!
+//! | file | role |
+//! | --- | --- |
+//! | `<stem>.lock` | stable transition lock, held only during one acquire/renew/release |
+//! | `<stem>.<token>.live` | liveness lock of one generation, held by its process for its whole life |
+//! | `<stem>.lease.json` | the record, replaced atomically through `<stem>.lease.json.tmp` |
+//!
+//! This module only does file work; every decision comes from [`machine`](crate::machine)
+//! through [`driver::run`].
+
+use std::collections::HashMap;
+use std::fs::{self, File};
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use crate::clock::{Clock, SystemClock};
+use crate::driver;
+use crate::error::Error;
+use crate::fault::{FaultPoint, Faults};
+use crate::lease::{DEFAULT_TTL, Grant, Lease, SessionLease};
+use crate::machine::{Event, Outcome};
+use crate::name::{Owner, SessionId};
+use crate::record::{self, Record};
+
+mod files;
+mod tx;
+mod wait;
+
+use files::{Access, DEFAULT_FILE_MODE, Opener, Paths, read_bounded};
+use tx::{FlockTx, Slot};
+use wait::Gate;
+
+/// The default bound on waiting for an id's transition lock: 5 seconds.
+pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How many transition-lock descriptors an instance keeps open between transitions. Ids
+/// beyond that open and close theirs each time (two more syscalls), so an instance used with
+/// very many ids stays far from the descriptor limit.
+pub const LOCK_CACHE: usize = 256;
+
+/// The per-id state map is pruned of idle ids (no generation held, nobody inside) when it
+/// grows past this size, and then past twice the size left after pruning.
+const PRUNE_AT: usize = 1024;
+
+/// When the record is forced to stable storage.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Durability {
+    /// Fsync the temporary record before the rename, and the directory after a rename that
+    /// changes the owner or the token: a token handed out survives power loss, and the record is
+    /// never left empty. The default.
+    #[default]
+    Full,
+    /// No fsync. Survives process crashes, not power loss; for tmpfs, tests and benchmarks.
+    NoSync,
+}
+
+/// Lease manager over a lease directory shared by cooperating processes on one host.
+///
+/// Each instance is one "lease-manager instance": it keeps the liveness locks of the
+/// generations it granted until they are released or lost. Dropping it (or the process dying)
+/// drops those locks, and other processes may then take the leases over at once.
+///
+/// `FlockLease` is `Send + Sync`: calls on one id are serialized within the instance, calls on
+/// different ids never wait for each other.
+///
+/// # Examples
+///
+/// ```
+/// use flocklease::{FlockLease, Grant, Owner, SessionId, SessionLease};
+///
+/// let dir = tempfile::tempdir().unwrap();
+/// let leases = FlockLease::open(dir.path()).unwrap();
+/// let id = SessionId::new("billing-run").unwrap();
+/// let me = Owner::new("worker-1").unwrap();
+///
+/// let Grant::Granted(lease) = leases.acquire(&id, &me).unwrap() else {
+///     panic!("someone else holds it");
+/// };
+/// assert_eq!(lease.token, 1);
+/// let lease = leases.renew(&lease).unwrap().lease().expect("still ours");
+/// leases.release(&lease).unwrap();
+/// ```
+#[derive(Debug)]
+pub struct FlockLease {
+    dir: PathBuf,
+    dir_file: File,
+    ttl: Duration,
+    clock: Arc<dyn Clock>,
+    lock_timeout: Duration,
+    durability: Durability,
+    slots: Mutex<Slots>,
+    /// How many transition-lock descriptors the slots keep open (at most [`LOCK_CACHE`]).
+    cached_locks: AtomicUsize,
+    opener: Opener,
+}
+
+/// Options for [`FlockLease`]; start from [`FlockLease::builder`].
+#[derive(Debug)]
+#[must_use]
+pub struct FlockLeaseBuilder {
+    dir: PathBuf,
+    ttl: Duration,
+    clock: Arc<dyn Clock>,
+    lock_timeout: Duration,
+    durability: Durability,
+    allow_network_fs: bool,
+    file_mode: u32,
+    trust_foreign_owners: bool,
+    faults: Faults,
+}
+
+impl FlockLease {
+    /// Opens (creating it with mode 0700 if needed) the lease directory `dir` with the default
+    /// options: TTL 30 s, system clock, [`Durability::Full`], a 5 s bound on lock waits.
+    ///
+    /// # Errors
+    ///
+    /// See [`FlockLeaseBuilder::open`].
+    pub fn open(dir: impl AsRef<Path>) -> Result<FlockLease, Error> {
+        FlockLease::builder(dir).open()
+    }
+
+    /// A builder for a lease directory `dir`.
+    pub fn builder(dir: impl AsRef<Path>) -> FlockLeaseBuilder {
+        FlockLeaseBuilder {
+            dir: dir.as_ref().to_owned(),
+            ttl: DEFAULT_TTL,
+            clock: Arc::new(SystemClock),
+            lock_timeout: DEFAULT_LOCK_TIMEOUT,
+            durability: Durability::Full,
+            allow_network_fs: false,
+            file_mode: DEFAULT_FILE_MODE,
+            trust_foreign_owners: false,
+            faults: Faults::default(),
+        }
+    }
+
+    /// The lease directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The lease time-to-live.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// Acquires the lease of `id` for `owner`, waiting up to `timeout` while another owner
+    /// holds it.
+    ///
+    /// The wait watches the holder's liveness file, so it ends the moment the holder releases
+    /// or dies (the kernel drops its lock), or when its lease expires, and then retries the
+    /// acquire: no polling interval. Only when the holder's liveness file is missing (deleted
+    /// by hand), or no inotify instance is available, does it re-check with a pause of up to
+    /// 10 ms. The wait starts no thread and takes no lock a holder, a probe or a transition
+    /// needs: a waiter never makes a crashed holder look alive.
+    ///
+    /// Returns [`Grant::Held`] when `timeout` passes with the lease still held: contention is
+    /// an answer, not an error. A timeout too large for the clock means no limit.
+    ///
+    /// # Errors
+    ///
+    /// Any error of [`SessionLease::acquire`], among them [`Error::LockTimeout`] naming
+    /// `<stem>.lock` when another transition on the id stays stuck for the lock timeout (each
+    /// attempt is bounded by it, so the call may end up to one lock timeout after `timeout`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use flocklease::{FlockLease, Grant, Owner, SessionId, SessionLease};
+    ///
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let (a, b) = (FlockLease::open(dir.path()).unwrap(), FlockLease::open(dir.path()).unwrap());
+    /// let id = SessionId::new("job").unwrap();
+    /// let first = a.acquire(&id, &Owner::new("a").unwrap()).unwrap().lease().unwrap();
+    /// // Held for the whole wait: the answer is contention, not an error.
+    /// let b_owner = Owner::new("b").unwrap();
+    /// assert_eq!(b.acquire_wait(&id, &b_owner, Duration::from_millis(20)).unwrap(), Grant::Held);
+    /// std::thread::scope(|s| {
+    ///     s.spawn(|| a.release(&first).unwrap());
+    ///     // Returns as soon as `a` releases.
+    ///     let second = b.acquire_wait(&id, &b_owner, Duration::from_secs(10)).unwrap();
+    ///     assert_eq!(second.lease().unwrap().token, first.token + 1);
+    /// });
+    /// ```
+    pub fn acquire_wait(
+        &self,
+        id: &SessionId,
+        owner: &Owner,
+        timeout: Duration,
+    ) -> Result<Grant, Error> {
+        self.acquire_until(id, owner, wait::deadline_after(timeout))
+    }
+
+    /// Acquires the lease of `id` for `owner`, waiting as long as it takes (see
+    /// [`FlockLease::acquire_wait`]).
+    ///
+    /// # Errors
+    ///
+    /// Any error of [`SessionLease::acquire`].
+    pub fn acquire_blocking(&self, id: &SessionId, owner: &Owner) -> Result<Lease, Error> {
+        match self.acquire_until(id, owner, None)? {
+            Grant::Granted(lease) => Ok(lease),
+            // Without a deadline the loop only ends with a grant or an error.
+            Grant::Held => unreachable!("a wait without a deadline answered held"),
+        }
+    }
+
+    fn acquire_until(
+        &self,
+        id: &SessionId,
+        owner: &Owner,
+        deadline: Option<Instant>,
+    ) -> Result<Grant, Error> {
+        let entry = self.slot(id.stem());
+        let paths = &entry.paths;
+        // Consecutive waits that returned at once (the record changed under us, the file is
+        // missing): pause increasingly, so a loop that cannot block never spins.
+        let mut pause = Duration::ZERO;
+        loop {
+            if let Grant::Granted(lease) = self.acquire(id, owner)? {
+                return Ok(Grant::Granted(lease));
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(Grant::Held);
+            }
+            if !pause.is_zero() && !wait::sleep_before(deadline, pause) {
+                return Ok(Grant::Held);
+            }
+            // Held: wait for the holder's generation to end — its lock or its expiry — then
+            // let the machine decide again. Reading without the transition lock is safe: the
+            // record is only ever replaced by an atomic rename.
+            let started = Instant::now();
+            let Some(rec) = self.peek_record(&paths.record)? else {
+                pause = next_pause(pause);
+                continue;
+            };
+            let until_expiry = rec.expiry.saturating_duration_since(self.clock.now());
+            let at_expiry = wait::deadline_after(until_expiry);
+            let wake = match (deadline, at_expiry) {
+                (Some(d), Some(e)) => d.min(e),
+                (Some(t), None) | (None, Some(t)) => t,
+                // Neither can be represented: look again in a while.
+                (None, None) => Instant::now() + Duration::from_secs(3600),
+            };
+            let live = paths.live(rec.token);
+            match self.opener.open(&live, Access::Wait) {
+                Ok(file) => wait::wait_for_holder(&live, &file, wake)
+                    .map_err(|e| Error::io("wait for", &live, e))?,
+                Err(e) if e.io_kind() == Some(io::ErrorKind::NotFound) => {
+                    // No lock to wait on: the record's expiry decides, so look now and then.
+                    wait::sleep_before(Some(wake), MISSING_POLL);
+                }
+                Err(e) => return Err(e),
+            }
+            pause = if started.elapsed() < Duration::from_micros(50) {
+                next_pause(pause)
+            } else {
+                Duration::ZERO
+            };
+        }
+    }
+
+    /// Reads the record without the transition lock.
+    fn peek_record(&self, path: &Path) -> Result<Option<Record>, Error> {
+        let file = match self.opener.open(path, Access::Read) {
+            Ok(f) => f,
+            Err(e) if e.io_kind() == Some(io::ErrorKind::NotFound) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let bytes = read_bounded(&file).map_err(|e| Error::io("read", path, e))?;
+        record::decode(&bytes)
+            .map(Some)
+            .map_err(|source| Error::Corrupt {
+                path: path.to_owned(),
+                source,
+            })
+    }
+
+    fn transition(&self, id: &SessionId, event: Event) -> Result<Outcome, Error> {
+        let started = Instant::now();
+        let deadline = wait::deadline_after(self.lock_timeout);
+        let entry = self.slot(id.stem());
+        let paths = &entry.paths;
+        // In-process serialization of one id, bounded by this caller's own deadline.
+        let Some(_turn) = entry.gate.enter(deadline) else {
+            return Err(Error::LockTimeout {
+                path: paths.lock.clone(),
+                waited: started.elapsed(),
+            });
+        };
+        let mut slot = lock(&entry.state);
+        let lock = self.lock_stable(&paths.lock, slot.lock.take(), deadline, started)?;
+        let mut tx = FlockTx {
+            lease: self,
+            paths,
+            slot: &mut slot,
+        };
+        let outcome = driver::run(&mut tx, id, self.clock.now(), self.ttl, event);
+        slot.lock = self.keep_lock(lock);
+        outcome
+    }
+
+    /// Unlocks the transition lock and keeps its descriptor for the next transition on the id,
+    /// while fewer than [`LOCK_CACHE`] are kept (beyond that, or if unlocking fails, it is
+    /// closed, which unlocks too).
+    fn keep_lock(&self, mut lock: StableLock) -> Option<StableLock> {
+        if lock.file.unlock().is_err() {
+            self.uncount(lock.counted);
+            return None;
+        }
+        if !lock.counted {
+            let admitted = self
+                .cached_locks
+                .fetch_update(Relaxed, Relaxed, |n| (n < LOCK_CACHE).then_some(n + 1))
+                .is_ok();
+            if !admitted {
+                return None;
+            }
+            lock.counted = true;
+        }
+        Some(lock)
+    }
+
+    /// This instance's entry for the id with file stem `stem`. Idle entries are pruned when
+    /// the map grows, so memory stays bounded by the ids in use, not every id ever seen.
+    fn slot(&self, stem: &str) -> Arc<SlotEntry> {
+        let mut slots = lock(&self.slots);
+        if let Some(entry) = slots.map.get(stem) {
+            return Arc::clone(entry);
+        }
+        if slots.map.len() >= slots.prune_at {
+            // Only the map refers to an entry with a strong count of one, and new references
+            // are made under the map's lock: nobody can be about to use a removed entry.
+            slots.map.retain(|_, entry| {
+                let idle = Arc::strong_count(entry) == 1
+                    && entry.gate.is_free()
+                    && entry.state.try_lock().is_ok_and(|s| s.local.is_none());
+                if idle {
+                    let counted = lock(&entry.state).lock.as_ref().is_some_and(|l| l.counted);
+                    self.uncount(counted);
+                }
+                !idle
+            });
+            slots.prune_at = (slots.map.len() * 2).max(PRUNE_AT);
+        }
+        let entry = Arc::new(SlotEntry {
+            paths: Paths::new(&self.dir, stem.to_owned()),
+            gate: Gate::default(),
+            state: Mutex::default(),
+        });
+        slots.map.insert(stem.to_owned(), Arc::clone(&entry));
+        entry
+    }
+
+    /// How many ids this instance keeps state for (for tests of the pruning).
+    #[doc(hidden)]
+    pub fn tracked_ids(&self) -> usize {
+        lock(&self.slots).map.len()
+    }
+
+    /// Takes `<stem>.lock` by `deadline`, and checks that the locked file is still the one at
+    /// that path (an operator or a tmp cleaner may have replaced it). `cached` is this id's
+    /// descriptor from an earlier transition, if any.
+    fn lock_stable(
+        &self,
+        path: &Path,
+        mut cached: Option<StableLock>,
+        deadline: Option<Instant>,
+        started: Instant,
+    ) -> Result<StableLock, Error> {
+        let timeout = || Error::LockTimeout {
+            path: path.to_owned(),
+            waited: started.elapsed(),
+        };
+        loop {
+            let lock = match cached.take() {
+                Some(lock) => lock,
+                None => self.open_stable(path)?,
+            };
+            let locked = self
+                .opener
+                .faults
+                .check(FaultPoint::LockStable, path)
+                .and_then(|()| {
+                    wait::try_lock_until(&lock.file, deadline)
+                        .map_err(|e| Error::io("lock", path, e))
+                });
+            match locked {
+                Ok(true) => {}
+                failed => {
+                    // Dropping the descriptor: it no longer counts against the cache.
+                    self.uncount(lock.counted);
+                    failed?;
+                    return Err(timeout());
+                }
+            }
+            let current = self
+                .opener
+                .faults
+                .check(FaultPoint::StatStable, path)
+                .and_then(|()| match fs::symlink_metadata(path) {
+                    Ok(now) => Ok(now.dev() == lock.dev && now.ino() == lock.ino),
+                    // Removed while we waited: lock whatever is created there now.
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+                    Err(e) => Err(Error::io("stat", path, e)),
+                });
+            match current {
+                Ok(true) => return Ok(lock),
+                Ok(false) => self.uncount(lock.counted),
+                Err(e) => {
+                    self.uncount(lock.counted);
+                    return Err(e);
+                }
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(timeout());
+            }
+        }
+    }
+
+    /// Opens (creating) `<stem>.lock` and notes which file it is.
+    fn open_stable(&self, path: &Path) -> Result<StableLock, Error> {
+        let file = self.opener.open(path, Access::LockCreate)?;
+        self.opener.faults.check(FaultPoint::StatStable, path)?;
+        let held = file.metadata().map_err(|e| Error::io("stat", path, e))?;
+        if !held.is_file() {
+            return Err(Error::NotAFile {
+                path: path.to_owned(),
+            });
+        }
+        Ok(StableLock {
+            file,
+            dev: held.dev(),
+            ino: held.ino(),
+            counted: false,
+        })
+    }
+
+    /// A kept descriptor was closed: it no longer counts against [`LOCK_CACHE`].
+    fn uncount(&self, counted: bool) {
+        if counted {
+            self.cached_locks.fetch_sub(1, Relaxed);
+        }
+    }
+}
+
+impl FlockLeaseBuilder {
+    /// The lease time-to-live; zero means the default (30 s).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = if ttl.is_zero() { DEFAULT_TTL } else { ttl };
+        self
+    }
+
+    /// The clock expiry is computed with (default: [`SystemClock`]).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// How long one call may wait for an id's transition lock (held by another transition)
+    /// before [`Error::LockTimeout`]. Each call's wait is its own: callers queued on one id in
+    /// this process each wait at most this long. A value too large for the clock means no
+    /// limit.
+    pub fn lock_timeout(mut self, timeout: Duration) -> Self {
+        self.lock_timeout = timeout;
+        self
+    }
+
+    /// When to fsync (default [`Durability::Full`]).
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    /// Accepts a lease directory on a network file system (NFS, SMB/CIFS, Ceph, 9p, ...),
+    /// which is refused by default because `flock(2)` is not reliable there. Only for a
+    /// directory used by processes of one host whose file system honours `flock`.
+    pub fn allow_network_filesystem(mut self, allow: bool) -> Self {
+        self.allow_network_fs = allow;
+        self
+    }
+
+    /// The permission bits of new lease files (default `0o600`). Use `0o660` in a directory
+    /// shared by a group (`chgrp GROUP DIR; chmod 2770 DIR`, so new files get the directory's
+    /// group): the bits are applied whatever the umask. Must include `0o600` and may not let
+    /// other users write (`0o002`) or anyone execute.
+    pub fn file_mode(mut self, mode: u32) -> Self {
+        self.file_mode = mode;
+        self
+    }
+
+    /// In a sticky world-writable directory (`/tmp`, `/run/lock`), also trust lease files
+    /// owned by other users. By default such a file is refused with [`Error::ForeignOwner`],
+    /// since any user can plant one there. Has no effect in a directory that is not
+    /// world-writable, where the directory's permissions already decide who may create files.
+    pub fn trust_foreign_owners(mut self, trust: bool) -> Self {
+        self.trust_foreign_owners = trust;
+        self
+    }
+
+    /// Makes chosen I/O steps fail, for tests. See [`fault`](crate::fault).
+    #[cfg(feature = "fault-injection")]
+    pub fn faults(mut self, faults: crate::fault::FaultHook) -> Self {
+        self.faults = Faults::new(faults);
+        self
+    }
+
+    /// Opens the lease directory, creating it (mode 0700, parents as needed, each synced into
+    /// its parent) if missing.
+    ///
+    /// Directory policy: a private or group directory is used as it is; a world-writable
+    /// directory is accepted only with the sticky bit (`/tmp`), and then every lease file
+    /// opened in it must belong to this process's user (see
+    /// [`FlockLeaseBuilder::trust_foreign_owners`]). A private subdirectory
+    /// (`mkdir -m 0700 /tmp/myapp-leases`) avoids the question.
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::NotADirectory`] when the path is something else;
+    /// - [`Error::WorldWritable`] when any user may write to it and it is not sticky;
+    /// - [`Error::NetworkFilesystem`] when it is on a network file system and that was not
+    ///   allowed;
+    /// - [`Error::InvalidFileMode`] when [`FlockLeaseBuilder::file_mode`] is unusable;
+    /// - [`Error::Io`] when it cannot be created, inspected or opened.
+    pub fn open(self) -> Result<FlockLease, Error> {
+        let mode = self.file_mode;
+        if mode & !0o666 != 0 || mode & 0o600 != 0o600 || mode & 0o002 != 0 {
+            return Err(Error::InvalidFileMode { mode });
+        }
+        let (dir_file, owners) =
+            files::open_dir(&self.dir, self.allow_network_fs, self.trust_foreign_owners)?;
+        Ok(FlockLease {
+            dir: self.dir,
+            dir_file,
+            ttl: self.ttl,
+            clock: self.clock,
+            lock_timeout: self.lock_timeout,
+            durability: self.durability,
+            slots: Mutex::new(Slots {
+                map: HashMap::new(),
+                prune_at: PRUNE_AT,
+            }),
+            cached_locks: AtomicUsize::new(0),
+            opener: Opener {
+                owners,
+                file_mode: mode,
+                faults: self.faults,
+            },
+        })
+    }
+}
+
+crate::driver::session_lease_via_transition!(FlockLease);
+
+/// The per-id entries and when to prune them next.
+#[derive(Debug)]
+struct Slots {
+    map: HashMap<String, Arc<SlotEntry>>,
+    prune_at: usize,
+}
+
+/// One id's cached paths, its in-process turn, and what this instance holds for it.
+#[derive(Debug)]
+struct SlotEntry {
+    paths: Paths,
+    gate: Gate,
+    state: Mutex<Slot>,
+}
+
+/// An open `<stem>.lock` and the identity of the file it opened.
+#[derive(Debug)]
+struct StableLock {
+    file: File,
+    dev: u64,
+    ino: u64,
+    /// Whether it counts against [`LOCK_CACHE`].
+    counted: bool,
+}
+
+/// How often a waiter re-checks when the holder's liveness file is missing (it cannot wait on
+/// a lock that has no file).
+const MISSING_POLL: Duration = Duration::from_millis(10);
+
+fn next_pause(pause: Duration) -> Duration {
+    (pause * 2).clamp(Duration::from_micros(50), MISSING_POLL)
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Maps and slots are updated in single steps: usable after a panic elsewhere.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl FlockLease {
+    /// A close-on-exec duplicate of the locked liveness file of `lease`'s generation, if this
+    /// instance holds that exact generation (same id, token and owner); `None` otherwise.
+    ///
+    /// `flock(2)` locks belong to the open file description, so the duplicate shares the
+    /// generation's liveness lock: while any process keeps a copy open, probes see the
+    /// generation alive and other processes are answered "held" until its expiry, even after
+    /// this process has died. This is how `flocklease run` keeps the lease live for a job whose
+    /// wrapper was killed, as `flock(1)` children keep its lock: the caller clears `FD_CLOEXEC`
+    /// on the duplicate in the child only (every descriptor of this crate is close-on-exec, so
+    /// nothing else is inherited) and closes its own copy after spawning.
+    ///
+    /// A copy never outlives the lease's expiry as a guarantee: an expired lease is taken over
+    /// whatever its liveness. Release still frees the lease at once (the tombstone decides, and
+    /// the next grant locks a new generation's file), and if a renew has to restore a deleted
+    /// liveness file, copies made earlier lock the old, unlinked file and no longer count.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`] naming the liveness file when the descriptor cannot be duplicated.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use flocklease::{FlockLease, Owner, SessionId, SessionLease};
+    ///
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let leases = FlockLease::open(dir.path()).unwrap();
+    /// let id = SessionId::new("job").unwrap();
+    /// let lease = leases.acquire(&id, &Owner::new("me").unwrap()).unwrap().lease().unwrap();
+    /// assert!(leases.liveness_fd(&lease).unwrap().is_some());
+    /// leases.release(&lease).unwrap();
+    /// assert!(leases.liveness_fd(&lease).unwrap().is_none());
+    /// ```
+    pub fn liveness_fd(&self, lease: &Lease) -> Result<Option<std::os::fd::OwnedFd>, Error> {
+        let entry = self.slot(lease.session_id.stem());
+        let slot = lock(&entry.state);
+        match slot.local.as_ref() {
+            Some(generation)
+                if generation.local.token == lease.token
+                    && generation.local.owner == lease.owner =>
+            {
+                // `try_clone` duplicates with F_DUPFD_CLOEXEC.
+                let copy = generation
+                    .file
+                    .try_clone()
+                    .map_err(|e| Error::io("duplicate", &entry.paths.live(lease.token), e))?;
+                Ok(Some(copy.into()))
+            }
+            _ => Ok(None),
+        }
+    }
+}

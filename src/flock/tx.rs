@@ -1,0 +1,265 @@
+//! The transaction: the primitive steps of one transition on files, done under the id's
+//! transition lock, for [`driver::run`](crate::driver::run).
+
+use std::fs::{self, File, TryLockError};
+use std::io::{self, Write};
+use std::os::unix::fs::MetadataExt;
+
+use super::files::{Access, Paths, read_bounded};
+use super::{Durability, FlockLease};
+use crate::driver::Transaction;
+use crate::error::Error;
+use crate::fault::FaultPoint;
+use crate::machine::{Liveness, Local};
+use crate::record::{self, Record};
+
+/// What this instance holds for one id.
+#[derive(Debug, Default)]
+pub(super) struct Slot {
+    pub(super) local: Option<LocalGen>,
+    /// This id's transition-lock descriptor, kept open (unlocked) between transitions.
+    pub(super) lock: Option<super::StableLock>,
+}
+
+/// A generation this instance holds: the locked liveness file stays open for its whole life.
+#[derive(Debug)]
+pub(super) struct LocalGen {
+    pub(super) local: Local,
+    pub(super) file: File,
+    /// The (device, inode) of `file`, to check it is still the one at its path.
+    dev: u64,
+    ino: u64,
+}
+
+/// A new generation's locked liveness file, not yet adopted. Dropping it un-adopted (the
+/// commit failed) closes the descriptor, which releases the lock. The file stays: if the
+/// rename happened but the directory sync failed, the record names this generation, and a
+/// present, unlocked file lets the next acquire see it dead and replace it at once; otherwise
+/// the next takeover reuses the same name.
+pub(super) struct PendingLive {
+    file: File,
+    dev: u64,
+    ino: u64,
+}
+
+pub(super) struct FlockTx<'a> {
+    pub(super) lease: &'a FlockLease,
+    pub(super) paths: &'a Paths,
+    pub(super) slot: &'a mut Slot,
+}
+
+impl FlockTx<'_> {
+    fn check(&self, point: FaultPoint, path: &std::path::Path) -> Result<(), Error> {
+        self.lease.opener.faults.check(point, path)
+    }
+
+    fn durable(&self) -> bool {
+        self.lease.durability == Durability::Full
+    }
+
+    fn open(&self, path: &std::path::Path, access: Access) -> Result<File, Error> {
+        self.lease.opener.open(path, access)
+    }
+
+    /// Opens the temporary record exclusively. A file already at its name is a leftover of a
+    /// crash (this process holds the transition lock, so nobody else is writing it) or a
+    /// planted file: it is removed, never reused.
+    fn create_temp(&self) -> Result<File, Error> {
+        let path = &self.paths.temp;
+        match self.open(path, Access::Temp) {
+            Err(e) if e.io_kind() == Some(io::ErrorKind::AlreadyExists) => {
+                self.lease.opener.remove(path)?;
+                self.open(path, Access::Temp)
+            }
+            other => other,
+        }
+    }
+
+    fn write_temp(&self, record: &Record) -> Result<(), Error> {
+        let path = &self.paths.temp;
+        let mut tmp = self.create_temp()?;
+        self.check(FaultPoint::WriteTemp, path)?;
+        tmp.write_all(&record::encode(record))
+            .map_err(|e| Error::io("write", path, e))?;
+        if self.durable() {
+            self.check(FaultPoint::SyncTemp, path)?;
+            tmp.sync_data().map_err(|e| Error::io("fsync", path, e))?;
+        }
+        Ok(())
+    }
+
+    /// Locks a freshly opened liveness file exclusively (a holder's lock) and notes its
+    /// identity.
+    fn lock_new(&self, path: &std::path::Path) -> Result<(File, u64, u64), Error> {
+        let file = self.open(path, Access::LiveCreate)?;
+        self.check(FaultPoint::LockLive, path)?;
+        match file.try_lock() {
+            Ok(()) => {
+                self.check(FaultPoint::StatNewLive, path)?;
+                let m = file.metadata().map_err(|e| Error::io("stat", path, e))?;
+                Ok((file, m.dev(), m.ino()))
+            }
+            Err(TryLockError::WouldBlock) => Err(Error::LiveLockBusy {
+                path: path.to_owned(),
+            }),
+            Err(TryLockError::Error(e)) => Err(Error::io("lock", path, e)),
+        }
+    }
+}
+
+impl Transaction for FlockTx<'_> {
+    type Pending = PendingLive;
+
+    fn read(&mut self) -> Result<Option<Record>, Error> {
+        let path = &self.paths.record;
+        let file = match self.open(path, Access::Read) {
+            Ok(f) => f,
+            Err(e) if e.io_kind() == Some(io::ErrorKind::NotFound) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        self.check(FaultPoint::ReadRecord, path)?;
+        let buf = read_bounded(&file).map_err(|e| match e.raw_os_error() {
+            Some(nix::libc::EISDIR) => Error::NotAFile { path: path.clone() },
+            _ => Error::io("read", path, e),
+        })?;
+        record::decode(&buf)
+            .map(Some)
+            .map_err(|source| Error::Corrupt {
+                path: path.clone(),
+                source,
+            })
+    }
+
+    fn local(&self) -> Option<Local> {
+        self.slot.local.as_ref().map(|g| g.local.clone())
+    }
+
+    fn probe(&mut self, token: u64) -> Result<Liveness, Error> {
+        let path = self.paths.live(token);
+        let file = match self.open(&path, Access::Probe) {
+            Ok(f) => f,
+            Err(e) if e.io_kind() == Some(io::ErrorKind::NotFound) => return Ok(Liveness::Missing),
+            Err(e) => return Err(e),
+        };
+        self.check(FaultPoint::LockProbe, &path)?;
+        // A shared try-lock: a holder's exclusive lock excludes it, another probe or a waiter
+        // does not, so a probe never makes a dead holder look alive to anyone else.
+        match super::wait::holder_gone(&file) {
+            Ok(true) => Ok(Liveness::Dead),
+            Ok(false) => Ok(Liveness::Live),
+            Err(e) => Err(Error::io("lock", &path, e)),
+        }
+    }
+
+    fn lock_live(&mut self, token: u64) -> Result<PendingLive, Error> {
+        let (file, dev, ino) = self.lock_new(&self.paths.live(token))?;
+        Ok(PendingLive { file, dev, ino })
+    }
+
+    fn ensure_live(&mut self, token: u64) -> Result<(), Error> {
+        let path = self.paths.live(token);
+        let Some(generation) = self.slot.local.as_ref() else {
+            return Ok(());
+        };
+        self.check(FaultPoint::StatLive, &path)?;
+        match fs::symlink_metadata(&path) {
+            Ok(m) if m.dev() == generation.dev && m.ino() == generation.ino => return Ok(()),
+            Ok(_) => {
+                // Something else stands at our path: it is not ours to keep.
+                self.check(FaultPoint::UnlinkLive, &path)?;
+                self.lease.opener.remove(&path)?;
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io("stat", &path, e)),
+        }
+        // Restore: a fresh file at the path, locked, replaces the orphaned descriptor.
+        let (file, dev, ino) = self.lock_new(&path)?;
+        if let Some(generation) = self.slot.local.as_mut() {
+            (generation.file, generation.dev, generation.ino) = (file, dev, ino);
+        }
+        Ok(())
+    }
+
+    fn commit(&mut self, record: &Record) -> Result<(), Error> {
+        if let Err(e) = self.write_temp(record) {
+            if !matches!(e, Error::ForeignOwner { .. }) {
+                let _ = fs::remove_file(&self.paths.temp);
+            }
+            return Err(e);
+        }
+        let (from, to) = (&self.paths.temp, &self.paths.record);
+        let renamed = self
+            .check(FaultPoint::Rename, to)
+            .and_then(|()| fs::rename(from, to).map_err(|e| Error::io("rename", to, e)));
+        if let Err(e) = renamed {
+            let _ = fs::remove_file(from);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    fn sync_dir(&mut self) -> Result<(), Error> {
+        if !self.durable() {
+            return Ok(());
+        }
+        let dir = &self.lease.dir;
+        self.check(FaultPoint::SyncDir, dir)?;
+        self.lease
+            .dir_file
+            .sync_all()
+            .map_err(|e| Error::io("fsync", dir, e))
+    }
+
+    fn close_local(&mut self, token: u64) {
+        if self
+            .slot
+            .local
+            .as_ref()
+            .is_some_and(|g| g.local.token == token)
+        {
+            // Closing the descriptor releases the liveness lock.
+            self.slot.local = None;
+        }
+    }
+
+    fn delete_live(&mut self, token: u64) {
+        let path = self.paths.live(token);
+        if self.check(FaultPoint::Unlink, &path).is_ok() {
+            let _ = fs::remove_file(path);
+        }
+    }
+
+    fn sweep(&mut self, below: u64) {
+        if self.check(FaultPoint::ReadDir, &self.paths.dir).is_err() {
+            return;
+        }
+        let Ok(entries) = fs::read_dir(&self.paths.dir) else {
+            return;
+        };
+        let prefix = format!("{}.", self.paths.stem);
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(&prefix)) else {
+                continue;
+            };
+            let stale = rest == "lease.json.tmp"
+                || rest
+                    .strip_suffix(".live")
+                    .and_then(|t| t.parse::<u64>().ok())
+                    .is_some_and(|t| t < below);
+            if stale {
+                let _ = fs::remove_file(entry.path());
+            }
+        }
+    }
+
+    fn adopt(&mut self, pending: PendingLive, local: Local) {
+        let PendingLive { file, dev, ino } = pending;
+        self.slot.local = Some(LocalGen {
+            local,
+            file,
+            dev,
+            ino,
+        });
+    }
+}
