@@ -154,7 +154,16 @@ fn run(a: RunArgs) -> Result<u8, String> {
     };
     // Best effort: without it, `status` shows the stem only.
     let _ = flocklease::status::write_id(&dir, &id);
-    let mut watchdog = Watchdog::spawn(a.grace)?;
+    // Without a watchdog (no /proc to find our own binary), the inherited liveness descriptor
+    // still keeps the lease live for the job of a killed `run`, up to the expiry.
+    let mut watchdog = Watchdog::spawn(a.grace)
+        .inspect_err(|e| {
+            eprintln!(
+                "flocklease: {e}; if run is killed, its job is not stopped (the lease stays \
+                 live until its expiry)"
+            );
+        })
+        .ok();
     let live = leases.liveness_fd(&lease).map_err(|e| e.to_string())?;
     let (mut cmd, name) = command(&a);
     cmd.env("FLOCKLEASE_TOKEN", lease.token.to_string())
@@ -175,7 +184,9 @@ fn run(a: RunArgs) -> Result<u8, String> {
     let job = match spawned {
         Ok(job) => job,
         Err(e) => {
-            watchdog.done();
+            if let Some(w) = watchdog {
+                w.done();
+            }
             eprintln!("flocklease: cannot run {name}: {e}");
             release(keep);
             return Ok(if e.kind() == io::ErrorKind::NotFound {
@@ -185,9 +196,13 @@ fn run(a: RunArgs) -> Result<u8, String> {
             });
         }
     };
-    watchdog.arm(job.pgid());
+    if let Some(w) = &mut watchdog {
+        w.arm(job.pgid());
+    }
     let code = supervise(job, &keep, &rx, a.grace);
-    watchdog.done();
+    if let Some(w) = watchdog {
+        w.done();
+    }
     release(keep);
     Ok(code)
 }
