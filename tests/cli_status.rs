@@ -270,3 +270,43 @@ fn status_never_blocks_on_a_fifo_socket_or_symlink_planted_under_a_files_name() 
     // The link's target was not read as this directory's record.
     assert_eq!(row_of(&rows, "link")["token"], 0);
 }
+
+/// `/proc/locks` in another pid namespace does not list the holder's lock: a reader that
+/// relied on it saw a live holder as dead. The shared-lock probe does not depend on it. Needs
+/// `unshare` with the right to create a pid namespace; says so and passes trivially without.
+#[test]
+fn status_sees_a_live_holder_from_another_pid_namespace() {
+    let unshare = |args: &[&str]| {
+        Command::new("unshare")
+            .args(["--pid", "--fork", "--mount-proc"])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+    };
+    if !unshare(&["true"]).is_ok_and(|o| o.status.success()) {
+        eprintln!("skipped: cannot create a pid namespace here");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let leases = FlockLease::open(dir.path()).unwrap();
+    let _held = leases
+        .acquire(&SessionId::new("ns").unwrap(), &Owner::new("me").unwrap())
+        .unwrap()
+        .lease()
+        .unwrap();
+    let out = unshare(&[
+        BIN,
+        "status",
+        "--dir",
+        dir.path().to_str().unwrap(),
+        "--id",
+        "ns",
+    ])
+    .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(" live "),
+        "{}",
+        describe(&out)
+    );
+}
