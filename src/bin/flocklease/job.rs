@@ -142,8 +142,11 @@ impl Job {
 
     /// Whether any process (a zombie not yet reaped included) is still in the group.
     pub fn group_alive(&self) -> bool {
-        // The group id cannot name another group while its leader or any member is unreaped;
-        // once all are reaped (ESRCH) we never signal it again.
+        // The id cannot name another group while any member, zombies included, exists. Orphans
+        // of the job are our children (subreaper) and stay zombies until `reap`, which runs
+        // just before this check; once it answers ESRCH, `run` never signals the id again. (A
+        // member reaped by a parent that left the group could free the id up to one poll
+        // before we notice; reusing it needs the pid counter to wrap in that time.)
         !matches!(
             kill(Pid::from_raw(-self.leader.as_raw()), None),
             Err(Errno::ESRCH)
