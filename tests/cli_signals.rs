@@ -161,6 +161,7 @@ fn after_kill_9_of_run_the_lease_stays_held_while_the_job_runs_until_its_expiry(
         &["sh", "-c", &script],
     );
     let leader = s.pid("pid");
+    let watchdog = watchdog_of(run.id() as i32);
     signal(run.id() as i32, Signal::SIGKILL);
     wait_exit(&mut run);
     let expiry = s.record("expiry").expiry;
@@ -190,9 +191,19 @@ fn after_kill_9_of_run_the_lease_stays_held_while_the_job_runs_until_its_expiry(
     assert_eq!(s.record("expiry").token, 2);
     // The documented limit: past its expiry the lease is taken over, job or not.
     assert!(pid_alive(leader));
-    // Stop the job; the watchdog exits once its group is gone.
+    // Stop the job; the watchdog exits once its group is gone (zombies left to a pid 1 that
+    // does not reap do not count), not after its 600 s grace period.
     s.touch("go");
     wait_until("the job to finish", || !pid_alive(leader));
+    wait_until("the watchdog to exit", || !pid_alive(watchdog));
+}
+
+/// The watchdog process of `run`.
+fn watchdog_of(runner: i32) -> i32 {
+    children(runner)
+        .into_iter()
+        .find(|&p| cmdline(p).contains("__watchdog"))
+        .expect("run has a watchdog child")
 }
 
 #[test]
@@ -206,10 +217,7 @@ fn with_run_and_its_watchdog_both_killed_the_inherited_descriptor_keeps_the_leas
     let mut run = s.start("fd", &["--ttl", "60s"], &["sh", "-c", &script]);
     let runner = run.id() as i32;
     let leader = s.pid("pid");
-    let watchdog = children(runner)
-        .into_iter()
-        .find(|&p| cmdline(p).contains("__watchdog"))
-        .expect("run has a watchdog child");
+    let watchdog = watchdog_of(runner);
     signal(watchdog, Signal::SIGKILL);
     signal(runner, Signal::SIGKILL);
     wait_exit(&mut run);

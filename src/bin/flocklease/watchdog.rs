@@ -30,8 +30,8 @@ use nix::unistd::Pid;
 use crate::duration;
 
 /// How often the watchdog checks whether the job's group is gone during the grace period (the
-/// job's processes are not its children, so nothing wakes it).
-const POLL: Duration = Duration::from_millis(10);
+/// job's processes are not its children, so nothing wakes it; each check reads `/proc`).
+const POLL: Duration = Duration::from_millis(20);
 
 /// The arguments of the hidden `__watchdog` command.
 #[derive(Args)]
@@ -115,6 +115,44 @@ pub fn main(args: &WatchdogArgs) -> u8 {
     0
 }
 
+/// Whether a process of the group still runs. Zombies do not count: once `run` is dead, the
+/// job's processes are re-parented to pid 1 (or another subreaper), which may never reap them
+/// (some containers), and `kill(2)` still finds a group of zombies.
 fn group_alive(pgid: Pid) -> bool {
-    !matches!(kill(Pid::from_raw(-pgid.as_raw()), None), Err(Errno::ESRCH))
+    if matches!(kill(Pid::from_raw(-pgid.as_raw()), None), Err(Errno::ESRCH)) {
+        return false;
+    }
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return true;
+    };
+    procs.flatten().any(|entry| {
+        let stat = entry.path().join("stat");
+        std::fs::read_to_string(stat).is_ok_and(|stat| runs_in_group(&stat, pgid.as_raw()))
+    })
+}
+
+/// From a `/proc/PID/stat` line: whether the process is in group `pgid` and not a zombie.
+fn runs_in_group(stat: &str, pgid: i32) -> bool {
+    // `PID (COMM) STATE PPID PGRP ...`; COMM may contain anything, so split at the last ')'.
+    let Some((_, rest)) = stat.rsplit_once(") ") else {
+        return false;
+    };
+    let mut fields = rest.split_whitespace();
+    let state = fields.next();
+    let group = fields.nth(1).and_then(|g| g.parse::<i32>().ok());
+    group == Some(pgid) && !matches!(state, Some("Z" | "X"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zombies_and_other_groups_do_not_count() {
+        assert!(runs_in_group("42 (sh) S 1 42 42 0 -1", 42));
+        assert!(runs_in_group("43 (a) b) (c) R 42 42 42 0 -1", 42));
+        assert!(!runs_in_group("44 (sleep) Z 1 42 42 0 -1", 42));
+        assert!(!runs_in_group("45 (sh) S 1 7 7 0 -1", 42));
+        assert!(!runs_in_group("garbage", 42));
+    }
 }
