@@ -127,6 +127,14 @@ pub enum Error {
         /// The session id.
         id: SessionId,
     },
+    /// A keep-alive interval is zero, not shorter than the time the lease has left (it would
+    /// renew after the expiry), or too large for the clock.
+    InvalidInterval {
+        /// The interval asked for.
+        interval: Duration,
+        /// The time the lease had left.
+        left: Duration,
+    },
     /// An argument was refused.
     InvalidInput(InvalidInput),
 }
@@ -148,6 +156,7 @@ impl Error {
             Error::TokenExhausted { .. }
             | Error::ExpiryOutOfRange { .. }
             | Error::InvalidFileMode { .. }
+            | Error::InvalidInterval { .. }
             | Error::InvalidInput(_) => None,
         }
     }
@@ -221,6 +230,13 @@ impl fmt::Display for Error {
             Error::ExpiryOutOfRange { id } => {
                 write!(f, "expiry of session {id} would lie past the year 9999")
             }
+            Error::InvalidInterval { interval, left } => write!(
+                f,
+                "keep-alive interval {:.3} s is unusable: it must be positive and shorter than \
+                 the {:.3} s the lease has left",
+                interval.as_secs_f64(),
+                left.as_secs_f64()
+            ),
             Error::InvalidInput(e) => write!(f, "invalid input: {e}"),
         }
     }

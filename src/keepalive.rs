@@ -2,6 +2,7 @@
 //! tells its owner the moment the lease is lost.
 
 use std::fmt;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -11,17 +12,28 @@ use crate::error::Error;
 use crate::lease::{Grant, Lease, SessionLease};
 use crate::machine;
 
+/// How often, by default, a sleeping renewer or waiter looks at the wall clock again.
+/// Monotonic clocks stop while the machine is suspended; the wall clock does not.
+pub const DEFAULT_CLOCK_CHECK: Duration = Duration::from_secs(1);
+
 /// Why a kept-alive lease was lost.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Loss {
     /// A renew answered [`Grant::Held`]: another owner took the lease over.
     TakenOver,
-    /// Renewing kept failing until the lease expired; the last error is given. Another owner may
-    /// take it over from now on.
+    /// The wall clock reached the lease's expiry without a successful renew (renews failed,
+    /// were stuck, or the process was suspended). Another owner may take it over from now on,
+    /// whether or not anyone has yet.
     Expired {
-        /// The last renew error, as text.
-        last_error: String,
+        /// The last renew error, as text, if a renew failed.
+        last_error: Option<String>,
+    },
+    /// The renewer failed (a panic in the backend or the loss callback); the lease is no
+    /// longer renewed.
+    RenewerFailed {
+        /// What happened, as text.
+        reason: String,
     },
 }
 
@@ -29,9 +41,13 @@ impl fmt::Display for Loss {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Loss::TakenOver => f.write_str("lease taken over by another owner"),
-            Loss::Expired { last_error } => {
-                write!(f, "lease expired while renewing failed: {last_error}")
+            Loss::Expired {
+                last_error: Some(e),
+            } => write!(f, "lease expired while renewing failed: {e}"),
+            Loss::Expired { last_error: None } => {
+                f.write_str("lease expired without a successful renew")
             }
+            Loss::RenewerFailed { reason } => write!(f, "lease renewer failed: {reason}"),
         }
     }
 }
@@ -45,12 +61,14 @@ pub struct KeepAliveBuilder<L> {
     lease: Lease,
     interval: Option<Duration>,
     clock: Arc<dyn Clock>,
+    clock_check: Duration,
     on_loss: Option<LossCallback>,
 }
 
 impl<L: SessionLease + 'static> KeepAliveBuilder<L> {
     /// How often to renew. Default: a third of the time the lease had left when the keep-alive
-    /// started (TTL/3 for a fresh lease), at least 10 ms.
+    /// started (TTL/3 for a fresh lease), at least 1 ms. It must be shorter than that time
+    /// left (see [`KeepAliveBuilder::start`]).
     pub fn interval(mut self, interval: Duration) -> Self {
         self.interval = Some(interval);
         self
@@ -63,54 +81,82 @@ impl<L: SessionLease + 'static> KeepAliveBuilder<L> {
         self
     }
 
-    /// A function called once, on the renewer thread, the moment the lease is lost. Keep it
-    /// short (signal a process, send on a channel).
+    /// How often a sleeping renewer looks at the wall clock again (default
+    /// [`DEFAULT_CLOCK_CHECK`], at least 1 ms). After a suspend, renews and the loss at expiry
+    /// happen within this much of the wall-clock instant they were due.
+    pub fn clock_check(mut self, every: Duration) -> Self {
+        self.clock_check = every.max(Duration::from_millis(1));
+        self
+    }
+
+    /// A function called once, on the renewer thread, when the lease is lost. Keep it short
+    /// (signal a process, send on a channel). A panic in it is contained: the loss is already
+    /// recorded for [`KeepAlive::is_lost`] and [`KeepAlive::wait_lost`].
     pub fn on_loss(mut self, f: impl FnOnce(&Loss) + Send + 'static) -> Self {
         self.on_loss = Some(Box::new(f));
         self
     }
 
     /// Starts renewing in a background thread.
-    pub fn start(self) -> KeepAlive<L> {
-        let interval = self.interval.unwrap_or_else(|| {
-            (self
-                .lease
-                .expiry
-                .saturating_duration_since(self.clock.now())
-                / 3)
-            .max(Duration::from_millis(10))
-        });
+    ///
+    /// If the thread cannot be started, the keep-alive starts lost
+    /// ([`Loss::RenewerFailed`]); [`KeepAlive::release`] still releases the lease.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInterval`] when the interval is zero, not shorter than the time the
+    /// lease has left, or too large for the clock.
+    pub fn start(self) -> Result<KeepAlive<L>, Error> {
+        let left = self
+            .lease
+            .expiry
+            .saturating_duration_since(self.clock.now());
+        let interval = self
+            .interval
+            .unwrap_or_else(|| (left / 3).max(Duration::from_millis(1)));
+        if interval.is_zero() || interval >= left || Instant::now().checked_add(interval).is_none()
+        {
+            return Err(Error::InvalidInterval { interval, left });
+        }
+        Ok(self.spawn(interval))
+    }
+
+    fn spawn(self, interval: Duration) -> KeepAlive<L> {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 lease: self.lease,
                 lost: None,
                 stop: false,
+                last_error: None,
             }),
             changed: Condvar::new(),
+            clock: Arc::clone(&self.clock),
+            clock_check: self.clock_check,
         });
+        // The first renew is due one interval from now (not from when the thread runs).
         let renewer = Renewer {
             leases: Arc::clone(&self.leases),
             shared: Arc::clone(&shared),
             interval,
-            clock: self.clock,
-            on_loss: self.on_loss,
+            first_due: self.clock.now().checked_add(interval),
         };
+        let on_loss = self.on_loss;
         let thread = thread::Builder::new()
             .name("flocklease-keepalive".into())
-            .spawn(move || renewer.run())
+            .spawn(move || renewer.run(on_loss))
             .ok();
-        let keep = KeepAlive {
+        if thread.is_none() {
+            // No thread, no renewals: report it as a loss rather than pretend.
+            shared.lose(Loss::RenewerFailed {
+                reason: "could not start the renewer thread".into(),
+            });
+        }
+        KeepAlive {
             leases: self.leases,
             shared,
             thread,
-        };
-        if keep.thread.is_none() {
-            // No thread, no renewals: report it as a loss rather than pretend.
-            keep.shared.lose(Loss::Expired {
-                last_error: "could not start the renewer thread".into(),
-            });
+            released: false,
         }
-        keep
     }
 }
 
@@ -118,10 +164,16 @@ impl<L: SessionLease + 'static> KeepAliveBuilder<L> {
 /// and reports the moment it is lost.
 ///
 /// - A definitive loss ([`Grant::Held`] from renew) is reported at once as [`Loss::TakenOver`].
-/// - A renew *error* is transient while time is left: it is retried (at a quarter of the
-///   interval) until the lease's expiry passes, then reported as [`Loss::Expired`].
+/// - When the wall clock reaches the lease's expiry without a successful renew, the lease is
+///   lost ([`Loss::Expired`]) at that instant, whether or not anyone took it over: renew
+///   *errors* are retried (at a quarter of the interval) until then.
+/// - Scheduling follows the wall clock, checked at least every
+///   [`clock_check`](KeepAliveBuilder::clock_check), so a suspend (during which monotonic
+///   clocks stop) neither delays the renew due nor the loss at expiry by more than that.
 /// - Loss is observable by polling ([`KeepAlive::is_lost`], [`KeepAlive::loss`]), by waiting
-///   ([`KeepAlive::wait_lost`]) and through a callback ([`KeepAliveBuilder::on_loss`]).
+///   ([`KeepAlive::wait_lost`]) and through a callback ([`KeepAliveBuilder::on_loss`]). The
+///   first two compare the wall clock with the expiry themselves, so they are right at the
+///   expiry even if the renewer is stuck in a slow renew.
 /// - [`KeepAlive::release`] stops renewing and releases, returning the result; dropping the
 ///   handle does the same and ignores the result.
 ///
@@ -151,12 +203,28 @@ pub struct KeepAlive<L: SessionLease + 'static> {
     leases: Arc<L>,
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
+    released: bool,
 }
 
 impl<L: SessionLease + 'static> KeepAlive<L> {
-    /// Keeps `lease` alive with the default options.
+    /// Keeps `lease` alive with the default options. A lease with less than 3 ms left, whose
+    /// default interval cannot be shorter than its time left, starts lost
+    /// ([`Loss::Expired`]).
     pub fn start(leases: Arc<L>, lease: Lease) -> KeepAlive<L> {
-        KeepAlive::builder(leases, lease).start()
+        let builder = KeepAlive::builder(leases, lease);
+        let left = builder
+            .lease
+            .expiry
+            .saturating_duration_since(builder.clock.now());
+        match (left / 3).max(Duration::from_millis(1)) {
+            interval if interval < left => builder.spawn(interval),
+            // Nothing left to keep: a keep-alive that reports the loss at once.
+            interval => {
+                let keep = builder.spawn(interval.max(left));
+                keep.shared.lose(Loss::Expired { last_error: None });
+                keep
+            }
+        }
     }
 
     /// A builder to set the interval, clock or loss callback.
@@ -166,6 +234,7 @@ impl<L: SessionLease + 'static> KeepAlive<L> {
             lease,
             interval: None,
             clock: Arc::new(SystemClock),
+            clock_check: DEFAULT_CLOCK_CHECK,
             on_loss: None,
         }
     }
@@ -175,42 +244,44 @@ impl<L: SessionLease + 'static> KeepAlive<L> {
         self.shared.lock().lease.clone()
     }
 
-    /// Whether the lease is lost.
+    /// Whether the lease is lost (at the latest once the wall clock reaches its expiry
+    /// without a successful renew).
     pub fn is_lost(&self) -> bool {
-        self.shared.lock().lost.is_some()
+        self.loss().is_some()
     }
 
     /// Why the lease was lost, if it was.
     pub fn loss(&self) -> Option<Loss> {
-        self.shared.lock().lost.clone()
+        let mut state = self.shared.lock();
+        self.shared.check_expiry(&mut state);
+        state.lost.clone()
     }
 
-    /// Waits until the lease is lost or `timeout` passes (`None`: no limit); returns the loss.
+    /// Waits until the lease is lost or `timeout` passes (`None`, or a timeout too large for
+    /// the clock: no limit); returns the loss.
+    /// Also returns (with `None`) once the keep-alive is released.
     pub fn wait_lost(&self, timeout: Option<Duration>) -> Option<Loss> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         let mut state = self.shared.lock();
         loop {
+            self.shared.check_expiry(&mut state);
             if state.lost.is_some() || state.stop {
                 return state.lost.clone();
             }
-            state = match deadline {
-                None => self
-                    .shared
-                    .changed
-                    .wait(state)
-                    .unwrap_or_else(PoisonError::into_inner),
-                Some(d) => {
-                    let left = d.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return None;
-                    }
-                    self.shared
-                        .changed
-                        .wait_timeout(state, left)
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .0
+            let mut nap = self.shared.until_expiry(&state);
+            if let Some(d) = deadline {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return None;
                 }
-            };
+                nap = nap.min(left);
+            }
+            state = self
+                .shared
+                .changed
+                .wait_timeout(state, nap)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
         }
     }
 
@@ -225,15 +296,15 @@ impl<L: SessionLease + 'static> KeepAlive<L> {
     }
 
     fn stop_and_release(&mut self) -> Result<(), Error> {
-        let Some(thread) = self.thread.take() else {
+        if std::mem::replace(&mut self.released, true) {
             return Ok(());
-        };
-        {
-            let mut state = self.shared.lock();
-            state.stop = true;
         }
+        self.shared.lock().stop = true;
         self.shared.changed.notify_all();
-        let _ = thread.join();
+        if let Some(thread) = self.thread.take() {
+            // A panicking renewer already reported its loss; its result is of no further use.
+            let _ = thread.join();
+        }
         let lease = self.lease();
         self.leases.release(&lease)
     }
@@ -259,12 +330,16 @@ impl<L: SessionLease + 'static> fmt::Debug for KeepAlive<L> {
 struct Shared {
     state: Mutex<State>,
     changed: Condvar,
+    clock: Arc<dyn Clock>,
+    clock_check: Duration,
 }
 
 struct State {
     lease: Lease,
     lost: Option<Loss>,
     stop: bool,
+    /// The last renew error since the last successful renew.
+    last_error: Option<String>,
 }
 
 impl Shared {
@@ -277,64 +352,115 @@ impl Shared {
         self.lock().lost.get_or_insert(loss);
         self.changed.notify_all();
     }
+
+    /// Records the loss at expiry if the wall clock has reached it.
+    fn check_expiry(&self, state: &mut State) {
+        if state.lost.is_none()
+            && !state.stop
+            && machine::is_expired(state.lease.expiry, self.clock.now())
+        {
+            state.lost = Some(Loss::Expired {
+                last_error: state.last_error.clone(),
+            });
+            self.changed.notify_all();
+        }
+    }
+
+    /// How long to sleep before looking at the wall clock again: until the expiry, at most
+    /// the clock-check period (a suspend stops the monotonic clock a sleep is measured on).
+    fn until_expiry(&self, state: &State) -> Duration {
+        state
+            .lease
+            .expiry
+            .saturating_duration_since(self.clock.now())
+            .min(self.clock_check)
+            .max(Duration::from_micros(100))
+    }
 }
 
 struct Renewer<L> {
     leases: Arc<L>,
     shared: Arc<Shared>,
     interval: Duration,
-    clock: Arc<dyn Clock>,
-    on_loss: Option<LossCallback>,
+    first_due: Option<crate::Timestamp>,
 }
 
 impl<L: SessionLease> Renewer<L> {
-    fn run(mut self) {
-        let mut next = Instant::now() + self.interval;
+    fn run(self, on_loss: Option<LossCallback>) {
+        let shared = Arc::clone(&self.shared);
+        let loss = match catch_unwind(AssertUnwindSafe(|| self.renew_until_lost())) {
+            Ok(None) => return,
+            Ok(Some(loss)) => loss,
+            Err(panic) => Loss::RenewerFailed {
+                reason: panic_text(&panic),
+            },
+        };
+        shared.lose(loss.clone());
+        if let Some(f) = on_loss {
+            // The loss is recorded: a panicking callback cannot hide it.
+            let _ = catch_unwind(AssertUnwindSafe(|| f(&loss)));
+        }
+    }
+
+    /// Renews on schedule; returns the loss, or `None` when stopped.
+    fn renew_until_lost(&self) -> Option<Loss> {
+        let clock = &self.shared.clock;
+        // The next renew is due at a wall-clock instant (none past the year 9999: the expiry
+        // then comes first).
+        let mut due = self.first_due?;
         loop {
-            // Sleep until the next renew or a stop, holding no lock meanwhile.
+            // Sleep until the renew is due, the expiry passes, or a stop; holding no lock
+            // meanwhile, and looking at the wall clock at least every clock-check period.
             let lease = {
                 let mut state = self.shared.lock();
                 loop {
                     if state.stop {
-                        return;
+                        return None;
                     }
-                    let left = next.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
+                    self.shared.check_expiry(&mut state);
+                    if let Some(loss) = &state.lost {
+                        return Some(loss.clone());
+                    }
+                    let to_due = due.saturating_duration_since(clock.now());
+                    if to_due.is_zero() {
                         break;
                     }
+                    let nap = to_due.min(self.shared.until_expiry(&state));
                     state = self
                         .shared
                         .changed
-                        .wait_timeout(state, left)
+                        .wait_timeout(state, nap)
                         .unwrap_or_else(PoisonError::into_inner)
                         .0;
                 }
                 state.lease.clone()
             };
-            let loss = match self.leases.renew(&lease) {
+            match self.leases.renew(&lease) {
                 Ok(Grant::Granted(renewed)) => {
-                    self.shared.lock().lease = renewed;
-                    next = Instant::now() + self.interval;
-                    continue;
+                    let mut state = self.shared.lock();
+                    state.lease = renewed;
+                    state.last_error = None;
+                    due = clock.now().checked_add(self.interval)?;
                 }
-                Ok(Grant::Held) => Loss::TakenOver,
-                Err(_) if !machine::is_expired(lease.expiry, self.clock.now()) => {
-                    // Transient while the lease is still valid: retry sooner, and no later
-                    // than its expiry, when a failure becomes a loss.
-                    let until_expiry = lease.expiry.saturating_duration_since(self.clock.now());
-                    let retry = (self.interval / 4).min(until_expiry);
-                    next = Instant::now() + retry.max(Duration::from_millis(1));
-                    continue;
+                Ok(Grant::Held) => return Some(Loss::TakenOver),
+                Err(e) => {
+                    // Transient while the lease is valid: retry sooner; at the expiry the
+                    // failure becomes a loss (check_expiry above).
+                    self.shared.lock().last_error = Some(e.to_string());
+                    let retry = (self.interval / 4).max(Duration::from_millis(1));
+                    due = clock.now().checked_add(retry)?;
                 }
-                Err(e) => Loss::Expired {
-                    last_error: e.to_string(),
-                },
-            };
-            self.shared.lose(loss.clone());
-            if let Some(f) = self.on_loss.take() {
-                f(&loss);
             }
-            return;
         }
+    }
+}
+
+fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        format!("panicked: {s}")
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        format!("panicked: {s}")
+    } else {
+        "panicked".into()
     }
 }

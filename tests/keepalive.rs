@@ -95,24 +95,48 @@ fn acquire(leases: &impl SessionLease, who: &str) -> Lease {
         .unwrap()
 }
 
+/// Moves the manual clock on by `step` until the renewer reports a renew (the renewer looks
+/// at the clock every millisecond); returns that report.
+fn tick_until_renew(w: &World, renews: &Receiver<String>, step: Duration) -> String {
+    for _ in 0..20_000 {
+        match renews.recv_timeout(Duration::from_millis(1)) {
+            Ok(r) => return r,
+            Err(_) => w.clock.advance(step),
+        }
+    }
+    panic!("no renew");
+}
+
+fn keep_alive(
+    w: &World,
+    leases: &Arc<Observed>,
+    lease: Lease,
+    interval: Duration,
+) -> KeepAlive<Observed> {
+    KeepAlive::builder(Arc::clone(leases), lease)
+        .interval(interval)
+        .clock(Arc::new(w.clock.clone()))
+        .clock_check(Duration::from_millis(1))
+        .start()
+        .unwrap()
+}
+
 #[test]
 fn renews_keep_the_token_and_move_the_expiry() {
     let w = World::new();
     let (leases, renews) = w.observed();
     let lease = acquire(&*leases, "a");
-    let keep = KeepAlive::builder(Arc::clone(&leases), lease.clone())
-        .interval(Duration::from_millis(1))
-        .clock(Arc::new(w.clock.clone()))
-        .start();
+    let keep = keep_alive(&w, &leases, lease.clone(), Duration::from_secs(10));
+    // The renew is due 10 s of wall clock later, not before.
+    assert!(renews.recv_timeout(Duration::from_millis(50)).is_err());
     w.clock.advance(Duration::from_secs(10));
-    // Wait for a renew that saw the advanced clock.
     let expected = format!(
         "granted {}",
         START.checked_add(Duration::from_secs(40)).unwrap()
     );
-    while renews.recv_timeout(GUARD).unwrap() != expected {}
-    // The renewer stores a result before it starts the next renew: one more and it is visible.
-    renews.recv_timeout(GUARD).unwrap();
+    assert_eq!(renews.recv_timeout(GUARD).unwrap(), expected);
+    // The renewer stores the result before it sleeps again: the next renew shows it is visible.
+    assert!(tick_until_renew(&w, &renews, Duration::from_secs(1)).starts_with("granted"));
     let now = keep.lease();
     assert_eq!(now.token, lease.token);
     assert!(now.expiry >= START.checked_add(Duration::from_secs(40)).unwrap());
@@ -128,26 +152,27 @@ fn a_takeover_is_reported_at_once_by_poll_wait_and_callback() {
     let lease = acquire(&*leases, "a");
     let (tx, callback) = mpsc::channel();
     let keep = KeepAlive::builder(Arc::clone(&leases), lease)
-        .interval(Duration::from_millis(1))
+        .interval(Duration::from_secs(10))
         .clock(Arc::new(w.clock.clone()))
+        .clock_check(Duration::from_millis(1))
         .on_loss(move |loss| tx.send(loss.clone()).unwrap())
-        .start();
-    // Suspension past the TTL is simulated by the clock; a competitor takes over meanwhile.
-    w.clock.advance(TTL);
-    let competitor = w.other();
-    // The renewer may have renewed at the new time first; take over once it is expired again.
-    loop {
-        if competitor
+        .start()
+        .unwrap();
+    // A competitor whose clock runs a TTL ahead sees the lease expired and takes it over
+    // while, by the holder's clock, it is still valid.
+    let ahead = ManualClock::new(START.checked_add(TTL).unwrap());
+    let competitor = MemLease::new(w.store.clone(), Arc::new(ahead), TTL);
+    assert!(
+        competitor
             .acquire(&id(), &Owner::new("b").unwrap())
             .unwrap()
             .lease()
             .is_some()
-        {
-            break;
-        }
-        w.clock.advance(TTL);
-    }
-    while renews.recv_timeout(GUARD).unwrap() != "held" {}
+    );
+    assert_eq!(
+        tick_until_renew(&w, &renews, Duration::from_secs(1)),
+        "held"
+    );
     assert_eq!(keep.wait_lost(Some(GUARD)), Some(Loss::TakenOver));
     assert!(keep.is_lost());
     assert_eq!(callback.recv_timeout(GUARD).unwrap(), Loss::TakenOver);
@@ -162,14 +187,14 @@ fn transient_errors_with_time_to_spare_are_retried_not_a_loss() {
     let (leases, renews) = w.observed();
     leases.failing.store(3, Ordering::SeqCst);
     let lease = acquire(&*leases, "a");
-    let keep = KeepAlive::builder(Arc::clone(&leases), lease)
-        .interval(Duration::from_millis(4))
-        .clock(Arc::new(w.clock.clone()))
-        .start();
+    let keep = keep_alive(&w, &leases, lease, Duration::from_secs(4));
     for _ in 0..3 {
-        assert_eq!(renews.recv_timeout(GUARD).unwrap(), "error");
+        assert_eq!(
+            tick_until_renew(&w, &renews, Duration::from_secs(1)),
+            "error"
+        );
     }
-    assert!(renews.recv_timeout(GUARD).unwrap().starts_with("granted"));
+    assert!(tick_until_renew(&w, &renews, Duration::from_secs(1)).starts_with("granted"));
     assert!(!keep.is_lost());
     keep.release().unwrap();
 }
@@ -180,18 +205,139 @@ fn errors_that_last_until_the_expiry_are_a_loss() {
     let (leases, renews) = w.observed();
     leases.failing.store(usize::MAX, Ordering::SeqCst);
     let lease = acquire(&*leases, "a");
-    let keep = KeepAlive::builder(Arc::clone(&leases), lease)
-        .interval(Duration::from_millis(4))
-        .clock(Arc::new(w.clock.clone()))
-        .start();
-    assert_eq!(renews.recv_timeout(GUARD).unwrap(), "error");
+    let keep = keep_alive(&w, &leases, lease, Duration::from_secs(4));
+    assert_eq!(
+        tick_until_renew(&w, &renews, Duration::from_secs(1)),
+        "error"
+    );
     assert!(!keep.is_lost(), "an error with time to spare is no loss");
     w.clock.advance(TTL);
     match keep.wait_lost(Some(GUARD)) {
-        Some(Loss::Expired { last_error }) => {
-            assert!(last_error.contains("disk full"), "{last_error}")
-        }
+        Some(Loss::Expired {
+            last_error: Some(e),
+        }) => assert!(e.contains("disk full"), "{e}"),
         other => panic!("expected an expiry loss, got {other:?}"),
+    }
+}
+
+/// A renew stuck in the backend (a stopped peer holding the transition lock) does not delay
+/// the loss: at the expiry, polling and waiting report it, and the callback fires once the
+/// renewer is free again.
+#[test]
+fn the_loss_is_reported_at_the_expiry_even_while_a_renew_is_stuck() {
+    struct Stuck {
+        inner: MemLease,
+        entered: Mutex<Sender<()>>,
+        unblock: Mutex<Receiver<()>>,
+    }
+    impl SessionLease for Stuck {
+        fn acquire(&self, id: &SessionId, owner: &Owner) -> Result<Grant, Error> {
+            self.inner.acquire(id, owner)
+        }
+        fn renew(&self, lease: &Lease) -> Result<Grant, Error> {
+            self.entered.lock().unwrap().send(()).unwrap();
+            let _ = self.unblock.lock().unwrap().recv();
+            self.inner.renew(lease)
+        }
+        fn release(&self, lease: &Lease) -> Result<(), Error> {
+            self.inner.release(lease)
+        }
+    }
+    let w = World::new();
+    let (entered_tx, entered) = mpsc::channel();
+    let (unblock, unblock_rx) = mpsc::channel();
+    let leases = Arc::new(Stuck {
+        inner: MemLease::new(w.store.clone(), Arc::new(w.clock.clone()), TTL),
+        entered: Mutex::new(entered_tx),
+        unblock: Mutex::new(unblock_rx),
+    });
+    let lease = acquire(&*leases, "a");
+    let keep = KeepAlive::builder(Arc::clone(&leases), lease)
+        .interval(Duration::from_secs(10))
+        .clock(Arc::new(w.clock.clone()))
+        .clock_check(Duration::from_millis(1))
+        .start()
+        .unwrap();
+    w.clock.advance(Duration::from_secs(10));
+    entered.recv_timeout(GUARD).unwrap();
+    assert!(!keep.is_lost(), "10 s before the expiry");
+    w.clock.advance(Duration::from_secs(20));
+    // Exactly at the expiry, with the renew still stuck.
+    assert_eq!(keep.loss(), Some(Loss::Expired { last_error: None }));
+    assert_eq!(
+        keep.wait_lost(Some(GUARD)),
+        Some(Loss::Expired { last_error: None })
+    );
+    unblock.send(()).unwrap();
+    drop(keep);
+}
+
+/// Monotonic clocks stop during a suspend: the renewer follows the wall clock, so a renew
+/// due by the wall clock happens within the clock-check period, not after the interval
+/// measured on a stopped clock.
+#[test]
+fn renews_follow_the_wall_clock_across_a_suspend() {
+    let w = World::new();
+    let (leases, renews) = w.observed();
+    let lease = acquire(&*leases, "a");
+    let _keep = keep_alive(&w, &leases, lease, Duration::from_secs(25));
+    // The machine "slept" 25 s: the wall clock jumped, no real time passed.
+    w.clock.advance(Duration::from_secs(25));
+    let got = renews
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the renew waited for the monotonic interval");
+    assert!(got.starts_with("granted"), "{got}");
+}
+
+#[test]
+fn a_panicking_renewer_or_callback_is_a_loss_not_a_hang() {
+    struct Panics(MemLease);
+    impl SessionLease for Panics {
+        fn acquire(&self, id: &SessionId, owner: &Owner) -> Result<Grant, Error> {
+            self.0.acquire(id, owner)
+        }
+        fn renew(&self, _: &Lease) -> Result<Grant, Error> {
+            panic!("backend bug")
+        }
+        fn release(&self, lease: &Lease) -> Result<(), Error> {
+            self.0.release(lease)
+        }
+    }
+    let w = World::new();
+    let leases = Arc::new(Panics(w.other()));
+    let lease = acquire(&*leases, "a");
+    let keep = KeepAlive::builder(Arc::clone(&leases), lease)
+        .interval(Duration::from_secs(10))
+        .clock(Arc::new(w.clock.clone()))
+        .clock_check(Duration::from_millis(1))
+        .on_loss(|_| panic!("callback bug"))
+        .start()
+        .unwrap();
+    w.clock.advance(Duration::from_secs(10));
+    match keep.wait_lost(None) {
+        Some(Loss::RenewerFailed { reason }) => assert!(reason.contains("backend bug"), "{reason}"),
+        other => panic!("expected a renewer failure, got {other:?}"),
+    }
+    // Releasing still works and frees the lease.
+    keep.release().unwrap();
+    assert!(w.store.record(&id()).unwrap().owner.is_empty());
+}
+
+#[test]
+fn unusable_intervals_are_refused_at_build_time() {
+    let w = World::new();
+    let (leases, _renews) = w.observed();
+    let lease = acquire(&*leases, "a");
+    for interval in [Duration::ZERO, TTL, TTL * 2, Duration::MAX] {
+        let err = KeepAlive::builder(Arc::clone(&leases), lease.clone())
+            .interval(interval)
+            .clock(Arc::new(w.clock.clone()))
+            .start()
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::InvalidInterval { .. }),
+            "{interval:?}: {err}"
+        );
     }
 }
 
@@ -200,10 +346,7 @@ fn dropping_the_handle_releases_and_shutdown_does_not_wait_for_the_interval() {
     let w = World::new();
     let (leases, _renews) = w.observed();
     let lease = acquire(&*leases, "a");
-    let keep = KeepAlive::builder(Arc::clone(&leases), lease)
-        .interval(Duration::from_secs(3600))
-        .clock(Arc::new(w.clock.clone()))
-        .start();
+    let keep = keep_alive(&w, &leases, lease, Duration::from_secs(20));
     let (tx, done) = mpsc::channel();
     std::thread::spawn(move || {
         drop(keep);

@@ -86,6 +86,9 @@ pub(super) enum OwnerCheck {
 #[derive(Debug)]
 pub(super) struct Opener {
     pub(super) owners: OwnerCheck,
+    /// The directory is sticky and world-writable: the kernel may refuse `O_CREAT` on another
+    /// user's existing file (`fs.protected_regular`), so existing files are opened without it.
+    pub(super) sticky: bool,
     /// Mode of new files (0600 unless configured for a group).
     pub(super) file_mode: u32,
     pub(super) faults: Faults,
@@ -111,7 +114,17 @@ impl Opener {
         }
         opts.mode(self.file_mode)
             .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK);
-        let file = opts.open(path).map_err(|e| self.open_error(path, e))?;
+        let opened = if self.sticky && matches!(access, Access::LockCreate | Access::LiveCreate) {
+            let mut existing = opts.clone();
+            existing.create(false);
+            match existing.open(path) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => opts.open(path),
+                other => other,
+            }
+        } else {
+            opts.open(path)
+        };
+        let file = opened.map_err(|e| self.open_error(path, e))?;
         self.check_file(path, &file, access)?;
         Ok(file)
     }
@@ -160,13 +173,15 @@ impl Opener {
             },
             // In a sticky directory the kernel refuses to open or remove another user's file
             // (fs.protected_regular, the sticky bit): say whose it is.
-            Some(nix::libc::EACCES | nix::libc::EPERM) => match fs::symlink_metadata(path) {
-                Ok(m) if m.uid() != nix::unistd::geteuid().as_raw() => Error::ForeignOwner {
-                    path: path.to_owned(),
-                    uid: m.uid(),
-                },
-                _ => Error::io("open", path, e),
-            },
+            Some(nix::libc::EACCES | nix::libc::EPERM) if self.sticky => {
+                match fs::symlink_metadata(path) {
+                    Ok(m) if m.uid() != nix::unistd::geteuid().as_raw() => Error::ForeignOwner {
+                        path: path.to_owned(),
+                        uid: m.uid(),
+                    },
+                    _ => Error::io("open", path, e),
+                }
+            }
             _ => Error::io("open", path, e),
         }
     }
@@ -181,7 +196,7 @@ pub(super) fn open_dir(
     dir: &Path,
     allow_network_fs: bool,
     trust_foreign: bool,
-) -> Result<(File, OwnerCheck), Error> {
+) -> Result<(File, OwnerCheck, bool), Error> {
     create_dir_durably(dir)?;
     let meta = fs::metadata(dir).map_err(|e| Error::io("stat", dir, e))?;
     if !meta.is_dir() {
@@ -214,7 +229,7 @@ pub(super) fn open_dir(
         }
     }
     let file = File::open(dir).map_err(|e| Error::io("open", dir, e))?;
-    Ok((file, owners))
+    Ok((file, owners, mode & 0o1002 == 0o1002))
 }
 
 /// Creates `dir` and any missing parents (mode 0700), syncing each new directory's entry into

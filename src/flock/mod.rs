@@ -100,6 +100,8 @@ pub struct FlockLease {
     /// How many transition-lock descriptors the slots keep open (at most [`LOCK_CACHE`]).
     cached_locks: AtomicUsize,
     opener: Opener,
+    /// Inotify instances kept for waiting acquires.
+    watches: wait::Watches,
 }
 
 /// Options for [`FlockLease`]; start from [`FlockLease::builder`].
@@ -254,7 +256,7 @@ impl FlockLease {
             };
             let live = paths.live(rec.token);
             match self.opener.open(&live, Access::Wait) {
-                Ok(file) => wait::wait_for_holder(&live, &file, wake)
+                Ok(file) => wait::wait_for_holder(&self.watches, &live, &file, wake)
                     .map_err(|e| Error::io("wait for", &live, e))?,
                 Err(e) if e.io_kind() == Some(io::ErrorKind::NotFound) => {
                     // No lock to wait on: the record's expiry decides, so look now and then.
@@ -537,7 +539,7 @@ impl FlockLeaseBuilder {
         if mode & !0o666 != 0 || mode & 0o600 != 0o600 || mode & 0o002 != 0 {
             return Err(Error::InvalidFileMode { mode });
         }
-        let (dir_file, owners) =
+        let (dir_file, owners, sticky) =
             files::open_dir(&self.dir, self.allow_network_fs, self.trust_foreign_owners)?;
         Ok(FlockLease {
             dir: self.dir,
@@ -551,8 +553,10 @@ impl FlockLeaseBuilder {
                 prune_at: PRUNE_AT,
             }),
             cached_locks: AtomicUsize::new(0),
+            watches: wait::Watches::default(),
             opener: Opener {
                 owners,
+                sticky,
                 file_mode: mode,
                 faults: self.faults,
             },

@@ -30,6 +30,8 @@ const MAX_BACKOFF: Duration = Duration::from_millis(1);
 /// The longest pause between two checks when inotify cannot help (no instance available, or
 /// the liveness file is missing).
 const MAX_POLL: Duration = Duration::from_millis(10);
+/// After a close event, how long to look again without sleeping.
+const SPIN: Duration = Duration::from_micros(100);
 /// After a wake-up, how long the holder's lock may still be seen: the kernel reports the close
 /// an instant before it drops the descriptor's locks.
 const SETTLE: Duration = Duration::from_millis(5);
@@ -115,21 +117,71 @@ pub(super) fn holder_gone(file: &File) -> io::Result<bool> {
     }
 }
 
+/// Idle inotify instances of one lease manager, reused by its waits. Closing an instance with
+/// a watch costs the kernel a grace period (milliseconds), so a wait removes its watch and
+/// hands the instance back instead; at most [`IDLE_WATCHES`] are kept.
+#[derive(Debug, Default)]
+pub(super) struct Watches {
+    idle: Mutex<Vec<Inotify>>,
+}
+
+/// How many idle inotify instances a lease manager keeps for its waits.
+const IDLE_WATCHES: usize = 2;
+
+impl Watches {
+    fn take(&self) -> nix::Result<Inotify> {
+        match lock(&self.idle).pop() {
+            Some(ino) => Ok(ino),
+            None => Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK),
+        }
+    }
+
+    fn give(&self, ino: Inotify) {
+        // Drop what the last wait left queued (its IN_IGNORED, late events).
+        while ino.read_events().is_ok_and(|e| !e.is_empty()) {}
+        let mut idle = lock(&self.idle);
+        if idle.len() < IDLE_WATCHES {
+            idle.push(ino);
+        }
+    }
+}
+
 /// Waits until the holder of the liveness lock at `path` (opened as `file`) releases it or
 /// dies, or until `wake`. Returns early on any change of the file (it may have been deleted or
 /// replaced); the caller then looks again.
-pub(super) fn wait_for_holder(path: &Path, file: &File, wake: Instant) -> io::Result<()> {
-    let watch = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK).and_then(|ino| {
-        let flags = AddWatchFlags::IN_CLOSE_WRITE
-            | AddWatchFlags::IN_ATTRIB
-            | AddWatchFlags::IN_DELETE_SELF
-            | AddWatchFlags::IN_MOVE_SELF;
-        ino.add_watch(path, flags).map(|_| ino)
-    });
-    let Ok(watch) = watch else {
+pub(super) fn wait_for_holder(
+    watches: &Watches,
+    path: &Path,
+    file: &File,
+    wake: Instant,
+) -> io::Result<()> {
+    let flags = AddWatchFlags::IN_CLOSE_WRITE
+        | AddWatchFlags::IN_ATTRIB
+        | AddWatchFlags::IN_DELETE_SELF
+        | AddWatchFlags::IN_MOVE_SELF;
+    let Ok(ino) = watches.take() else {
         // No inotify instance (the per-user limit, 128 by default, is reached): poll instead.
         return poll_for_holder(file, wake);
     };
+    let wd = match ino.add_watch(path, flags) {
+        Ok(wd) => wd,
+        Err(_) => {
+            watches.give(ino);
+            return poll_for_holder(file, wake);
+        }
+    };
+    let result = watch_holder(&ino, wd, file, wake);
+    let _ = ino.rm_watch(wd);
+    watches.give(ino);
+    result
+}
+
+fn watch_holder(
+    ino: &Inotify,
+    wd: nix::sys::inotify::WatchDescriptor,
+    file: &File,
+    wake: Instant,
+) -> io::Result<()> {
     // Checked after the watch exists, so a release between the two is not missed.
     if holder_gone(file)? {
         return Ok(());
@@ -139,7 +191,7 @@ pub(super) fn wait_for_holder(path: &Path, file: &File, wake: Instant) -> io::Re
         if left.is_zero() {
             return Ok(());
         }
-        let mut fds = [PollFd::new(watch.as_fd(), PollFlags::POLLIN)];
+        let mut fds = [PollFd::new(ino.as_fd(), PollFlags::POLLIN)];
         // Whole milliseconds, rounded up, so the wait never ends before `wake`.
         let ms = left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
         match poll(
@@ -151,22 +203,37 @@ pub(super) fn wait_for_holder(path: &Path, file: &File, wake: Instant) -> io::Re
             Err(nix::errno::Errno::EINTR) => continue,
             Err(e) => return Err(e.into()),
         }
-        let events = watch.read_events().unwrap_or_default();
-        if events.iter().any(|e| {
-            e.mask.intersects(
+        let events = ino.read_events().unwrap_or_default();
+        let ours = events.iter().filter(|e| e.wd == wd);
+        let mut closed = false;
+        for e in ours {
+            if e.mask.intersects(
                 AddWatchFlags::IN_ATTRIB
                     | AddWatchFlags::IN_DELETE_SELF
                     | AddWatchFlags::IN_MOVE_SELF
                     | AddWatchFlags::IN_IGNORED,
-            )
-        }) {
-            // Deleted, renamed or replaced: the record decides what to wait for next.
-            return Ok(());
+            ) {
+                // Deleted, renamed or replaced: the record decides what to wait for next.
+                return Ok(());
+            }
+            closed |= e.mask.contains(AddWatchFlags::IN_CLOSE_WRITE);
+        }
+        if !closed {
+            continue;
         }
         // A descriptor with write access was closed: the holder's, or someone else's. The
-        // kernel reports the close just before dropping its locks, so look for a moment.
+        // kernel reports the close just before dropping its locks: look again at once, a few
+        // times (a sleep would cost the timer slack, ~50 µs), then for a moment with pauses.
+        let spin_until = Instant::now() + SPIN;
+        while Instant::now() < spin_until.min(wake) {
+            if holder_gone(file)? {
+                return Ok(());
+            }
+            thread::yield_now();
+        }
         let settle = Instant::now() + SETTLE;
-        if poll_for_holder(file, settle.min(wake)).is_ok() && holder_gone(file)? {
+        poll_for_holder(file, settle.min(wake))?;
+        if holder_gone(file)? {
             return Ok(());
         }
     }

@@ -28,8 +28,27 @@ pub struct RoleChild {
 impl RoleChild {
     /// Starts this test binary as a child in `role`, with `args` in `FLOCKLEASE_ARGS`.
     pub fn spawn(entry: &str, role: &str, args: &[&str]) -> RoleChild {
+        RoleChild::spawn_with(entry, role, args, |_| {})
+    }
+
+    /// Like [`RoleChild::spawn`], as user `uid` and group `gid` (the caller must be root).
+    pub fn spawn_as(entry: &str, role: &str, args: &[&str], uid: u32, gid: u32) -> RoleChild {
+        use std::os::unix::process::CommandExt;
+        RoleChild::spawn_with(entry, role, args, |c| {
+            c.uid(uid).gid(gid);
+        })
+    }
+
+    fn spawn_with(
+        entry: &str,
+        role: &str,
+        args: &[&str],
+        f: impl FnOnce(&mut Command),
+    ) -> RoleChild {
         let exe = std::env::current_exe().expect("current exe");
-        let mut child = Command::new(exe)
+        let mut cmd = Command::new(exe);
+        f(&mut cmd);
+        let mut child = cmd
             .args([entry, "--exact", "--nocapture", "--test-threads=1"])
             .env(ROLE, role)
             .env("FLOCKLEASE_ARGS", args.join("\u{1f}"))
