@@ -151,6 +151,11 @@ fn run(a: RunArgs) -> Result<u8, String> {
                 let _ = tx.send(Event::Lost);
             })
             .start()
+            .map_err(|e| {
+                // No renewer (the lease has almost no time left): give it back.
+                let _ = leases.release(&lease);
+                e.to_string()
+            })?
     };
     // Best effort: without it, `status` shows the stem only.
     let _ = flocklease::status::write_id(&dir, &id);
