@@ -157,7 +157,7 @@ mod fuzzing {
     use arbitrary::{Arbitrary, Result, Unstructured};
 
     use super::*;
-    use crate::clock::ManualClock;
+    use crate::clock::{Clock, ManualClock};
     use crate::error::Error;
     use crate::flock::{Durability, FlockLease};
     use crate::lease::{Grant, Lease, SessionLease};
@@ -279,6 +279,14 @@ mod fuzzing {
         Ok(v)
     }
 
+    fn seen_ref(g: &std::result::Result<Grant, Error>) -> String {
+        match g {
+            Ok(Grant::Granted(l)) => format!("granted {} {}", l.token, l.expiry),
+            Ok(Grant::Held) => "held".to_owned(),
+            Err(e) => format!("error {e}"),
+        }
+    }
+
     /// Removes the scratch directory even when a check panics.
     struct Scratch(std::path::PathBuf);
 
@@ -288,8 +296,105 @@ mod fuzzing {
         }
     }
 
+    /// The generation an [`Oracle`] believes current.
+    #[derive(Clone, Debug)]
+    struct Generation {
+        instance: usize,
+        owner: usize,
+        token: u64,
+        expiry: Timestamp,
+        /// Its instance still runs (no crash since the grant).
+        alive: bool,
+    }
+
+    /// SPEC §3 and §6 restated over the observable history, without the machine: what each
+    /// call must answer, given the generations granted so far, crashes and the clock. A bug
+    /// in the machine shared by both adapters passes their comparison but not this.
+    #[derive(Debug, Default)]
+    struct Oracle {
+        current: Option<Generation>,
+        /// The highest token granted so far (tokens only grow, by one per new generation).
+        top: u64,
+    }
+
+    impl Oracle {
+        /// The expected answer to `acquire` by `owner` on `instance` at `now`.
+        fn acquire(
+            &mut self,
+            instance: usize,
+            owner: usize,
+            now: Timestamp,
+            ttl: Duration,
+        ) -> String {
+            let expiry = now.checked_add(ttl).expect("in range");
+            if let Some(g) = &mut self.current {
+                // §6.6 / §6.8: a crashed or expired holder is replaced; otherwise it is held,
+                // unless this very instance holds it for this owner (a refresh).
+                let expired = now >= g.expiry;
+                if g.alive && !expired {
+                    if g.instance == instance && g.owner == owner {
+                        g.expiry = expiry;
+                        return format!("granted {} {expiry}", g.token);
+                    }
+                    return "held".into();
+                }
+            }
+            self.top += 1;
+            self.current = Some(Generation {
+                instance,
+                owner,
+                token: self.top,
+                expiry,
+                alive: true,
+            });
+            format!("granted {} {expiry}", self.top)
+        }
+
+        /// The expected answer to `renew` of `lease` (owner index, token) on `instance`.
+        fn renew(
+            &mut self,
+            instance: usize,
+            owner: usize,
+            token: u64,
+            now: Timestamp,
+            ttl: Duration,
+        ) -> String {
+            match &mut self.current {
+                // §6.4 / §6.5: only the current generation, by the instance holding it, and
+                // then even after its expiry.
+                Some(g)
+                    if g.alive
+                        && g.instance == instance
+                        && g.owner == owner
+                        && g.token == token =>
+                {
+                    g.expiry = now.checked_add(ttl).expect("in range");
+                    format!("granted {token} {}", g.expiry)
+                }
+                _ => "held".into(),
+            }
+        }
+
+        /// A release: §6.3, only the current generation's own instance frees it.
+        fn release(&mut self, instance: usize, owner: usize, token: u64) {
+            if self.current.as_ref().is_some_and(|g| {
+                g.alive && g.instance == instance && g.owner == owner && g.token == token
+            }) {
+                self.current = None;
+            }
+        }
+
+        fn crash(&mut self, instance: usize) {
+            if let Some(g) = self.current.as_mut().filter(|g| g.instance == instance) {
+                g.alive = false;
+            }
+        }
+    }
+
     /// The same operations by two owners on two instances, against `FlockLease` on a scratch
-    /// directory and `MemLease`, with one manual clock: every outcome must be identical.
+    /// directory and `MemLease`, with one manual clock: every outcome must be identical, and
+    /// equal to what an [`Oracle`] written from the specification (not from the machine)
+    /// expects.
     pub fn ops_bytes(data: &[u8]) {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let Ok(ops) = ops(&mut Unstructured::new(data)) else {
@@ -317,7 +422,8 @@ mod fuzzing {
         let mut m = [mem(), mem()];
         let id = SessionId::new("fuzz").expect("valid id");
         let owners = [Owner::new("a"), Owner::new("b")].map(|o| o.expect("valid owner"));
-        let mut leases: Vec<Lease> = vec![];
+        let mut leases: Vec<(Lease, usize)> = vec![];
+        let mut oracle = Oracle::default();
         let seen = |g: std::result::Result<Grant, Error>| match g {
             Ok(Grant::Granted(l)) => format!("granted {} {}", l.token, l.expiry),
             Ok(Grant::Held) => "held".to_owned(),
@@ -328,15 +434,29 @@ mod fuzzing {
                 Op::Acquire(i, o) => {
                     let fa = f[i].acquire(&id, &owners[o]);
                     if let Ok(Grant::Granted(l)) = &fa {
-                        leases.push(l.clone());
+                        leases.push((l.clone(), o));
                     }
+                    let expected = oracle.acquire(i, o, clock.now(), ttl);
+                    assert_eq!(
+                        seen_ref(&fa),
+                        expected,
+                        "the specification disagrees on {op:?}"
+                    );
                     (seen(fa), seen(m[i].acquire(&id, &owners[o])))
                 }
                 Op::Renew(i, k) | Op::Release(i, k) if !leases.is_empty() => {
-                    let l = &leases[k % leases.len()];
+                    let (l, o) = &leases[k % leases.len()];
                     if matches!(op, Op::Renew(..)) {
-                        (seen(f[i].renew(l)), seen(m[i].renew(l)))
+                        let fr = f[i].renew(l);
+                        let expected = oracle.renew(i, *o, l.token, clock.now(), ttl);
+                        assert_eq!(
+                            seen_ref(&fr),
+                            expected,
+                            "the specification disagrees on {op:?}"
+                        );
+                        (seen(fr), seen(m[i].renew(l)))
                     } else {
+                        oracle.release(i, *o, l.token);
                         (
                             format!("{:?}", f[i].release(l).map_err(|e| e.to_string())),
                             format!("{:?}", m[i].release(l).map_err(|e| e.to_string())),
@@ -347,6 +467,7 @@ mod fuzzing {
                 Op::Crash(i) => {
                     f[i] = flock();
                     m[i] = mem();
+                    oracle.crash(i);
                     continue;
                 }
                 Op::Tick(s) => {

@@ -36,7 +36,8 @@
 //!   share one lease directory on one machine. Network file systems are refused by default.
 //! - Expiry is wall-clock time: a clock stepped forward can expire a lease early. Use the
 //!   token, not the expiry, to fence the protected resource.
-//! - A holder is not told when its lease expires; it learns on its next renew.
+//! - A bare lease does not tell its holder when it expires; [`KeepAlive`] does, at the
+//!   expiry by the wall clock, and nothing interrupts the holder's work.
 //! - Deleting the record by hand resets the token; the crate never deletes it.
 //!
 //! # Decisions where the specification leaves room
@@ -47,9 +48,32 @@
 //!   (the token is not durable yet) and the new generation's lock is dropped: the record then
 //!   names a dead generation, which the next acquire replaces at once with a greater token. It
 //!   is the one failure after which the visible record has changed.
+//! - A release's tombstone keeps the token, so its directory fsync is best effort
+//!   ([`machine::DirSync::BestEffort`]): once the tombstone is renamed into place the release
+//!   succeeds. Lost to power loss, it only brings back the released (dead) generation.
 //! - A failed takeover leaves its new `<stem>.<token>.live` file, unlocked; the next takeover
 //!   reuses that name. Dead generations' files and leftover temporary files are swept when a
-//!   crashed or expired holder is taken over.
+//!   crashed or expired holder is taken over; a takeover from a tombstone deletes the released
+//!   generation's file (in case the release could not).
+//! - The temporary record is created exclusively (`O_EXCL`): a file found at its name (a
+//!   crash leftover, or planted) is removed, never reused or followed.
+//! - Holders lock liveness files exclusively; probes and waiters use non-blocking *shared*
+//!   locks, dropped at once, so they never look like a holder to each other. A waiting
+//!   acquire watches the holder's liveness file with inotify and wakes when the holder's
+//!   descriptor closes (release or death); no thread is started and no lock is held while it
+//!   waits. The transition lock is taken with non-blocking attempts and a backoff
+//!   (20 µs–1 ms) up to the lock timeout, which every caller has for itself. See
+//!   [`FlockLease::acquire_wait`].
+//! - Sharing a directory with the Go package: its holders lock exclusively, as ours do, so
+//!   each side's probe sees the other's holder. Its probes take an *exclusive* try-lock for an
+//!   instant; a Rust probe in that same instant sees that probe as a holder and answers held
+//!   for a crashed holder (a retry or a waiting acquire gets it), and a Go probe in the instant
+//!   of a Rust probe's shared lock answers held likewise. Neither can make two holders.
+//! - Shared directories: a private or group directory is used as it is; a world-writable one
+//!   only with the sticky bit (`/tmp`, `/run/lock`), and then a lease file owned by another
+//!   user is refused with [`Error::ForeignOwner`] unless
+//!   [`FlockLeaseBuilder::trust_foreign_owners`] is set. For a group directory set
+//!   [`FlockLeaseBuilder::file_mode`] to `0o660`.
 //! - Ids and owners are 1–1024 bytes without control characters; an empty owner is refused.
 //! - A record moved back by hand under a live holder makes the next takeover fail with
 //!   [`Error::LiveLockBusy`] rather than share a token.

@@ -390,39 +390,60 @@ fn orphans_of_crashed_generations_are_swept_on_takeover() {
 fn a_stuck_transition_times_out_and_does_not_delay_other_ids() {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(START);
-    let leases = Arc::new(
-        FlockLease::builder(dir.path())
-            .clock(Arc::new(clock.clone()))
-            .lock_timeout(Duration::from_millis(300))
-            .open()
-            .unwrap(),
-    );
+    // The caller on x says when it is waiting for x's lock; its bound is long, so it can only
+    // finish once the stuck transition ends.
+    let (tx, waiting) = std::sync::mpsc::channel();
+    let tx = Mutex::new(tx);
+    let hook: flocklease::fault::FaultHook = Arc::new(move |point, path| {
+        if point == FaultPoint::LockStable && path.to_string_lossy().contains("/x-") {
+            let _ = tx.lock().unwrap().send(());
+        }
+        None
+    });
+    let leases = FlockLease::builder(dir.path())
+        .clock(Arc::new(clock.clone()))
+        .lock_timeout(Duration::from_secs(600))
+        .faults(hook)
+        .open()
+        .unwrap();
     // Another "process" is stuck inside a transition on id x.
     let stuck = OpenOptions::new()
         .create(true)
         .truncate(false)
+        .read(true)
         .write(true)
         .open(lock_path(dir.path(), "x"))
         .unwrap();
     stuck.lock().unwrap();
-    let waiter = {
-        let leases = Arc::clone(&leases);
-        thread::spawn(move || leases.acquire(&id("x"), &owner("a")))
-    };
-    // Meanwhile id y goes through a whole cycle (the waiter on x holds no shared lock).
-    for _ in 0..20 {
-        let l = leases
-            .acquire(&id("y"), &owner("a"))
-            .unwrap()
-            .lease()
+    thread::scope(|s| {
+        let waiter = s.spawn(|| leases.acquire(&id("x"), &owner("a")));
+        waiting.recv().unwrap();
+        // Meanwhile id y goes through whole cycles, while the caller on x is still blocked.
+        for _ in 0..20 {
+            let l = leases
+                .acquire(&id("y"), &owner("a"))
+                .unwrap()
+                .lease()
+                .unwrap();
+            leases.release(&l).unwrap();
+        }
+        assert!(
+            !waiter.is_finished(),
+            "the caller on x returned while x was stuck"
+        );
+        // A caller with a short bound ends in the typed error naming x's lock file.
+        let short = FlockLease::builder(dir.path())
+            .clock(Arc::new(clock.clone()))
+            .lock_timeout(Duration::from_millis(50))
+            .open()
             .unwrap();
-        leases.release(&l).unwrap();
-    }
-    let err = waiter.join().unwrap().unwrap_err();
-    assert!(matches!(err, Error::LockTimeout { .. }), "{err}");
-    assert_eq!(err.path(), Some(lock_path(dir.path(), "x").as_path()));
-    assert!(err.to_string().contains("transition lock"), "{err}");
-    assert!(err.to_string().contains(".lock "), "{err}");
+        let err = short.acquire(&id("x"), &owner("b")).unwrap_err();
+        assert!(matches!(err, Error::LockTimeout { .. }), "{err}");
+        assert_eq!(err.path(), Some(lock_path(dir.path(), "x").as_path()));
+        assert!(err.to_string().contains("transition lock"), "{err}");
+        drop(stuck);
+        assert!(!waiter.join().unwrap().unwrap().is_held());
+    });
 }
 
 #[test]
@@ -546,10 +567,26 @@ fn calls_on_one_id_from_one_instance_are_serialized() {
 fn a_waiting_acquire_wakes_on_release_and_on_expiry() {
     let dir = tempfile::tempdir().unwrap();
     let a = open_real(dir.path(), Duration::from_secs(60));
-    let b = open_real(dir.path(), Duration::from_secs(60));
+    // The waiter says when it starts waiting for the holder (after an attempt answered held).
+    let (tx, waiting) = std::sync::mpsc::channel();
+    let tx = Mutex::new(tx);
+    let hook: flocklease::fault::FaultHook = Arc::new(move |point, _| {
+        if point == FaultPoint::OpenWait {
+            let _ = tx.lock().unwrap().send(());
+        }
+        None
+    });
+    let b = FlockLease::builder(dir.path())
+        .ttl(Duration::from_secs(60))
+        .durability(flocklease::Durability::NoSync)
+        .faults(hook)
+        .open()
+        .unwrap();
     let first = a.acquire(&id("s"), &owner("a")).unwrap().lease().unwrap();
     thread::scope(|s| {
         let waiter = s.spawn(|| b.acquire_wait(&id("s"), &owner("b"), Duration::from_secs(20)));
+        waiting.recv().unwrap();
+        assert!(!waiter.is_finished());
         a.release(&first).unwrap();
         let got = waiter.join().unwrap().unwrap().lease().unwrap();
         assert_eq!(got.token, first.token + 1);
@@ -567,6 +604,8 @@ fn a_waiting_acquire_wakes_on_release_and_on_expiry() {
         .lease()
         .unwrap();
     assert_eq!(got.token, held.token + 1);
+    // The waiter had to wait: it went into the wait at least once more.
+    assert!(waiting.try_recv().is_ok(), "granted without waiting");
 }
 
 #[test]

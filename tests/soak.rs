@@ -60,19 +60,32 @@ fn child_entry() {
     let (dir, log_path) = (Path::new(&args[0]), Path::new(&args[1]));
     let mut rng = Rng(args[2].parse::<u64>().unwrap() | 1);
     let mut out = OpenOptions::new().append(true).open(log_path).unwrap();
-    let leases = open_real(dir, TTL);
+    // A short bound on the transition lock: workers stopped inside a transition (SIGSTOP at a
+    // random instant) leave it stuck, and the others must time out without leaking anything.
+    let leases = flocklease::FlockLease::builder(dir)
+        .ttl(TTL)
+        .durability(flocklease::Durability::NoSync)
+        .lock_timeout(Duration::from_millis(50))
+        .open()
+        .unwrap();
     let pid = std::process::id();
     let me = owner(&format!("w{pid}"));
     support::tell("ready");
     for round in 0u64.. {
         if round % 16 == 0 {
             let fds = std::fs::read_dir("/proc/self/fd").unwrap().count();
-            log(&mut out, format!("D {fds} {pid}"));
+            let threads = std::fs::read_dir("/proc/self/task").unwrap().count();
+            log(&mut out, format!("D {fds} {pid} {threads}"));
         }
         let name = IDS[rng.below(IDS.len() as u64) as usize];
-        let lease = match leases.acquire(&id(name), &me).unwrap() {
-            Grant::Granted(l) => l,
-            Grant::Held => {
+        let lease = match leases.acquire(&id(name), &me) {
+            Ok(Grant::Granted(l)) => l,
+            Err(flocklease::Error::LockTimeout { .. }) => {
+                log(&mut out, format!("T {pid}"));
+                continue;
+            }
+            Err(e) => panic!("{e}"),
+            Ok(Grant::Held) => {
                 std::thread::sleep(Duration::from_millis(1)); // pacing, not synchronisation
                 continue;
             }
@@ -80,12 +93,18 @@ fn child_entry() {
         let (t, e) = (lease.token, lease.expiry.unix_nanos());
         log(&mut out, format!("G {name} {t} {e} {} {pid}", now_ns()));
         if !resource_enter(dir, name, t, e) {
-            leases.release(&lease).unwrap();
+            release(&leases, &lease, &mut out, pid);
             continue;
         }
         log(&mut out, format!("E {name} {t} {e} {} {pid}", now_ns()));
         std::thread::sleep(Duration::from_micros(rng.below(2000)));
-        match leases.renew(&lease).unwrap() {
+        let renewed = loop {
+            match leases.renew(&lease) {
+                Err(flocklease::Error::LockTimeout { .. }) => log(&mut out, format!("T {pid}")),
+                other => break other.unwrap(),
+            }
+        };
+        match renewed {
             Grant::Granted(l) => {
                 log(
                     &mut out,
@@ -96,8 +115,18 @@ fn child_entry() {
             Grant::Held => log(&mut out, format!("L {name} {t} {} {pid}", now_ns())),
         }
         log(&mut out, format!("X {name} {t} {} {pid}", now_ns()));
-        leases.release(&lease).unwrap();
+        release(&leases, &lease, &mut out, pid);
         log(&mut out, format!("Q {name} {t} {} {pid}", now_ns()));
+    }
+}
+
+/// Releases, retrying while another worker stopped inside a transition keeps the lock.
+fn release(leases: &flocklease::FlockLease, lease: &flocklease::Lease, out: &mut File, pid: u32) {
+    loop {
+        match leases.release(lease) {
+            Err(flocklease::Error::LockTimeout { .. }) => log(out, format!("T {pid}")),
+            other => return other.unwrap(),
+        }
     }
 }
 
@@ -215,7 +244,8 @@ fn crash_loop_soak() {
     let temps = support::files_ending(tmp.path(), ".tmp").len();
     eprintln!(
         "soak: {} transitions ({} grants, {} renews, {} releases), {kills} SIGKILLs, {stops} SIGSTOPs, \
-         {} critical sections, {} fenced stale entries, {} violations; fds per worker {:?}; \
+         {} critical sections, {} fenced stale entries, {} violations; {} transition-lock \
+         timeouts behind stopped workers; fds per worker {:?}, at most {} threads per worker; \
          {live} .live and {temps} temporary files left",
         report.grants + report.renews + report.releases,
         report.grants,
@@ -224,7 +254,9 @@ fn crash_loop_soak() {
         report.sections,
         report.fenced,
         report.violations.len(),
+        report.lock_timeouts,
         report.fd_range,
+        report.max_threads,
     );
     assert!(
         report.violations.is_empty(),
@@ -240,6 +272,12 @@ fn crash_loop_soak() {
     // one liveness descriptor while it holds a lease; a leak would grow with every round.
     let (lo, hi) = report.fd_range;
     assert!(hi - lo <= IDS.len() + 1, "descriptors leak: {lo}..{hi}");
+    // Waits start no thread: a worker is its main thread (libtest's runner adds one).
+    assert!(
+        report.max_threads <= 2,
+        "{} threads in a worker",
+        report.max_threads
+    );
     // Each id keeps at most the current generation's file plus those of holders killed inside
     // the last takeover window; never one per crash.
     assert!(live <= IDS.len() * 3, "{live} .live files left");
@@ -255,6 +293,8 @@ struct Report {
     fenced: u64,
     violations: Vec<String>,
     fd_range: (usize, usize),
+    max_threads: usize,
+    lock_timeouts: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -330,11 +370,13 @@ fn analyse(log: &str, end: i128) -> Report {
             ["V", name, tok, ..] => r.violations.push(format!(
                 "resource saw token {tok} of {name} again while its lease was live"
             )),
-            ["D", count, pid] => {
+            ["D", count, pid, threads] => {
                 let (c, p): (usize, u32) = (count.parse().unwrap(), pid.parse().unwrap());
                 let e = fds.entry(p).or_insert((c, c));
                 *e = (e.0.min(c), e.1.max(c));
+                r.max_threads = r.max_threads.max(threads.parse().unwrap());
             }
+            ["T", _] => r.lock_timeouts += 1,
             ["K", pid, at] => {
                 kill_at.insert(pid.parse().unwrap(), at.parse().unwrap());
             }

@@ -30,6 +30,8 @@ const MAX_BACKOFF: Duration = Duration::from_millis(1);
 /// The longest pause between two checks when inotify cannot help (no instance available, or
 /// the liveness file is missing).
 const MAX_POLL: Duration = Duration::from_millis(10);
+/// How often a parked waiter looks at the lock even without an event.
+const RECHECK: Duration = Duration::from_secs(1);
 /// After a close event, how long to look again without sleeping.
 const SPIN: Duration = Duration::from_micros(100);
 /// After a wake-up, how long the holder's lock may still be seen: the kernel reports the close
@@ -156,6 +158,7 @@ pub(super) fn wait_for_holder(
     wake: Instant,
 ) -> io::Result<()> {
     let flags = AddWatchFlags::IN_CLOSE_WRITE
+        | AddWatchFlags::IN_CLOSE_NOWRITE
         | AddWatchFlags::IN_ATTRIB
         | AddWatchFlags::IN_DELETE_SELF
         | AddWatchFlags::IN_MOVE_SELF;
@@ -192,12 +195,21 @@ fn watch_holder(
             return Ok(());
         }
         let mut fds = [PollFd::new(ino.as_fd(), PollFlags::POLLIN)];
-        // Whole milliseconds, rounded up, so the wait never ends before `wake`.
-        let ms = left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+        // Whole milliseconds, rounded up, so the wait never ends before `wake`; and a look at
+        // the lock now and then, in case it was dropped without any close (an explicit unlock
+        // by another implementation).
+        let nap = left.min(RECHECK);
+        let ms = nap.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
         match poll(
             &mut fds,
             PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
         ) {
+            Ok(0) if nap < left => {
+                if holder_gone(file)? {
+                    return Ok(());
+                }
+                continue;
+            }
             Ok(0) => return Ok(()),
             Ok(_) => {}
             Err(nix::errno::Errno::EINTR) => continue,
@@ -205,7 +217,7 @@ fn watch_holder(
         }
         let events = ino.read_events().unwrap_or_default();
         let ours = events.iter().filter(|e| e.wd == wd);
-        let mut closed = false;
+        let (mut closed, mut looked) = (false, false);
         for e in ours {
             if e.mask.intersects(
                 AddWatchFlags::IN_ATTRIB
@@ -217,8 +229,14 @@ fn watch_holder(
                 return Ok(());
             }
             closed |= e.mask.contains(AddWatchFlags::IN_CLOSE_WRITE);
+            looked |= e.mask.contains(AddWatchFlags::IN_CLOSE_NOWRITE);
         }
         if !closed {
+            // A read-only descriptor was closed: another probe or waiter, or a probe of another
+            // implementation that held the lock for an instant. One look suffices.
+            if looked && holder_gone(file)? {
+                return Ok(());
+            }
             continue;
         }
         // A descriptor with write access was closed: the holder's, or someone else's. The
