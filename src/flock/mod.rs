@@ -710,3 +710,57 @@ impl Drop for AcquireWait {
         }
     }
 }
+
+impl FlockLease {
+    /// A close-on-exec duplicate of the locked liveness file of `lease`'s generation, if this
+    /// instance holds that exact generation (same id, token and owner); `None` otherwise.
+    ///
+    /// `flock(2)` locks belong to the open file description, so the duplicate shares the
+    /// generation's liveness lock: while any process keeps a copy open, probes see the
+    /// generation alive and other processes are answered "held" until its expiry, even after
+    /// this process has died. This is how `flocklease run` keeps the lease live for a job whose
+    /// wrapper was killed, as `flock(1)` children keep its lock: the caller clears `FD_CLOEXEC`
+    /// on the duplicate in the child only (every descriptor of this crate is close-on-exec, so
+    /// nothing else is inherited) and closes its own copy after spawning.
+    ///
+    /// A copy never outlives the lease's expiry as a guarantee: an expired lease is taken over
+    /// whatever its liveness. Release still frees the lease at once (the tombstone decides, and
+    /// the next grant locks a new generation's file), and if a renew has to restore a deleted
+    /// liveness file, copies made earlier lock the old, unlinked file and no longer count.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`] naming the liveness file when the descriptor cannot be duplicated.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use flocklease::{FlockLease, Owner, SessionId, SessionLease};
+    ///
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let leases = FlockLease::open(dir.path()).unwrap();
+    /// let id = SessionId::new("job").unwrap();
+    /// let lease = leases.acquire(&id, &Owner::new("me").unwrap()).unwrap().lease().unwrap();
+    /// assert!(leases.liveness_fd(&lease).unwrap().is_some());
+    /// leases.release(&lease).unwrap();
+    /// assert!(leases.liveness_fd(&lease).unwrap().is_none());
+    /// ```
+    pub fn liveness_fd(&self, lease: &Lease) -> Result<Option<std::os::fd::OwnedFd>, Error> {
+        let entry = self.slot(lease.session_id.stem());
+        let slot = lock(&entry.state);
+        match slot.local.as_ref() {
+            Some(generation)
+                if generation.local.token == lease.token
+                    && generation.local.owner == lease.owner =>
+            {
+                // `try_clone` duplicates with F_DUPFD_CLOEXEC.
+                let copy = generation
+                    .file
+                    .try_clone()
+                    .map_err(|e| Error::io("duplicate", &entry.paths.live(lease.token), e))?;
+                Ok(Some(copy.into()))
+            }
+            _ => Ok(None),
+        }
+    }
+}
