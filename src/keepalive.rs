@@ -185,7 +185,7 @@ impl<L: SessionLease + 'static> KeepAliveBuilder<L> {
 ///
 /// ```
 /// use std::sync::Arc;
-/// use flocklease::{FlockLease, KeepAlive, Owner, SessionId, SessionLease};
+/// use flocklease::{FlockLease, KeepAlive, Owner, SessionId};
 ///
 /// # fn main() -> Result<(), flocklease::Error> {
 /// let dir = tempfile::tempdir().unwrap();

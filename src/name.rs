@@ -25,6 +25,9 @@ const PREFIX_CHARS: usize = 40;
 /// let id = SessionId::new("orders/eu-1").unwrap();
 /// assert_eq!(id.stem(), "orders_eu-1-9e6170a68a528904");
 /// assert!(SessionId::new("").is_err());
+/// // Also by parsing or conversion:
+/// assert_eq!("orders/eu-1".parse::<SessionId>().unwrap(), id);
+/// assert_eq!(SessionId::try_from(String::from("orders/eu-1")).unwrap(), id);
 /// ```
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct SessionId(Arc<IdAndStem>);
@@ -123,6 +126,7 @@ impl fmt::Display for SessionId {
 ///
 /// assert_eq!(Owner::new("worker-7").unwrap().as_str(), "worker-7");
 /// assert!(Owner::new("").is_err());
+/// assert_eq!("worker-7".parse::<Owner>().unwrap(), Owner::try_from("worker-7").unwrap());
 /// ```
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Owner(Arc<str>);

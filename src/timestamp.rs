@@ -21,7 +21,11 @@ const SECS_PER_DAY: i64 = 86_400;
 ///
 /// let t = Timestamp::parse_rfc3339("2023-11-14T23:13:50.5+01:00").unwrap();
 /// assert_eq!(t.to_string(), "2023-11-14T22:13:50.5Z");
+/// assert_eq!(format!("{t:?}"), "Timestamp(2023-11-14T22:13:50.5Z)");
 /// assert_eq!(t.unix_nanos(), 1_700_000_030_500_000_000);
+/// // To and from SystemTime (a SystemTime outside the years 0001-9999 does not convert).
+/// let st: std::time::SystemTime = t.into();
+/// assert_eq!(Timestamp::try_from(st).unwrap(), t);
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Timestamp {

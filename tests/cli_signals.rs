@@ -110,7 +110,7 @@ fn a_lost_lease_stops_every_process_of_the_job() {
     );
     let (gc, leader) = (s.pid("gc"), s.pid("pid"));
     let runner = run.id() as i32;
-    signal(runner, Signal::SIGSTOP);
+    stop_outside_transition(runner, &s.leases, "lost");
     // Suspended past its TTL: a rival takes over as soon as the lease expires.
     let mut taken = None;
     wait_until("the lease to expire", || {

@@ -74,7 +74,7 @@ pub enum Durability {
 /// # Examples
 ///
 /// ```
-/// use flocklease::{FlockLease, Grant, Owner, SessionId, SessionLease};
+/// use flocklease::{FlockLease, Grant, Owner, SessionId};
 ///
 /// let dir = tempfile::tempdir().unwrap();
 /// let leases = FlockLease::open(dir.path()).unwrap();
@@ -178,7 +178,7 @@ impl FlockLease {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use flocklease::{FlockLease, Grant, Owner, SessionId, SessionLease};
+    /// use flocklease::{FlockLease, Grant, Owner, SessionId};
     ///
     /// let dir = tempfile::tempdir().unwrap();
     /// let (a, b) = (FlockLease::open(dir.path()).unwrap(), FlockLease::open(dir.path()).unwrap());
@@ -735,7 +735,7 @@ impl FlockLease {
     /// # Examples
     ///
     /// ```
-    /// use flocklease::{FlockLease, Owner, SessionId, SessionLease};
+    /// use flocklease::{FlockLease, Owner, SessionId};
     ///
     /// let dir = tempfile::tempdir().unwrap();
     /// let leases = FlockLease::open(dir.path()).unwrap();

@@ -190,6 +190,33 @@ pub fn output_of(mut child: Child) -> Output {
     child.wait_with_output().unwrap()
 }
 
+/// Stops `run` (pid `runner`) at an instant when it is not inside a transition on `id`: a stop
+/// inside one would leave the id's transition lock stuck and every rival would time out
+/// instead of seeing the lease. After each stop the test checks the lock; if it is taken, the
+/// runner resumes until the lock is free and is stopped again (bounded by [`GUARD`]).
+pub fn stop_outside_transition(runner: i32, leases: &Path, id: &str) {
+    let lock = leases.join(format!("{}.lock", SessionId::new(id).unwrap().stem()));
+    let start = Instant::now();
+    loop {
+        signal(runner, Signal::SIGSTOP);
+        wait_until("the runner to stop", || pid_stopped(runner));
+        let file = std::fs::File::open(&lock).unwrap();
+        match file.try_lock() {
+            Ok(()) => return, // dropping the file unlocks it again
+            Err(_) => {
+                // Stopped inside a renew: let it finish that one.
+                signal(runner, Signal::SIGCONT);
+                wait_until("the transition to end", || file.try_lock().is_ok());
+                drop(file);
+            }
+        }
+        assert!(
+            start.elapsed() < GUARD,
+            "never stopped outside a transition"
+        );
+    }
+}
+
 /// Sends `sig` to `pid`.
 pub fn signal(pid: i32, sig: Signal) {
     kill(Pid::from_raw(pid), sig).unwrap();
