@@ -117,7 +117,8 @@
 //!
 //! One pure transition function, [`machine::step`], decides every transition. The real adapter
 //! [`FlockLease`], the in-memory adapter [`MemLease`] and the model checker interpret its
-//! decisions through one interpreter, [`driver::run`].
+//! decisions through one interpreter, [`driver::run`]; so does `pg::PgLease` (feature
+//! `postgres`), the same leases across hosts in a PostgreSQL database.
 //!
 //! # Examples
 //!
