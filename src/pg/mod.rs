@@ -84,6 +84,7 @@ use crate::timestamp::Timestamp;
 mod conn;
 mod fault;
 pub mod schema;
+mod sessions;
 mod sqltime;
 mod tx;
 
@@ -92,6 +93,7 @@ use fault::Faults;
 #[cfg(feature = "fault-injection")]
 pub use fault::PgFaultHook;
 pub use fault::{PgFault, PgStep};
+pub use sessions::PgSession;
 use sqltime::{SqlTime, truncate_to_micros};
 use tx::{IdState, PgTx, gen_key};
 
@@ -214,34 +216,6 @@ impl PgLease {
             }
             self.inner.wait_for_holder(id, left)?;
         }
-    }
-
-    /// Every lease row, in id order, as stored (a placeholder row reads as `None`).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Database`] when the table cannot be read; [`Error::CorruptRow`].
-    pub fn sessions(&self) -> Result<Vec<(String, Option<Record>)>, Error> {
-        let inner = &self.inner;
-        let conn = inner.tx_conn(None)?;
-        let rows = inner
-            .rt
-            .block_on(conn.client.query(
-                &format!(
-                    "SELECT id, owner, token, expiry FROM {} ORDER BY id",
-                    schema::TABLE
-                ),
-                &[],
-            ))
-            .map_err(|e| Fail::Db(e).into_error("list the leases", None))?;
-        inner.give_back_tx(conn);
-        rows.iter()
-            .map(|r| {
-                let id: String = r.get(0);
-                let sid = SessionId::new(id.clone())?;
-                Ok((id, tx::record_of(&sid, r.get(1), r.get(2), r.get(3))?))
-            })
-            .collect()
     }
 
     fn transition(&self, id: &SessionId, event: Event) -> Result<Outcome, Error> {

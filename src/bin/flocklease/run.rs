@@ -24,7 +24,8 @@ use std::time::{Duration, Instant};
 
 use clap::{ArgGroup, Args, ValueEnum};
 use flocklease::{
-    Clock, Durability, Error, FlockLease, KeepAlive, Lease, Owner, SessionId, SystemClock,
+    Clock, Durability, Error, FlockLease, KeepAlive, Lease, Owner, SessionId, SessionLease,
+    SystemClock,
 };
 use nix::sys::signal::Signal;
 
@@ -42,11 +43,18 @@ const IDLE: Duration = Duration::from_secs(1);
 /// The arguments of `run`.
 #[derive(Args)]
 #[command(group(ArgGroup::new("what").required(true).args(["command", "shell_command"])))]
+#[command(group(ArgGroup::new("where").required(true).args(["dir", "pg"])))]
 pub struct RunArgs {
     /// The lease directory. Created (mode 0700) if missing, but only its last component: a
     /// missing parent is an error.
     #[arg(long, value_name = "DIR")]
-    dir: PathBuf,
+    dir: Option<PathBuf>,
+    /// Keep the lease in PostgreSQL instead (a connection string: `host=… user=… dbname=…`
+    /// or `postgresql://…`): one host of a fleet at a time. If `run` is killed, the lease is
+    /// free at once (its connection ends) while the watchdog stops the job: fence with
+    /// FLOCKLEASE_TOKEN. Needs a binary built with the `postgres` feature.
+    #[arg(long, value_name = "CONNINFO", conflicts_with_all = ["dir", "durability"])]
+    pg: Option<String>,
     /// The session id (any text; `/` and the like are safe).
     #[arg(long, value_name = "ID")]
     id: String,
@@ -122,7 +130,11 @@ fn run(a: RunArgs) -> Result<u8, String> {
     let id = SessionId::new(a.id.as_str()).map_err(|e| e.to_string())?;
     let owner =
         Owner::new(a.owner.clone().unwrap_or_else(default_owner)).map_err(|e| e.to_string())?;
-    let dir = prepare_dir(&a.dir)?;
+    if let Some(url) = a.pg.clone() {
+        return run_pg(&a, &url, &signals, &id, &owner);
+    }
+    // clap requires --dir or --pg.
+    let dir = prepare_dir(a.dir.as_deref().unwrap_or_else(|| unreachable!()))?;
     let leases = Arc::new(
         FlockLease::builder(&dir)
             .ttl(a.ttl)
@@ -158,6 +170,24 @@ fn run(a: RunArgs) -> Result<u8, String> {
     };
     // Best effort: without it, `status` shows the stem only.
     let _ = flocklease::status::write_id(&dir, &id);
+    let live = || leases.liveness_fd(&lease).map_err(|e| e.to_string());
+    hold(&a, &signals, keep, (tx, rx), &owner, live, Some(&dir))
+}
+
+/// Runs the job while `keep` keeps its lease alive, then releases; returns the exit status.
+/// `live` gives the liveness descriptor the job inherits (flock), if any; `dir` is put in the
+/// job's environment.
+fn hold<L: SessionLease + 'static>(
+    a: &RunArgs,
+    signals: &Signals,
+    keep: KeepAlive<L>,
+    (tx, rx): (mpsc::Sender<Event>, Receiver<Event>),
+    owner: &Owner,
+    live: impl FnOnce() -> Result<Option<std::os::fd::OwnedFd>, String>,
+    dir: Option<&Path>,
+) -> Result<u8, String> {
+    let lease = keep.lease();
+    let id = &lease.session_id;
     // Without a watchdog (no /proc to find our own binary), the inherited liveness descriptor
     // still keeps the lease live for the job of a killed `run`, up to the expiry.
     let mut watchdog = Watchdog::spawn(a.grace)
@@ -168,13 +198,15 @@ fn run(a: RunArgs) -> Result<u8, String> {
             );
         })
         .ok();
-    let live = leases.liveness_fd(&lease).map_err(|e| e.to_string())?;
-    let (mut cmd, name) = command(&a);
+    let live = live()?;
+    let (mut cmd, name) = command(a);
     cmd.env("FLOCKLEASE_TOKEN", lease.token.to_string())
         .env("FLOCKLEASE_ID", id.as_str())
         .env("FLOCKLEASE_OWNER", owner.as_str())
-        .env("FLOCKLEASE_EXPIRY", lease.expiry.to_string())
-        .env("FLOCKLEASE_DIR", &dir);
+        .env("FLOCKLEASE_EXPIRY", lease.expiry.to_string());
+    if let Some(dir) = dir {
+        cmd.env("FLOCKLEASE_DIR", dir);
+    }
     let spawned = {
         let mut route = signals.lock();
         let spawned = Job::spawn(&mut cmd, live.as_ref(), job::Terminal::foreground());
@@ -211,6 +243,61 @@ fn run(a: RunArgs) -> Result<u8, String> {
     Ok(code)
 }
 
+/// `run --pg`: the lease in PostgreSQL, the job supervised as with a directory.
+#[cfg(feature = "postgres")]
+fn run_pg(
+    a: &RunArgs,
+    url: &str,
+    signals: &Signals,
+    id: &SessionId,
+    owner: &Owner,
+) -> Result<u8, String> {
+    use flocklease::SessionLease as _;
+    use flocklease::pg::PgLease;
+    let leases = Arc::new(
+        PgLease::builder(url)
+            .ttl(a.ttl)
+            .connect()
+            .map_err(|e| e.to_string())?,
+    );
+    let wait = a.wait.filter(|w| !w.is_zero());
+    let grant = match wait {
+        None => leases.acquire(id, owner),
+        Some(w) => leases.acquire_wait(id, owner, w),
+    }
+    .map_err(|e| e.to_string())?;
+    let Some(lease) = grant.lease() else {
+        if !a.quiet {
+            let waited = wait.map_or(String::new(), |w| {
+                format!(" after waiting {}", status::human(w))
+            });
+            eprintln!("flocklease: {id} is held by another owner{waited}");
+        }
+        return Ok(a.conflict_exit_code);
+    };
+    let (tx, rx) = mpsc::channel();
+    let keep = {
+        let tx = tx.clone();
+        // The server's clock (as estimated here) decides the expiry, not this host's.
+        KeepAlive::builder(Arc::clone(&leases), lease.clone())
+            .clock(leases.clock())
+            .on_loss(move |_| {
+                let _ = tx.send(Event::Lost);
+            })
+            .start()
+            .map_err(|e| {
+                let _ = leases.release(&lease);
+                e.to_string()
+            })?
+    };
+    hold(a, signals, keep, (tx, rx), owner, || Ok(None), None)
+}
+
+#[cfg(not(feature = "postgres"))]
+fn run_pg(_: &RunArgs, _: &str, _: &Signals, _: &SessionId, _: &Owner) -> Result<u8, String> {
+    Err("this flocklease was built without PostgreSQL support (cargo feature `postgres`)".into())
+}
+
 /// Acquires, waiting up to `wait` if given. `None` means held: contention is data, and a
 /// stuck transition lock is an error (`LockTimeout` naming `<stem>.lock`), never "held".
 fn acquire(
@@ -228,9 +315,9 @@ fn acquire(
 
 /// Waits for the job to end, forwarding signals and stopping it on loss; returns the exit
 /// status of `run`.
-fn supervise(
+fn supervise<L: SessionLease + 'static>(
     mut job: Job,
-    keep: &KeepAlive<FlockLease>,
+    keep: &KeepAlive<L>,
     events: &Receiver<Event>,
     grace: Duration,
 ) -> u8 {
@@ -307,7 +394,7 @@ fn terminate(job: &Job) {
     job.signal(Signal::SIGCONT);
 }
 
-fn release(keep: KeepAlive<FlockLease>) {
+fn release<L: SessionLease + 'static>(keep: KeepAlive<L>) {
     if let Err(e) = keep.release() {
         eprintln!("flocklease: release failed (the lease will expire): {e}");
     }

@@ -11,10 +11,15 @@ use crate::EXIT_ERROR;
 
 /// The arguments of `status`.
 #[derive(Args)]
+#[command(group(clap::ArgGroup::new("where").required(true).args(["dir", "pg"])))]
 pub struct StatusArgs {
     /// The lease directory.
     #[arg(long, value_name = "DIR")]
-    dir: PathBuf,
+    dir: Option<PathBuf>,
+    /// List the PostgreSQL lease table instead (a connection string). Liveness is read from
+    /// `pg_locks`, times are the server's. Needs a binary built with the `postgres` feature.
+    #[arg(long, value_name = "CONNINFO", conflicts_with = "dir")]
+    pg: Option<String>,
     /// Only this session id. Exit status: 0 when it is held, 1 when it is free (released,
     /// expired, holder dead, or never granted), 70 when its record is broken.
     #[arg(long, value_name = "ID")]
@@ -40,12 +45,17 @@ pub fn main(args: &StatusArgs) -> u8 {
 }
 
 fn status(a: &StatusArgs) -> Result<u8, String> {
+    if let Some(url) = &a.pg {
+        return status_pg(a, url);
+    }
+    // clap requires --dir or --pg.
+    let dir = a.dir.as_deref().unwrap_or_else(|| unreachable!());
     let now = SystemClock.now();
     let rows = match &a.id {
-        None => scan(&a.dir, now).map_err(|e| e.to_string())?,
+        None => scan(dir, now).map_err(|e| e.to_string())?,
         Some(id) => {
             let id = SessionId::new(id.as_str()).map_err(|e| e.to_string())?;
-            session(&a.dir, &id, now)
+            session(dir, &id, now)
                 .map_err(|e| e.to_string())?
                 .into_iter()
                 .collect()
@@ -72,6 +82,90 @@ fn status(a: &StatusArgs) -> Result<u8, String> {
         Some(row) if row.is_held() => 0,
         Some(_) => 1,
     })
+}
+
+/// `status --pg`: the lease table, with the server's clock and `pg_locks` liveness.
+#[cfg(feature = "postgres")]
+fn status_pg(a: &StatusArgs, url: &str) -> Result<u8, String> {
+    let leases = flocklease::pg::PgLease::connect(url).map_err(|e| e.to_string())?;
+    let id = match &a.id {
+        Some(id) => Some(SessionId::new(id.as_str()).map_err(|e| e.to_string())?),
+        None => None,
+    };
+    let rows = leases.sessions(id.as_ref()).map_err(|e| e.to_string())?;
+    if a.quiet {
+    } else if a.json {
+        let json: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "id": r.id,
+                    "owner": r.record.as_ref().map(|r| r.owner.clone()),
+                    "token": r.record.as_ref().map(|r| r.token),
+                    "expiry": r.record.as_ref().map(|r| r.expiry.to_string()),
+                    "state": r.state(),
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json).map_err(|e| e.to_string())?
+        );
+    } else {
+        let mut lines = vec![["ID", "OWNER", "TOKEN", "EXPIRY", "STATE"].map(String::from)];
+        for r in &rows {
+            let (owner, token, expiry) = match &r.record {
+                Some(rec) => (
+                    if rec.owner.is_empty() {
+                        "-".into()
+                    } else {
+                        rec.owner.clone()
+                    },
+                    rec.token.to_string(),
+                    format!(
+                        "{} ({})",
+                        rec.expiry,
+                        relative(&rec.expiry.to_string(), r.now)
+                    ),
+                ),
+                None => ("-".into(), "-".into(), "-".into()),
+            };
+            lines.push([r.id.clone(), owner, token, expiry, r.state().to_owned()]);
+        }
+        let w: Vec<usize> = (0..5)
+            .map(|c| {
+                lines
+                    .iter()
+                    .map(|l| l[c].chars().count())
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        for l in &lines {
+            println!(
+                "{:<w0$}  {:<w1$}  {:>w2$}  {:<w3$}  {}",
+                l[0],
+                l[1],
+                l[2],
+                l[3],
+                l[4],
+                w0 = w[0],
+                w1 = w[1],
+                w2 = w[2],
+                w3 = w[3],
+            );
+        }
+    }
+    Ok(match (&a.id, rows.first()) {
+        (None, _) => 0,
+        (Some(_), Some(r)) if r.is_held() => 0,
+        (Some(_), _) => 1,
+    })
+}
+
+#[cfg(not(feature = "postgres"))]
+fn status_pg(_: &StatusArgs, _: &str) -> Result<u8, String> {
+    Err("this flocklease was built without PostgreSQL support (cargo feature `postgres`)".into())
 }
 
 fn print_table(rows: &[SessionStatus], now: Timestamp) {

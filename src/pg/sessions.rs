@@ -1,0 +1,107 @@
+//! Listing the lease table for status reports, without taking any lock a holder or a
+//! transition needs: liveness is read from `pg_locks` (a read-only view), never probed.
+
+use std::sync::atomic::Ordering;
+
+use super::tx::record_of;
+use super::{PgLease, schema};
+use crate::error::Error;
+use crate::name::SessionId;
+use crate::record::Record;
+use crate::timestamp::Timestamp;
+
+/// One lease row, as [`PgLease::sessions`] reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PgSession {
+    /// The session id.
+    pub id: String,
+    /// The record (`None` for a row inserted by a first use that never committed a grant).
+    pub record: Option<Record>,
+    /// Whether a session holds the recorded generation's liveness lock (from `pg_locks`).
+    pub live: bool,
+    /// The server's clock when the table was read.
+    pub now: Timestamp,
+}
+
+impl PgSession {
+    /// Whether the lease is held: a holder is recorded, unexpired, and its liveness lock is
+    /// held.
+    pub fn is_held(&self) -> bool {
+        self.record
+            .as_ref()
+            .is_some_and(|r| !r.is_tombstone() && self.now < r.expiry && self.live)
+    }
+
+    /// `held`, `dead` (holder gone before its expiry), `expired`, `released` or `free`.
+    pub fn state(&self) -> &'static str {
+        match &self.record {
+            None => "free",
+            Some(r) if r.is_tombstone() => "released",
+            Some(r) if self.now >= r.expiry => "expired",
+            Some(_) if self.live => "held",
+            Some(_) => "dead",
+        }
+    }
+}
+
+impl PgLease {
+    /// Every lease row (or only `id`'s), in id order, with its liveness read from `pg_locks`
+    /// and the server's clock. Takes no lock: a status reader never makes a dead holder look
+    /// alive nor blocks a holder. Also refreshes [`PgLease::clock`]'s offset.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] when the table cannot be read; [`Error::CorruptRow`].
+    pub fn sessions(&self, id: Option<&SessionId>) -> Result<Vec<PgSession>, Error> {
+        let inner = &self.inner;
+        let conn = inner.tx_conn(id)?;
+        let sql = format!(
+            "SELECT r.id, r.owner, r.token, r.expiry, EXISTS (SELECT 1 FROM pg_locks l \
+             WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ExclusiveLock' \
+             AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+             AND l.classid::int8 = r.key AND l.objsubid = 2 \
+             AND l.objid::int8 = (r.token & 4294967295)) \
+             FROM {} r WHERE $1::text IS NULL OR r.id = $1 ORDER BY r.id",
+            schema::TABLE
+        );
+        let wanted = id.map(SessionId::as_str);
+        let clock_sql = "SELECT clock_timestamp()";
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&wanted];
+        let read = inner.rt.block_on(async {
+            tokio::try_join!(
+                conn.client.query(&sql, &params),
+                conn.client.query_one(clock_sql, &[])
+            )
+        });
+        let (rows, clock) = match read {
+            Ok(read) => {
+                inner.give_back_tx(conn);
+                read
+            }
+            Err(e) => {
+                return Err(super::conn::Fail::Db(e).into_error("list the leases", id));
+            }
+        };
+        let now = clock
+            .get::<_, super::sqltime::SqlTime>(0)
+            .to_timestamp()
+            .unwrap_or(Timestamp::MAX);
+        if inner.clock.is_none() {
+            let offset = now.unix_nanos() - inner.local_clock.now().unix_nanos();
+            let offset = offset.clamp(i64::MIN.into(), i64::MAX.into()) as i64;
+            inner.offset_nanos.store(offset, Ordering::Relaxed);
+        }
+        rows.iter()
+            .map(|r| {
+                let name: String = r.get(0);
+                let sid = SessionId::new(name.clone())?;
+                Ok(PgSession {
+                    record: record_of(&sid, r.get(1), r.get(2), r.get(3))?,
+                    id: name,
+                    live: r.get(4),
+                    now,
+                })
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,94 @@
+//! `flocklease run --pg` and `status --pg` against a throwaway PostgreSQL server: the job runs
+//! with the token in its environment, a second `run` is refused while a holder lives, the
+//! lease is released when the job ends, and `status --pg` lists the table.
+
+#![cfg(all(feature = "postgres", feature = "cli"))]
+#![allow(clippy::unwrap_used)]
+
+#[path = "support/pg.rs"]
+mod pg;
+
+use std::process::Command;
+
+use flocklease::pg::PgLease;
+use flocklease::{Owner, SessionId, SessionLease};
+
+fn flocklease(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_flocklease"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn run_and_status_go_cluster_wide() {
+    let Some(server) = pg::server() else { return };
+    let db = server.fresh_db();
+    let url = server.url(&db);
+    let out = flocklease(&[
+        "run",
+        "--pg",
+        &url,
+        "--id",
+        "nightly",
+        "--",
+        "sh",
+        "-c",
+        "echo token=$FLOCKLEASE_TOKEN",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "token=1");
+    let admin = server.admin(&db);
+    assert_eq!(
+        admin.row("nightly").unwrap().0,
+        "",
+        "released after the job"
+    );
+    // Another host holds it: refused with the conflict status, the job never runs.
+    let other = PgLease::connect(&url).unwrap();
+    let lease = other
+        .acquire(
+            &SessionId::new("nightly").unwrap(),
+            &Owner::new("host-b").unwrap(),
+        )
+        .unwrap()
+        .lease()
+        .unwrap();
+    let out = flocklease(&[
+        "run", "--pg", &url, "--id", "nightly", "--", "sh", "-c", "echo ran",
+    ]);
+    assert_eq!(out.status.code(), Some(75), "{out:?}");
+    assert!(out.stdout.is_empty());
+    let out = flocklease(&["status", "--pg", &url]);
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("nightly") && text.contains("host-b") && text.contains("held"),
+        "{text}"
+    );
+    assert_eq!(
+        flocklease(&["status", "--pg", &url, "--id", "nightly", "-q"])
+            .status
+            .code(),
+        Some(0)
+    );
+    other.release(&lease).unwrap();
+    assert_eq!(
+        flocklease(&["status", "--pg", &url, "--id", "nightly", "-q"])
+            .status
+            .code(),
+        Some(1)
+    );
+    let out = flocklease(&[
+        "run",
+        "--pg",
+        &url,
+        "--id",
+        "nightly",
+        "--",
+        "sh",
+        "-c",
+        "echo token=$FLOCKLEASE_TOKEN",
+    ]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "token=3");
+}
