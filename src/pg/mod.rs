@@ -83,25 +83,24 @@ use crate::timestamp::Timestamp;
 
 mod conn;
 mod fault;
+mod pool;
+mod round;
 pub mod schema;
 mod sessions;
 mod sqltime;
 mod tx;
 
-use conn::{Configs, Conn, Fail, exec, lock};
+use conn::{Configs, Conn, lock};
 use fault::Faults;
 #[cfg(feature = "fault-injection")]
 pub use fault::PgFaultHook;
 pub use fault::{PgFault, PgStep};
 pub use sessions::PgSession;
-use sqltime::{SqlTime, truncate_to_micros};
-use tx::{IdState, PgTx, gen_key};
+use sqltime::truncate_to_micros;
+use tx::{IdState, PgTx};
 
 /// The default bound on waiting for a lease row locked by another transition: 5 seconds.
 pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Idle connections kept per role (transition, liveness) between calls.
-const POOL_MAX: usize = 4;
 
 /// The per-id state map is pruned of idle ids when it grows past this size.
 const PRUNE_AT: usize = 1024;
@@ -479,283 +478,6 @@ impl Inner {
         let entry = Arc::new(Mutex::new(IdState::default()));
         ids.map.insert(id.clone(), Arc::clone(&entry));
         entry
-    }
-
-    /// An idle transition connection, or a new one.
-    fn tx_conn(&self, id: Option<&SessionId>) -> Result<Conn, Error> {
-        if let Some(conn) = lock(&self.tx_pool).pop() {
-            return Ok(conn);
-        }
-        conn::connect(&self.rt, &self.configs.transition).map_err(|e| e.into_error("connect", id))
-    }
-
-    /// Keeps a sound transition connection for later; ends the session of one whose last
-    /// outcome is unknown (it may still hold the row lock or a probe's lock), so that nothing
-    /// it held outlives the call.
-    fn give_back_tx(&self, conn: Conn) {
-        if !conn.reusable() {
-            if !conn.ended.is_ended() {
-                self.discard(conn);
-            }
-            return;
-        }
-        let mut pool = lock(&self.tx_pool);
-        if pool.len() < POOL_MAX {
-            pool.push(conn);
-        }
-    }
-
-    fn live_conn(&self, id: &SessionId) -> Result<Conn, Error> {
-        if let Some(conn) = lock(&self.live_pool).pop() {
-            return Ok(conn);
-        }
-        conn::connect(&self.rt, &self.configs.liveness)
-            .map_err(|e| e.into_error("connect a liveness connection", Some(id)))
-    }
-
-    fn give_back_live(&self, conn: Conn) {
-        conn.ended.clear();
-        let mut pool = lock(&self.live_pool);
-        if conn.reusable() && pool.len() < POOL_MAX {
-            pool.push(conn);
-        }
-    }
-
-    /// Ends a connection whose locks are unknown, and makes sure the server has ended its
-    /// session (so its locks are gone) before returning, as far as it can.
-    fn discard(&self, conn: Conn) {
-        let pid = conn.pid;
-        drop(conn);
-        if let Ok(admin) = self.tx_conn(None) {
-            let done = exec(
-                &self.rt,
-                &Faults::default(),
-                PgStep::Unlock,
-                &admin,
-                |c| async move {
-                    c.client
-                        .execute("SELECT pg_terminate_backend($1::int4, 2000)", &[&pid])
-                        .await
-                },
-            );
-            if done.is_ok() {
-                self.give_back_tx(admin);
-            }
-        }
-    }
-
-    /// Locks generation `(key, token)` on a liveness connection and returns it.
-    fn lock_generation(
-        &self,
-        id: &SessionId,
-        key: i32,
-        token: u64,
-        step: PgStep,
-    ) -> Result<Conn, Error> {
-        let conn = self.live_conn(id)?;
-        let gk = gen_key(token);
-        let got = exec(&self.rt, &self.faults, step, &conn, |c| async move {
-            c.client.query_one(&c.stmts.lock_live, &[&key, &gk]).await
-        });
-        let row = match got {
-            Ok(row) => row,
-            Err(e) => {
-                let unknown = e.outcome_unknown();
-                // The lock may have been granted without our knowing: end that session.
-                if unknown {
-                    self.discard(conn);
-                } else {
-                    self.give_back_live(conn);
-                }
-                return Err(e.into_error("lock the generation's liveness lock", Some(id)));
-            }
-        };
-        let (locked, pid): (bool, i32) = (row.get(0), row.get(1));
-        if pid != conn.pid {
-            let opened = conn.pid;
-            self.discard(conn);
-            return Err(Error::SessionNotKept {
-                detail: format!(
-                    "the liveness lock was taken in server session {pid}, the connection \
-                     opened in session {opened}"
-                ),
-            });
-        }
-        if !locked {
-            self.give_back_live(conn);
-            return Err(Error::AdvisoryLockBusy {
-                id: id.clone(),
-                token,
-            });
-        }
-        Ok(conn)
-    }
-
-    /// Unlocks generation `(key, token)` on `conn` and keeps the connection if that worked;
-    /// otherwise ends its session so that the lock cannot outlive this call.
-    fn unlock_and_pool(&self, conn: Conn, key: i32, token: u64) {
-        let gk = gen_key(token);
-        let done = exec(
-            &self.rt,
-            &self.faults,
-            PgStep::Unlock,
-            &conn,
-            |c| async move { c.client.query_one(&c.stmts.unlock, &[&key, &gk]).await },
-        );
-        match done {
-            Ok(row) if row.get::<_, bool>(0) => self.give_back_live(conn),
-            _ => self.discard(conn),
-        }
-    }
-
-    /// The transition's first round trip: `BEGIN`, the row locked and read, the server's
-    /// clock read after the lock. Inserts the row first if missing.
-    #[allow(clippy::type_complexity)]
-    fn begin(
-        &self,
-        id: &SessionId,
-        conn: &Conn,
-        probe: Option<Option<i64>>,
-    ) -> Result<(i32, Option<Record>, Timestamp, Option<(i32, bool)>), Error> {
-        let started = Instant::now();
-        let map = |e: Fail| {
-            if e.is_lock_timeout() {
-                Error::RowLockTimeout {
-                    id: id.clone(),
-                    waited: started.elapsed(),
-                }
-            } else {
-                e.into_error("lock the lease row", Some(id))
-            }
-        };
-        let idp = id.as_str();
-        let first = exec(&self.rt, &self.faults, PgStep::LockRow, conn, |c| {
-            conn::lock_and_read(c, idp, probe)
-        })
-        .map_err(map)?;
-        let (row, clock, probe) = match first.row {
-            Some(row) => (row, first.clock, first.probe),
-            None => {
-                // First use of the id: insert a placeholder row to lock (outside the
-                // transaction, so a concurrent first user's insert cannot abort ours), then
-                // lock and read it as above.
-                exec(
-                    &self.rt,
-                    &self.faults,
-                    PgStep::InsertRow,
-                    conn,
-                    |c| async move {
-                        c.client.execute(&c.stmts.rollback, &[]).await?;
-                        c.client.execute(&c.stmts.insert_row, &[&id.as_str()]).await
-                    },
-                )
-                .map_err(map)?;
-                let again = exec(&self.rt, &self.faults, PgStep::LockRow, conn, |c| {
-                    conn::lock_and_read(c, idp, probe)
-                })
-                .map_err(map)?;
-                match again.row {
-                    Some(row) => (row, again.clock, again.probe),
-                    None => {
-                        return Err(Error::CorruptRow {
-                            id: id.clone(),
-                            reason: "the row vanished right after its insert (deleted by hand?)"
-                                .into(),
-                        });
-                    }
-                }
-            }
-        };
-        let (key, record) = row_record(id, &row)?;
-        let now = clock
-            .get::<_, SqlTime>(0)
-            .to_timestamp()
-            .ok_or_else(|| Error::CorruptRow {
-                id: id.clone(),
-                reason: "the server's clock is outside the years 0001-9999".into(),
-            })?;
-        Ok((key, record, now, probe))
-    }
-
-    /// Ends a transition's transaction: rolls back what was not committed, and keeps the
-    /// connection if it is sound.
-    fn end_tx(&self, conn: Conn, finished: bool) {
-        if !finished && conn.reusable() {
-            let rolled_back = self
-                .rt
-                .block_on(conn.client.execute(&conn.stmts.rollback, &[]))
-                .is_ok();
-            if !rolled_back {
-                conn.poison();
-            }
-        }
-        self.give_back_tx(conn);
-    }
-
-    /// Waits until the holder of `id`'s recorded generation is gone, its expiry passes, or
-    /// `left` runs out (whichever first); returns at once if nobody seems to hold it.
-    fn wait_for_holder(&self, id: &SessionId, left: Option<Duration>) -> Result<(), Error> {
-        let conn = self.tx_conn(Some(id))?;
-        let db = |e: tokio_postgres::Error| Fail::Db(e).into_error("wait for the holder", Some(id));
-        let peek_sql = format!(
-            "SELECT key, owner, token, expiry FROM {} WHERE id = $1",
-            schema::TABLE
-        );
-        let idp = id.as_str();
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&idp];
-        let peek = self.rt.block_on(async {
-            tokio::try_join!(
-                conn.client.execute(&conn.stmts.begin, &[]),
-                conn.client.query_opt(&peek_sql, &params),
-                conn.client.query_one(&conn.stmts.clock, &[]),
-            )
-        });
-        let mut finished = false;
-        let result = match peek {
-            Err(e) => Err(db(e)),
-            Ok((_, None, _)) => Ok(()),
-            Ok((_, Some(row), clock)) => {
-                let (key, record) = row_record(id, &row)?;
-                let now = clock.get::<_, SqlTime>(0).to_timestamp();
-                match (record, now) {
-                    (Some(r), Some(now)) if !r.is_tombstone() && now < r.expiry => {
-                        let to_expiry = r.expiry.saturating_duration_since(now);
-                        let wait = left.map_or(to_expiry, |l| l.min(to_expiry));
-                        let ms = format!("{}ms", wait.as_millis().clamp(1, i32::MAX as u128));
-                        let gk = gen_key(r.token);
-                        let p1: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&ms];
-                        let p2: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&key, &gk];
-                        // The ROLLBACK is pipelined too: it ends the wait's transaction (and
-                        // drops its shared lock) as soon as the wait returns.
-                        let waited = self.rt.block_on(async {
-                            tokio::join!(
-                                conn.client.query_one(&conn.stmts.wait_timeout, &p1),
-                                conn.client.execute(&conn.stmts.wait, &p2),
-                                conn.client.execute(&conn.stmts.rollback, &[]),
-                            )
-                        });
-                        finished = waited.2.is_ok();
-                        match (waited.0, waited.1) {
-                            (Ok(_), Ok(_)) => Ok(()),
-                            (Err(e), _) | (_, Err(e)) => {
-                                if Fail::Db(e).is_lock_timeout() {
-                                    Ok(())
-                                } else {
-                                    Err(Error::Database {
-                                        op: "wait for the holder",
-                                        id: Some(id.clone()),
-                                        source: "the wait failed".into(),
-                                    })
-                                }
-                            }
-                        }
-                    }
-                    _ => Ok(()),
-                }
-            }
-        };
-        self.end_tx(conn, finished);
-        result
     }
 }
 

@@ -1,0 +1,142 @@
+//! Connection pools of a [`PgLease`](super::PgLease): idle transition and liveness
+//! connections, locking and unlocking a generation's liveness lock, and ending a session
+//! whose locks are unknown.
+
+use super::Inner;
+use super::conn::{self, Conn, exec, lock};
+use super::fault::{Faults, PgStep};
+use super::tx::gen_key;
+use crate::error::Error;
+use crate::name::SessionId;
+
+/// Idle connections kept per role (transition, liveness) between calls.
+const POOL_MAX: usize = 4;
+
+impl Inner {
+    /// An idle transition connection, or a new one.
+    pub(super) fn tx_conn(&self, id: Option<&SessionId>) -> Result<Conn, Error> {
+        if let Some(conn) = lock(&self.tx_pool).pop() {
+            return Ok(conn);
+        }
+        conn::connect(&self.rt, &self.configs.transition).map_err(|e| e.into_error("connect", id))
+    }
+
+    /// Keeps a sound transition connection for later; ends the session of one whose last
+    /// outcome is unknown (it may still hold the row lock or a probe's lock), so that nothing
+    /// it held outlives the call.
+    pub(super) fn give_back_tx(&self, conn: Conn) {
+        if !conn.reusable() {
+            if !conn.ended.is_ended() {
+                self.discard(conn);
+            }
+            return;
+        }
+        let mut pool = lock(&self.tx_pool);
+        if pool.len() < POOL_MAX {
+            pool.push(conn);
+        }
+    }
+
+    pub(super) fn live_conn(&self, id: &SessionId) -> Result<Conn, Error> {
+        if let Some(conn) = lock(&self.live_pool).pop() {
+            return Ok(conn);
+        }
+        conn::connect(&self.rt, &self.configs.liveness)
+            .map_err(|e| e.into_error("connect a liveness connection", Some(id)))
+    }
+
+    pub(super) fn give_back_live(&self, conn: Conn) {
+        conn.ended.clear();
+        let mut pool = lock(&self.live_pool);
+        if conn.reusable() && pool.len() < POOL_MAX {
+            pool.push(conn);
+        }
+    }
+
+    /// Ends a connection whose locks are unknown, and makes sure the server has ended its
+    /// session (so its locks are gone) before returning, as far as it can.
+    pub(super) fn discard(&self, conn: Conn) {
+        let pid = conn.pid;
+        drop(conn);
+        if let Ok(admin) = self.tx_conn(None) {
+            let done = exec(
+                &self.rt,
+                &Faults::default(),
+                PgStep::Unlock,
+                &admin,
+                |c| async move {
+                    c.client
+                        .execute("SELECT pg_terminate_backend($1::int4, 2000)", &[&pid])
+                        .await
+                },
+            );
+            if done.is_ok() {
+                self.give_back_tx(admin);
+            }
+        }
+    }
+
+    /// Locks generation `(key, token)` on a liveness connection and returns it.
+    pub(super) fn lock_generation(
+        &self,
+        id: &SessionId,
+        key: i32,
+        token: u64,
+        step: PgStep,
+    ) -> Result<Conn, Error> {
+        let conn = self.live_conn(id)?;
+        let gk = gen_key(token);
+        let got = exec(&self.rt, &self.faults, step, &conn, |c| async move {
+            c.client.query_one(&c.stmts.lock_live, &[&key, &gk]).await
+        });
+        let row = match got {
+            Ok(row) => row,
+            Err(e) => {
+                let unknown = e.outcome_unknown();
+                // The lock may have been granted without our knowing: end that session.
+                if unknown {
+                    self.discard(conn);
+                } else {
+                    self.give_back_live(conn);
+                }
+                return Err(e.into_error("lock the generation's liveness lock", Some(id)));
+            }
+        };
+        let (locked, pid): (bool, i32) = (row.get(0), row.get(1));
+        if pid != conn.pid {
+            let opened = conn.pid;
+            self.discard(conn);
+            return Err(Error::SessionNotKept {
+                detail: format!(
+                    "the liveness lock was taken in server session {pid}, the connection \
+                     opened in session {opened}"
+                ),
+            });
+        }
+        if !locked {
+            self.give_back_live(conn);
+            return Err(Error::AdvisoryLockBusy {
+                id: id.clone(),
+                token,
+            });
+        }
+        Ok(conn)
+    }
+
+    /// Unlocks generation `(key, token)` on `conn` and keeps the connection if that worked;
+    /// otherwise ends its session so that the lock cannot outlive this call.
+    pub(super) fn unlock_and_pool(&self, conn: Conn, key: i32, token: u64) {
+        let gk = gen_key(token);
+        let done = exec(
+            &self.rt,
+            &self.faults,
+            PgStep::Unlock,
+            &conn,
+            |c| async move { c.client.query_one(&c.stmts.unlock, &[&key, &gk]).await },
+        );
+        match done {
+            Ok(row) if row.get::<_, bool>(0) => self.give_back_live(conn),
+            _ => self.discard(conn),
+        }
+    }
+}
