@@ -147,14 +147,12 @@ impl Inner {
                         match (waited.0, waited.1) {
                             (Ok(_), Ok(_)) => Ok(()),
                             (Err(e), _) | (_, Err(e)) => {
-                                if Fail::Db(e).is_lock_timeout() {
+                                // The holder's expiry (or the caller's deadline) came first.
+                                let fail = Fail::Db(e);
+                                if fail.is_lock_timeout() {
                                     Ok(())
                                 } else {
-                                    Err(Error::Database {
-                                        op: "wait for the holder",
-                                        id: Some(id.clone()),
-                                        source: "the wait failed".into(),
-                                    })
+                                    Err(fail.into_error("wait for the holder", Some(id)))
                                 }
                             }
                         }
