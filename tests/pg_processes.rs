@@ -367,3 +367,33 @@ fn cycles_reuse_one_transition_and_one_liveness_connection() {
     );
     assert_eq!(pids(), first, "no connection was replaced");
 }
+
+#[test]
+fn idle_connections_ended_by_the_server_are_replaced() {
+    let Some((url, admin)) = fresh() else { return };
+    let leases = PgLease::connect(&url).unwrap();
+    let l = leases
+        .acquire(&id("job"), &owner("a"))
+        .unwrap()
+        .lease()
+        .unwrap();
+    leases.release(&l).unwrap();
+    // A server restart, as the idle connections see it: every session of the instance ends.
+    for pid in admin
+        .query(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() \
+             AND application_name LIKE 'flocklease%'",
+            &[],
+        )
+        .iter()
+        .map(|r| r.get::<_, i32>(0))
+    {
+        admin.terminate(pid);
+    }
+    let again = leases.acquire(&id("job"), &owner("a")).unwrap().lease();
+    assert_eq!(
+        again.map(|l| l.token),
+        Some(l.token + 1),
+        "the next call recovers"
+    );
+}

@@ -13,9 +13,10 @@ use crate::name::SessionId;
 const POOL_MAX: usize = 4;
 
 impl Inner {
-    /// An idle transition connection, or a new one.
+    /// An idle transition connection, or a new one. Idle connections whose session ended
+    /// meanwhile (server restart, `pg_terminate_backend`, an idle timeout) are dropped.
     pub(super) fn tx_conn(&self, id: Option<&SessionId>) -> Result<Conn, Error> {
-        if let Some(conn) = lock(&self.tx_pool).pop() {
+        if let Some(conn) = pop_sound(&self.tx_pool) {
             return Ok(conn);
         }
         conn::connect(&self.rt, &self.configs.transition).map_err(|e| e.into_error("connect", id))
@@ -37,14 +38,16 @@ impl Inner {
         }
     }
 
+    /// An idle liveness connection (holding no lock), or a new one.
     pub(super) fn live_conn(&self, id: &SessionId) -> Result<Conn, Error> {
-        if let Some(conn) = lock(&self.live_pool).pop() {
+        if let Some(conn) = pop_sound(&self.live_pool) {
             return Ok(conn);
         }
         conn::connect(&self.rt, &self.configs.liveness)
             .map_err(|e| e.into_error("connect a liveness connection", Some(id)))
     }
 
+    /// Keeps a liveness connection that holds no lock any more, forgetting its watchers.
     pub(super) fn give_back_live(&self, conn: Conn) {
         conn.ended.clear();
         let mut pool = lock(&self.live_pool);
@@ -139,4 +142,15 @@ impl Inner {
             _ => self.discard(conn),
         }
     }
+}
+
+/// The most recently used idle connection whose session is still open.
+fn pop_sound(pool: &std::sync::Mutex<Vec<Conn>>) -> Option<Conn> {
+    let mut pool = lock(pool);
+    while let Some(conn) = pool.pop() {
+        if conn.reusable() {
+            return Some(conn);
+        }
+    }
+    None
 }
