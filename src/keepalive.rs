@@ -524,12 +524,14 @@ impl<L: SessionLease> Renewer<L> {
                 }
                 state.lease.clone()
             };
+            // The next renew is scheduled from when this one started, whatever it took.
+            let started = clock.now();
             match self.leases.renew(&lease) {
                 Ok(Grant::Granted(renewed)) => {
                     let mut state = self.shared.lock();
                     state.lease = renewed;
                     state.last_error = None;
-                    due = clock.now().checked_add(self.interval)?;
+                    due = started.checked_add(self.interval)?;
                 }
                 Ok(Grant::Held) => return Some(Loss::TakenOver),
                 Err(e) => {
@@ -537,7 +539,7 @@ impl<L: SessionLease> Renewer<L> {
                     // failure becomes a loss (check_expiry above).
                     self.shared.lock().last_error = Some(e.to_string());
                     let retry = (self.interval / 4).max(Duration::from_millis(1));
-                    due = clock.now().checked_add(retry)?;
+                    due = started.checked_add(retry)?;
                 }
             }
         }
