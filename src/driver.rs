@@ -306,7 +306,11 @@ impl<P> Run<P> {
         for i in 0..plan.cleanup.len() {
             steps.push(Io::Cleanup(index(i)));
         }
-        if plan.prepare.iter().any(|p| matches!(p, Prepare::LockLive { .. })) {
+        if plan
+            .prepare
+            .iter()
+            .any(|p| matches!(p, Prepare::LockLive { .. }))
+        {
             steps.push(Io::Adopt);
         }
         steps.push(Io::UnlockStable);
@@ -443,10 +447,7 @@ impl<P> Run<P> {
         if let Some((lock, _)) = self.pending.take() {
             tx.abandon(lock);
         }
-        if matches!(
-            self.peek(),
-            Some(Io::WriteTemp | Io::SyncTemp | Io::Rename)
-        ) {
+        if matches!(self.peek(), Some(Io::WriteTemp | Io::SyncTemp | Io::Rename)) {
             tx.discard_temp();
         }
         if self.locked {

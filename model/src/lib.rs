@@ -11,7 +11,7 @@
 //! driver's; no lease decision is made here: the model records what happened, and checks it.
 //!
 //! The safety properties are SPEC §6 ([`props`]). A call's properties are judged when it
-//! ends, against what it read under the lock, and leave a mark in [`State::violation`] for an
+//! ends, against what it read under the lock, and leave a mark in [`State::violations`] for an
 //! `always` property to see. `sometimes` properties show that each scenario is reachable.
 
 use std::collections::BTreeMap;
@@ -126,7 +126,11 @@ impl LeaseModel {
 
     /// The owner string of process `p`.
     pub fn owner(&self, p: usize) -> Owner {
-        if self.shared_owner { owner(0) } else { owner(p) }
+        if self.shared_owner {
+            owner(0)
+        } else {
+            owner(p)
+        }
     }
 }
 
@@ -240,8 +244,9 @@ pub struct State {
     pub max_granted: u64,
     /// Ghost: the notable scenario the last step completed, if any.
     pub scenario: Option<Scenario>,
-    /// Ghost: the first transition property a call broke, if any.
-    pub violation: Option<&'static str>,
+    /// Ghost: the call properties some call broke, one bit each
+    /// ([`props::CALL_PROPERTIES`]).
+    pub violations: u16,
 }
 
 impl State {
@@ -476,11 +481,7 @@ fn crash(s: &mut State, p: usize) {
     if s.stable == Some(p) {
         s.stable = None;
     }
-    if s.procs[p]
-        .call
-        .as_ref()
-        .is_some_and(|c| c.ghost.renamed)
-    {
+    if s.procs[p].call.as_ref().is_some_and(|c| c.ghost.renamed) {
         s.scenario = Some(Scenario::CrashAfterCommit);
     }
     // The restarted process has no local state, but may replay a copy of the lease it held
@@ -516,7 +517,7 @@ impl Model for LeaseModel {
             losses_left: self.liveness_losses,
             max_granted: 0,
             scenario: None,
-            violation: None,
+            violations: 0,
         }]
     }
 
@@ -636,7 +637,9 @@ impl Model for LeaseModel {
 
     fn format_action(&self, action: &Action) -> String {
         match action {
-            Action::Call(p, kind) => format!("p{p} calls {} (lock the transition lock)", kind.label()),
+            Action::Call(p, kind) => {
+                format!("p{p} calls {} (lock the transition lock)", kind.label())
+            }
             Action::Step(p, io) => format!("p{p} {}", io_label(*io)),
             Action::Fail(p, io) => format!("p{p} {} FAILS (injected I/O error)", io_label(*io)),
             Action::Crash(p) => format!("p{p} crashes"),

@@ -20,8 +20,6 @@ pub mod names {
         "[1] at most one unexpired holder with its liveness intact, the record's";
     /// §6.2, across a host crash.
     pub const NEVER_BACK: &str = "[2] tokens never go back, even after a host crash";
-    /// The call properties.
-    pub const CALLS: &str = "[2-8] no call property broken";
     /// §6.2.
     pub const INCREASE: &str = "[2] every new generation gets a greater token";
     /// §6.3.
@@ -46,6 +44,29 @@ pub mod names {
 
 use names::*;
 
+/// The properties judged when a call ends, in the order of [`State::violations`]' bits.
+pub const CALL_PROPERTIES: [&str; 10] = [
+    INCREASE,
+    STALE_RELEASE,
+    RENEW_CURRENT,
+    RENEW_SUCCEEDS,
+    CRASHED_REPLACED,
+    NO_FAILURE_AFTER_COMMIT,
+    NO_SUCCESS_WITHOUT_COMMIT,
+    NO_FAILURE_WITHOUT_FAULT,
+    EXPIRED_TAKEN,
+    LOST_TOLD,
+];
+
+/// The bit of call property `name` in [`State::violations`].
+pub fn bit(name: &str) -> u16 {
+    let i = CALL_PROPERTIES
+        .iter()
+        .position(|n| *n == name)
+        .expect("a call property");
+    1 << i
+}
+
 /// The properties of `model`.
 pub fn properties(model: &LeaseModel) -> Vec<Property<LeaseModel>> {
     let mut v = vec![];
@@ -54,17 +75,39 @@ pub fn properties(model: &LeaseModel) -> Vec<Property<LeaseModel>> {
             one_holder(m, s, false)
         }));
     } else {
-        v.push(Property::always(ONE_LIVE_HOLDER, |m: &LeaseModel, s: &State| {
-            one_holder(m, s, true)
-        }));
+        v.push(Property::always(
+            ONE_LIVE_HOLDER,
+            |m: &LeaseModel, s: &State| one_holder(m, s, true),
+        ));
+    }
+    v.push(Property::always(NEVER_BACK, |_, s: &State| {
+        let durable = s.durable.as_ref().map_or(0, |r| r.token);
+        let visible = s.record.as_ref().map_or(0, |r| r.token);
+        durable >= s.max_granted && visible >= durable
+    }));
+    // One `always` property per call property, so each counterexample names what broke.
+    macro_rules! call {
+        ($i:literal) => {
+            Property::always(CALL_PROPERTIES[$i], |_, s: &State| {
+                s.violations & (1 << $i) == 0
+            })
+        };
     }
     v.extend([
-        Property::always(NEVER_BACK, |_, s: &State| {
-            let durable = s.durable.as_ref().map_or(0, |r| r.token);
-            let visible = s.record.as_ref().map_or(0, |r| r.token);
-            durable >= s.max_granted && visible >= durable
-        }),
-        Property::always(CALLS, |_, s: &State| s.violation.is_none()),
+        call!(0),
+        call!(1),
+        call!(2),
+        call!(3),
+        call!(4),
+        call!(5),
+        call!(6),
+        call!(7),
+        call!(8),
+    ]);
+    if model.backend == Backend::Postgres {
+        v.push(call!(9));
+    }
+    v.extend([
         Property::sometimes("takeover after a crash", |_, s: &State| {
             s.scenario == Some(Scenario::TakeoverAfterCrash)
         }),
@@ -77,9 +120,10 @@ pub fn properties(model: &LeaseModel) -> Vec<Property<LeaseModel>> {
         Property::sometimes("stale release after a successor exists", |_, s: &State| {
             s.scenario == Some(Scenario::StaleReleaseAfterSuccessor)
         }),
-        Property::sometimes("a crash between commit and the end of the call", |_, s: &State| {
-            s.scenario == Some(Scenario::CrashAfterCommit)
-        }),
+        Property::sometimes(
+            "a crash between commit and the end of the call",
+            |_, s: &State| s.scenario == Some(Scenario::CrashAfterCommit),
+        ),
         Property::sometimes("grant after a host crash", |m: &LeaseModel, s: &State| {
             !m.host_crash || s.scenario == Some(Scenario::GrantAfterHostCrash)
         }),
@@ -92,13 +136,15 @@ pub fn properties(model: &LeaseModel) -> Vec<Property<LeaseModel>> {
                 !m.cleaner || s.scenario == Some(Scenario::HeldDespiteMissingFile)
             },
         ),
-        Property::sometimes(
+    ]);
+    if model.backend == Backend::Postgres {
+        v.push(Property::sometimes(
             "takeover while the old holder runs with its liveness lost",
             |m: &LeaseModel, s: &State| {
                 m.liveness_losses == 0 || s.scenario == Some(Scenario::TakeoverAfterLivenessLoss)
             },
-        ),
-    ]);
+        ));
+    }
     v
 }
 
@@ -311,8 +357,7 @@ pub(crate) fn observe(
         }
     }
     s.procs[p].last = Some((kind, said));
-    if s.violation.is_none() {
-        s.violation = flags.first().copied();
+    for name in flags {
+        s.violations |= bit(name);
     }
 }
-

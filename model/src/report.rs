@@ -196,7 +196,11 @@ pub fn check(model: &LeaseModel, out: &mut impl Write) -> io::Result<bool> {
             Some(path) => {
                 let steps = path.last_state().clone();
                 write_path(model, path, out)?;
-                writeln!(out, "  the last state breaks it: {}", why(model, v.name, &steps))?;
+                writeln!(
+                    out,
+                    "  the last state breaks it: {}",
+                    why(model, v.name, &steps)
+                )?;
             }
             None => writeln!(out, "   (not found again)")?,
         }
@@ -211,15 +215,18 @@ fn why(m: &LeaseModel, name: &str, s: &State) -> String {
     let tok = |r: &Option<Record>| r.as_ref().map_or(0, |r| r.token);
     match name {
         n if n == NEVER_BACK => format!(
-            "durable token {} (record {}), visible token {}, highest token reported granted {}: \
-             a power loss now would hand out token {} again",
+            "it needs highest token reported ({}) <= durable token ({}, record {}) <= visible \
+             token ({}, record {}); a power loss now would leave token {} as the last issued",
+            s.max_granted,
             tok(&s.durable),
             rec(&s.durable),
             tok(&s.record),
-            s.max_granted,
-            tok(&s.durable) + 1
+            rec(&s.record),
+            tok(&s.durable),
         ),
-        n if n == CALLS => format!("{}", s.violation.unwrap_or("?")),
+        n if crate::props::CALL_PROPERTIES.contains(&n) => {
+            "a call that just ended broke it (see VIOLATION)".to_owned()
+        }
         _ => {
             let holders: Vec<String> = s
                 .procs
@@ -271,7 +278,12 @@ impl fmt::Debug for State {
                 None => format!("{t}:-"),
             })
             .collect();
-        write!(f, " live=[{}] reported=#{}", live.join(","), self.max_granted)?;
+        write!(
+            f,
+            " live=[{}] reported=#{}",
+            live.join(","),
+            self.max_granted
+        )?;
         for (p, proc) in self.procs.iter().enumerate() {
             write!(f, " | p{p}:")?;
             if let Some(l) = proc.lease {
@@ -301,8 +313,10 @@ impl fmt::Debug for State {
                 write!(f, " last: {} = {said}", kind.label())?;
             }
         }
-        if let Some(v) = self.violation {
-            write!(f, " | VIOLATION: {v}")?;
+        for (i, name) in crate::props::CALL_PROPERTIES.iter().enumerate() {
+            if self.violations & (1 << i) != 0 {
+                write!(f, " | VIOLATION: {name}")?;
+            }
         }
         Ok(())
     }
