@@ -74,7 +74,7 @@ PY
   echo "=================== plant: $name ($path)"
   # A plant that does not compile proves nothing: fail loudly.
   cargo build -q --release -p flocklease-model
-  if out=$(cargo run -q --release -p flocklease-model -- check --config "$config" 2>&1); then
+  if out=$(cargo run -q --release -p flocklease-model -- check --config "$config" --counterexamples 1 2>&1); then
     echo "$out"
     echo "!!! plant $name NOT caught by the model checker"
     status=1

@@ -27,6 +27,8 @@ options (applied in order, on top of the named configuration):
   --no-host-crash    no host crash
   --no-cleaner       no operator deleting a liveness file
   --no-sync          model Durability::NoSync (shows why fsync is needed)
+  --counterexamples N  print the shortest counterexample of at most N violated properties
+                     (default: all)
   --addr HOST:PORT   explorer address (default 127.0.0.1:3000)
 ";
 
@@ -45,6 +47,7 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
     let (command, rest) = args.split_first().ok_or("missing command")?;
     let mut model = LeaseModel::default();
     let mut addr = "127.0.0.1:3000".to_owned();
+    let mut counterexamples = usize::MAX;
     let mut it = rest.iter();
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or(format!("{flag} needs a value"));
@@ -67,6 +70,7 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
                 other => return Err(format!("unknown backend {other}")),
             },
             "--shared-owner" => model.shared_owner = true,
+            "--counterexamples" => counterexamples = number(value()?, flag)?,
             "--procs" => model.procs = number(value()?, flag)?,
             "--max-time" => model.max_time = number(value()?, flag)?,
             "--ttl" => model.ttl_ticks = number(value()?, flag)?,
@@ -92,7 +96,8 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
     match command.as_str() {
         "check" => {
             let mut out = std::io::stdout();
-            let ok = report::check(&model, &mut out).map_err(|e| e.to_string())?;
+            let ok =
+                report::check_with(&model, counterexamples, &mut out).map_err(|e| e.to_string())?;
             Ok(if ok {
                 ExitCode::SUCCESS
             } else {
