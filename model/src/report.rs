@@ -36,6 +36,9 @@ pub struct Verdict {
     pub expectation: &'static str,
     /// Whether it holds (`always`: no counterexample; `sometimes`: witnessed).
     pub ok: bool,
+    /// Whether the verdict is final: `false` for a property not (yet) violated or witnessed
+    /// when the search stopped at the first violation of another.
+    pub known: bool,
 }
 
 /// The result of an exhaustive check.
@@ -49,14 +52,26 @@ pub struct Outcome {
     pub max_depth: usize,
     /// One verdict per property, in the model's order.
     pub verdicts: Vec<Verdict>,
+    /// Whether every reachable state was explored (no violation stopped the search).
+    pub complete: bool,
 }
 
 /// Explores every reachable state of `model` (breadth first, two threads) and judges each
-/// property.
+/// property. The search stops at the first violation of an `always` property: a planted bug
+/// can make the state space explode, and one counterexample is the answer that matters.
 pub fn explore(model: &LeaseModel) -> Outcome {
-    let checker = model.clone().checker().threads(2).spawn_bfs().join();
-    let verdicts = model
-        .properties()
+    let checker = model
+        .clone()
+        .checker()
+        .threads(2)
+        .finish_when(HasDiscoveries::AnyFailures)
+        .spawn_bfs()
+        .join();
+    let properties = model.properties();
+    let complete = !properties
+        .iter()
+        .any(|p| p.expectation == Expectation::Always && checker.discovery(p.name).is_some());
+    let verdicts = properties
         .iter()
         .map(|p| {
             let found = checker.discovery(p.name).is_some();
@@ -69,6 +84,7 @@ pub fn explore(model: &LeaseModel) -> Outcome {
                 name: p.name,
                 expectation,
                 ok,
+                known: complete || found,
             }
         })
         .collect();
@@ -77,6 +93,7 @@ pub fn explore(model: &LeaseModel) -> Outcome {
         states: checker.state_count(),
         max_depth: checker.max_depth(),
         verdicts,
+        complete,
     }
 }
 
@@ -195,19 +212,25 @@ pub fn check_with(
     let outcome = explore(model);
     writeln!(
         out,
-        "explored {} unique states ({} generated, max depth {}) in {:.1?}",
+        "explored {} unique states ({} generated, max depth {}) in {:.1?}{}",
         outcome.unique_states,
         outcome.states,
         outcome.max_depth,
-        start.elapsed()
+        start.elapsed(),
+        if outcome.complete {
+            ""
+        } else {
+            "; stopped at the first violation"
+        }
     )?;
-    let mut all_ok = true;
+    let mut all_ok = outcome.complete;
     for v in &outcome.verdicts {
-        let word = match (v.expectation, v.ok) {
-            ("sometimes", true) => "witnessed",
-            ("sometimes", false) => "NEVER WITNESSED",
-            (_, true) => "holds",
-            (_, false) => "VIOLATED",
+        let word = match (v.expectation, v.ok, v.known) {
+            (_, _, false) => "unknown (search stopped)",
+            ("sometimes", true, _) => "witnessed",
+            ("sometimes", false, _) => "NEVER WITNESSED",
+            (_, true, _) => "holds",
+            (_, false, _) => "VIOLATED",
         };
         writeln!(out, "  {:9} {:62} {word}", v.expectation, v.name)?;
         all_ok &= v.ok;
