@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use flocklease::{Error, FlockLease, Grant, Owner, SessionId, SessionLease};
+use flocklease::{Error, FlockLease, Grant, Owner, SessionId};
 
 const TTL: Duration = Duration::from_secs(30);
 

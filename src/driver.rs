@@ -488,7 +488,9 @@ pub(crate) fn grant(outcome: Outcome, id: &SessionId, owner: &crate::Owner) -> c
 
 /// Implements [`SessionLease`](crate::SessionLease) for an adapter with a method
 /// `fn transition(&self, id: &SessionId, event: Event) -> Result<Outcome, Error>`: builds the
-/// event from the call and turns the outcome into the caller's answer.
+/// event from the call and turns the outcome into the caller's answer. Also gives the adapter
+/// inherent `acquire`, `renew`, `release` and `acquire_guard` methods that forward to the
+/// trait, so callers need not import it.
 macro_rules! session_lease_via_transition {
     ($adapter:ty) => {
         impl $crate::SessionLease for $adapter {
@@ -526,6 +528,55 @@ macro_rules! session_lease_via_transition {
                     token: lease.token,
                 };
                 self.transition(&lease.session_id, event).map(drop)
+            }
+        }
+
+        impl $adapter {
+            /// [`SessionLease::acquire`](crate::SessionLease::acquire), callable without
+            /// importing the trait.
+            ///
+            /// # Errors
+            ///
+            /// As [`SessionLease::acquire`](crate::SessionLease::acquire).
+            pub fn acquire(
+                &self,
+                id: &$crate::SessionId,
+                owner: &$crate::Owner,
+            ) -> Result<$crate::Grant, $crate::Error> {
+                <Self as $crate::SessionLease>::acquire(self, id, owner)
+            }
+
+            /// [`SessionLease::renew`](crate::SessionLease::renew), callable without importing
+            /// the trait.
+            ///
+            /// # Errors
+            ///
+            /// As [`SessionLease::renew`](crate::SessionLease::renew).
+            pub fn renew(&self, lease: &$crate::Lease) -> Result<$crate::Grant, $crate::Error> {
+                <Self as $crate::SessionLease>::renew(self, lease)
+            }
+
+            /// [`SessionLease::release`](crate::SessionLease::release), callable without
+            /// importing the trait.
+            ///
+            /// # Errors
+            ///
+            /// As [`SessionLease::release`](crate::SessionLease::release).
+            pub fn release(&self, lease: &$crate::Lease) -> Result<(), $crate::Error> {
+                <Self as $crate::SessionLease>::release(self, lease)
+            }
+
+            /// [`SessionLease::acquire_guard`](crate::SessionLease::acquire_guard), callable
+            /// without importing the trait.
+            ///
+            /// # Errors
+            ///
+            /// As [`SessionLease::acquire`](crate::SessionLease::acquire).
+            pub fn acquire_guard(
+                &self,
+                id: &$crate::SessionId,
+            ) -> Result<Option<$crate::LeaseGuard<'_, Self>>, $crate::Error> {
+                <Self as $crate::SessionLease>::acquire_guard(self, id)
             }
         }
     };

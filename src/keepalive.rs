@@ -128,6 +128,7 @@ impl<L: SessionLease + 'static> KeepAliveBuilder<L> {
                 lost: None,
                 stop: false,
                 last_error: None,
+                wakers: Vec::new(),
             }),
             changed: Condvar::new(),
             clock: Arc::clone(&self.clock),
@@ -184,7 +185,7 @@ impl<L: SessionLease + 'static> KeepAliveBuilder<L> {
 ///
 /// ```
 /// use std::sync::Arc;
-/// use flocklease::{FlockLease, KeepAlive, Owner, SessionId, SessionLease};
+/// use flocklease::{FlockLease, KeepAlive, Owner, SessionId};
 ///
 /// # fn main() -> Result<(), flocklease::Error> {
 /// let dir = tempfile::tempdir().unwrap();
@@ -285,6 +286,26 @@ impl<L: SessionLease + 'static> KeepAlive<L> {
         }
     }
 
+    /// The loss as a [`Future`], for async code: it resolves with the
+    /// loss when the lease is lost (a takeover, the wall-clock expiry without a renew, a
+    /// renewer failure), or with `None` once the keep-alive is released. It never blocks an
+    /// executor thread: the renewer thread wakes it.
+    ///
+    /// Race it against the work (e.g. with `tokio::select!`) to stop the work on a loss.
+    ///
+    /// ```
+    /// # async fn example(keep: flocklease::KeepAlive<flocklease::FlockLease>) {
+    /// if let Some(loss) = keep.lost().await {
+    ///     eprintln!("stopping the work: {loss}");
+    /// }
+    /// # }
+    /// ```
+    pub fn lost(&self) -> Lost<'_> {
+        Lost {
+            shared: &self.shared,
+        }
+    }
+
     /// Stops renewing and releases the lease.
     ///
     /// # Errors
@@ -299,7 +320,11 @@ impl<L: SessionLease + 'static> KeepAlive<L> {
         if std::mem::replace(&mut self.released, true) {
             return Ok(());
         }
-        self.shared.lock().stop = true;
+        {
+            let mut state = self.shared.lock();
+            state.stop = true;
+            state.wake_all();
+        }
         self.shared.changed.notify_all();
         if let Some(thread) = self.thread.take() {
             // A panicking renewer already reported its loss; its result is of no further use.
@@ -327,6 +352,37 @@ impl<L: SessionLease + 'static> fmt::Debug for KeepAlive<L> {
     }
 }
 
+/// The future of [`KeepAlive::lost`].
+#[must_use = "futures do nothing unless polled"]
+pub struct Lost<'a> {
+    shared: &'a Shared,
+}
+
+impl std::future::Future for Lost<'_> {
+    type Output = Option<Loss>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Loss>> {
+        let mut state = self.shared.lock();
+        self.shared.check_expiry(&mut state);
+        if state.lost.is_some() || state.stop {
+            return std::task::Poll::Ready(state.lost.clone());
+        }
+        if !state.wakers.iter().any(|w| w.will_wake(cx.waker())) {
+            state.wakers.push(cx.waker().clone());
+        }
+        std::task::Poll::Pending
+    }
+}
+
+impl fmt::Debug for Lost<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lost").finish_non_exhaustive()
+    }
+}
+
 struct Shared {
     state: Mutex<State>,
     changed: Condvar,
@@ -340,6 +396,17 @@ struct State {
     stop: bool,
     /// The last renew error since the last successful renew.
     last_error: Option<String>,
+    /// Tasks waiting on [`KeepAlive::lost`].
+    wakers: Vec<std::task::Waker>,
+}
+
+impl State {
+    /// Wakes every task waiting on [`KeepAlive::lost`].
+    fn wake_all(&mut self) {
+        for w in self.wakers.drain(..) {
+            w.wake();
+        }
+    }
 }
 
 impl Shared {
@@ -349,7 +416,10 @@ impl Shared {
     }
 
     fn lose(&self, loss: Loss) {
-        self.lock().lost.get_or_insert(loss);
+        let mut state = self.lock();
+        state.lost.get_or_insert(loss);
+        state.wake_all();
+        drop(state);
         self.changed.notify_all();
     }
 
@@ -362,6 +432,7 @@ impl Shared {
             state.lost = Some(Loss::Expired {
                 last_error: state.last_error.clone(),
             });
+            state.wake_all();
             self.changed.notify_all();
         }
     }

@@ -14,7 +14,26 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 /// `token` is the fencing epoch: it strictly increases with every takeover of the id and never
 /// changes on renew, so a resource that remembers the highest token it has seen can refuse a
 /// stale holder.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+///
+/// It serializes (serde) as `{"session_id", "owner", "token", "expiry"}` with the expiry in
+/// RFC 3339, for handing it to a worker; deserializing validates the id and owner. A copy is
+/// only data: renewing or releasing it works only on the instance holding the generation.
+///
+/// ```
+/// use flocklease::{Lease, Owner, SessionId, Timestamp};
+///
+/// let lease = Lease {
+///     session_id: SessionId::new("job").unwrap(),
+///     owner: Owner::new("w1").unwrap(),
+///     token: 7,
+///     expiry: Timestamp::parse_rfc3339("2030-01-01T00:00:00Z").unwrap(),
+/// };
+/// let json = serde_json::to_string(&lease).unwrap();
+/// assert_eq!(json, r#"{"session_id":"job","owner":"w1","token":7,"expiry":"2030-01-01T00:00:00Z"}"#);
+/// assert_eq!(serde_json::from_str::<Lease>(&json).unwrap(), lease);
+/// assert_eq!(lease.to_string(), "job held by w1 with token 7 until 2030-01-01T00:00:00Z");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Lease {
     /// The session id the lease is for.
     pub session_id: SessionId,
@@ -24,6 +43,17 @@ pub struct Lease {
     pub token: u64,
     /// When it expires unless renewed (`now >= expiry` means expired).
     pub expiry: Timestamp,
+}
+
+impl std::fmt::Display for Lease {
+    /// `ID held by OWNER with token N until EXPIRY`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} held by {} with token {} until {}",
+            self.session_id, self.owner, self.token, self.expiry
+        )
+    }
 }
 
 /// The answer to an acquire or renew: granted, or held by someone else.
@@ -91,4 +121,132 @@ pub trait SessionLease: Send + Sync {
     /// [`Error`] when the tombstone cannot be written; the lease is then still held and a later
     /// release may retry.
     fn release(&self, lease: &Lease) -> Result<(), Error>;
+
+    /// Acquires the lease of `id` for a new, distinct owner ([`Owner::unique`]) and returns a
+    /// guard that releases it when dropped (also when the holder panics); `None` when another
+    /// owner holds it.
+    ///
+    /// Each guard has its own owner, so threads sharing one instance exclude each other (an
+    /// acquire by the owner an instance already holds for would be a refresh). Use
+    /// [`LeaseGuard::acquire_as`] to choose the owner.
+    ///
+    /// # Errors
+    ///
+    /// As [`SessionLease::acquire`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use flocklease::{FlockLease, SessionId, SessionLease};
+    ///
+    /// # fn main() -> Result<(), flocklease::Error> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let leases = FlockLease::open(dir.path())?;
+    /// let id = SessionId::new("nightly-report")?;
+    /// if let Some(guard) = leases.acquire_guard(&id)? {
+    ///     println!("running with fencing token {}", guard.token);
+    ///     // ... work; the lease is released when `guard` goes out of scope ...
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    fn acquire_guard(&self, id: &SessionId) -> Result<Option<LeaseGuard<'_, Self>>, Error>
+    where
+        Self: Sized,
+    {
+        LeaseGuard::acquire_as(self, id, &Owner::unique())
+    }
+}
+
+/// A granted lease that is released when the guard is dropped (also during a panic). Derefs
+/// to the [`Lease`]: `guard.token` is the fencing token. Made by
+/// [`SessionLease::acquire_guard`].
+///
+/// To keep it alive while long work runs, hand the lease to a
+/// [`KeepAlive`](crate::KeepAlive) with [`LeaseGuard::into_lease`] (a `KeepAlive` releases on
+/// drop as well).
+#[must_use = "dropping the guard releases the lease at once"]
+pub struct LeaseGuard<'a, L: SessionLease> {
+    leases: &'a L,
+    lease: Lease,
+    /// Released already (by [`LeaseGuard::release`] or [`LeaseGuard::into_lease`]).
+    done: bool,
+}
+
+impl<'a, L: SessionLease> LeaseGuard<'a, L> {
+    /// Acquires the lease of `id` for `owner`; `None` when another owner holds it.
+    ///
+    /// # Errors
+    ///
+    /// As [`SessionLease::acquire`].
+    pub fn acquire_as(
+        leases: &'a L,
+        id: &SessionId,
+        owner: &Owner,
+    ) -> Result<Option<LeaseGuard<'a, L>>, Error> {
+        Ok(leases.acquire(id, owner)?.lease().map(|lease| LeaseGuard {
+            leases,
+            lease,
+            done: false,
+        }))
+    }
+
+    /// Renews the lease (same token, fresh expiry); `false` when it was lost. A lost lease's
+    /// release on drop is a harmless no-op (SPEC §3.3).
+    ///
+    /// # Errors
+    ///
+    /// As [`SessionLease::renew`].
+    pub fn renew(&mut self) -> Result<bool, Error> {
+        match self.leases.renew(&self.lease)? {
+            Grant::Granted(renewed) => {
+                self.lease = renewed;
+                Ok(true)
+            }
+            Grant::Held => Ok(false),
+        }
+    }
+
+    /// Releases now, returning the result that dropping would ignore.
+    ///
+    /// # Errors
+    ///
+    /// As [`SessionLease::release`].
+    pub fn release(mut self) -> Result<(), Error> {
+        self.done = true;
+        self.leases.release(&self.lease)
+    }
+
+    /// The lease, no longer released by the guard: the caller releases it (or a
+    /// [`KeepAlive`](crate::KeepAlive) does).
+    pub fn into_lease(mut self) -> Lease {
+        self.done = true;
+        self.lease.clone()
+    }
+}
+
+impl<L: SessionLease> std::ops::Deref for LeaseGuard<'_, L> {
+    type Target = Lease;
+
+    fn deref(&self) -> &Lease {
+        &self.lease
+    }
+}
+
+impl<L: SessionLease> Drop for LeaseGuard<'_, L> {
+    /// Releases; an error is ignored (the lease then expires). Use [`LeaseGuard::release`] to
+    /// see it.
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.leases.release(&self.lease);
+        }
+    }
+}
+
+impl<L: SessionLease> std::fmt::Debug for LeaseGuard<'_, L> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseGuard")
+            .field("lease", &self.lease)
+            .finish()
+    }
 }

@@ -2,9 +2,42 @@
 //! `flock(2)` locks and an atomic JSON record.
 //!
 //! A *session lease* gives one owner the exclusive right to drive one session id for a limited
-//! time. [`SessionLease::acquire`] returns a [`Lease`] `{ session_id, owner, token, expiry }`, or
-//! [`Grant::Held`] when another live owner holds it; [`SessionLease::renew`] extends it with
-//! the same token; [`SessionLease::release`] gives it up.
+//! time, among cooperating processes of one host. A crashed holder is replaced at once (the
+//! kernel drops its lock), an expired one can always be taken over, and every new holder gets a
+//! greater **fencing token** to hand to the resource it protects.
+//!
+//! ```
+//! use flocklease::{FlockLease, SessionId};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let dir = tempfile::tempdir()?; let dir = dir.path();
+//! let leases = FlockLease::open(dir)?; // e.g. "/run/myapp/leases"
+//! if let Some(lease) = leases.acquire_guard(&SessionId::new("nightly-report")?)? {
+//!     println!("running with token {}", lease.token); // fence writes with it
+//! } // released here, also if the work panics
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Where to go next
+//!
+//! - [`FlockLease`]: open a lease directory; [`acquire`](FlockLease::acquire),
+//!   [`renew`](FlockLease::renew), [`release`](FlockLease::release), and
+//!   [`acquire_wait`](FlockLease::acquire_wait) to wait for the holder to leave.
+//! - [`LeaseGuard`] (from [`acquire_guard`](SessionLease::acquire_guard)): release on drop.
+//! - [`KeepAlive`]: renew in the background for long work, and learn of a loss at once.
+//! - [`Lease`], [`Grant`], [`Error`]: what the calls return; contention is [`Grant::Held`],
+//!   failures are [`Error`]s naming the file.
+//! - [`SessionId`], [`Owner`] (with [`Owner::unique`] and [`Owner::this_process`]),
+//!   [`Timestamp`]: the values.
+//! - [`MemLease`]: the same semantics in memory with an injected clock, for your tests.
+//! - For backend authors: [`machine`] (the pure transition function), [`driver`] (its one
+//!   interpreter) and [`conformance`] (the test suite every backend passes).
+//!
+//! In the protocol's terms: [`SessionLease::acquire`] returns a [`Lease`]
+//! `{ session_id, owner, token, expiry }`, or [`Grant::Held`] when another live owner holds it;
+//! [`SessionLease::renew`] extends it with the same token; [`SessionLease::release`] gives it
+//! up.
 //!
 //! ```text
 //!            acquire (free / released / expired / holder crashed)   token := token + 1
@@ -36,7 +69,8 @@
 //!   share one lease directory on one machine. Network file systems are refused by default.
 //! - Expiry is wall-clock time: a clock stepped forward can expire a lease early. Use the
 //!   token, not the expiry, to fence the protected resource.
-//! - A holder is not told when its lease expires; it learns on its next renew.
+//! - A bare lease does not tell its holder when it expires; [`KeepAlive`] does, at the
+//!   expiry by the wall clock, and nothing interrupts the holder's work.
 //! - Deleting the record by hand resets the token; the crate never deletes it.
 //!
 //! # Decisions where the specification leaves room
@@ -47,9 +81,32 @@
 //!   (the token is not durable yet) and the new generation's lock is dropped: the record then
 //!   names a dead generation, which the next acquire replaces at once with a greater token. It
 //!   is the one failure after which the visible record has changed.
+//! - A release's tombstone keeps the token, so its directory fsync is best effort
+//!   ([`machine::DirSync::BestEffort`]): once the tombstone is renamed into place the release
+//!   succeeds. Lost to power loss, it only brings back the released (dead) generation.
 //! - A failed takeover leaves its new `<stem>.<token>.live` file, unlocked; the next takeover
 //!   reuses that name. Dead generations' files and leftover temporary files are swept when a
-//!   crashed or expired holder is taken over.
+//!   crashed or expired holder is taken over; a takeover from a tombstone deletes the released
+//!   generation's file (in case the release could not).
+//! - The temporary record is created exclusively (`O_EXCL`): a file found at its name (a
+//!   crash leftover, or planted) is removed, never reused or followed.
+//! - Holders lock liveness files exclusively; probes and waiters use non-blocking *shared*
+//!   locks, dropped at once, so they never look like a holder to each other. A waiting
+//!   acquire watches the holder's liveness file with inotify and wakes when the holder's
+//!   descriptor closes (release or death); no thread is started and no lock is held while it
+//!   waits. The transition lock is taken with non-blocking attempts and a backoff
+//!   (20 µs–1 ms) up to the lock timeout, which every caller has for itself. See
+//!   [`FlockLease::acquire_wait`].
+//! - Sharing a directory with the Go package: its holders lock exclusively, as ours do, so
+//!   each side's probe sees the other's holder. Its probes take an *exclusive* try-lock for an
+//!   instant; a Rust probe in that same instant sees that probe as a holder and answers held
+//!   for a crashed holder (a retry or a waiting acquire gets it), and a Go probe in the instant
+//!   of a Rust probe's shared lock answers held likewise. Neither can make two holders.
+//! - Shared directories: a private or group directory is used as it is; a world-writable one
+//!   only with the sticky bit (`/tmp`, `/run/lock`), and then a lease file owned by another
+//!   user is refused with [`Error::ForeignOwner`] unless
+//!   [`FlockLeaseBuilder::trust_foreign_owners`] is set. For a group directory set
+//!   [`FlockLeaseBuilder::file_mode`] to `0o660`.
 //! - Ids and owners are 1–1024 bytes without control characters; an empty owner is refused.
 //! - A record moved back by hand under a live holder makes the next takeover fail with
 //!   [`Error::LiveLockBusy`] rather than share a token.
@@ -86,31 +143,47 @@
 
 #![forbid(unsafe_code)]
 
-pub mod checks;
-pub mod clock;
 pub mod conformance;
 pub mod driver;
-pub mod error;
-pub mod fault;
 pub mod flock;
 pub mod keepalive;
-pub mod lease;
 pub mod machine;
 pub mod memory;
-pub mod name;
-pub mod record;
 pub mod status;
+
+// The modules below hold what the crate root re-exports; their paths stay public for code
+// written against them, but the documentation shows their items at the root.
+#[doc(hidden)]
+pub mod clock;
+#[doc(hidden)]
+pub mod error;
+#[doc(hidden)]
+pub mod lease;
+#[doc(hidden)]
+pub mod name;
+#[doc(hidden)]
 pub mod timestamp;
+
+// Support for tests, fuzzing and the model, not an API: byte-driven checks for the fuzz
+// targets and the corpus replay, the fault-injection seam (documented when the
+// `fault-injection` feature is on), and the record codec (the format is documented in the
+// README and in `Record`).
+#[doc(hidden)]
+pub mod checks;
+#[cfg_attr(not(feature = "fault-injection"), doc(hidden))]
+pub mod fault;
+#[doc(hidden)]
+pub mod record;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::Error;
-pub use flock::{DEFAULT_LOCK_TIMEOUT, Durability, FlockLease, FlockLeaseBuilder};
-pub use keepalive::{KeepAlive, KeepAliveBuilder, Loss};
-pub use lease::{DEFAULT_TTL, Grant, Lease, SessionLease};
+pub use flock::{AcquireWait, DEFAULT_LOCK_TIMEOUT, Durability, FlockLease, FlockLeaseBuilder};
+pub use keepalive::{KeepAlive, KeepAliveBuilder, Loss, Lost};
+pub use lease::{DEFAULT_TTL, Grant, Lease, LeaseGuard, SessionLease};
 pub use memory::{MemLease, MemStore};
-pub use name::{InvalidInput, Owner, SessionId, stem};
+pub use name::{InvalidInput, MAX_ID_BYTES, MAX_OWNER_BYTES, Owner, SessionId, stem};
 pub use record::Record;
-pub use timestamp::Timestamp;
+pub use timestamp::{OutOfRange, Timestamp};
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

@@ -25,6 +25,9 @@ const PREFIX_CHARS: usize = 40;
 /// let id = SessionId::new("orders/eu-1").unwrap();
 /// assert_eq!(id.stem(), "orders_eu-1-9e6170a68a528904");
 /// assert!(SessionId::new("").is_err());
+/// // Also by parsing or conversion:
+/// assert_eq!("orders/eu-1".parse::<SessionId>().unwrap(), id);
+/// assert_eq!(SessionId::try_from(String::from("orders/eu-1")).unwrap(), id);
 /// ```
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct SessionId(Arc<IdAndStem>);
@@ -67,6 +70,45 @@ impl SessionId {
     }
 }
 
+impl std::str::FromStr for SessionId {
+    type Err = InvalidInput;
+
+    /// As [`SessionId::new`]: `"orders/eu-1".parse::<SessionId>()`.
+    fn from_str(s: &str) -> Result<SessionId, InvalidInput> {
+        SessionId::new(s)
+    }
+}
+
+impl TryFrom<&str> for SessionId {
+    type Error = InvalidInput;
+
+    fn try_from(s: &str) -> Result<SessionId, InvalidInput> {
+        SessionId::new(s)
+    }
+}
+
+impl TryFrom<String> for SessionId {
+    type Error = InvalidInput;
+
+    fn try_from(s: String) -> Result<SessionId, InvalidInput> {
+        SessionId::new(s)
+    }
+}
+
+impl serde::Serialize for SessionId {
+    /// As the id string.
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for SessionId {
+    /// From a string, validated as [`SessionId::new`].
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<SessionId, D::Error> {
+        SessionId::new(String::deserialize(d)?).map_err(serde::de::Error::custom)
+    }
+}
+
 impl fmt::Display for SessionId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0.id)
@@ -84,6 +126,7 @@ impl fmt::Display for SessionId {
 ///
 /// assert_eq!(Owner::new("worker-7").unwrap().as_str(), "worker-7");
 /// assert!(Owner::new("").is_err());
+/// assert_eq!("worker-7".parse::<Owner>().unwrap(), Owner::try_from("worker-7").unwrap());
 /// ```
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Owner(Arc<str>);
@@ -110,6 +153,89 @@ impl Owner {
     /// The owner as given.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// This process, as `HOST:PID` (the host name, `localhost` if it cannot be read).
+    ///
+    /// Every thread of the process gets the same owner, and an instance treats an acquire by
+    /// the owner it already holds for as a refresh (SPEC §3.1): threads sharing one
+    /// instance and this owner are all "inside" at once. For one holder at a time among
+    /// threads, give each acquirer its own owner ([`Owner::unique`]), as
+    /// [`SessionLease::acquire_guard`](crate::SessionLease::acquire_guard) does.
+    ///
+    /// ```
+    /// let me = flocklease::Owner::this_process();
+    /// assert!(me.as_str().ends_with(&format!(":{}", std::process::id())));
+    /// ```
+    pub fn this_process() -> Owner {
+        Owner(format!("{}:{}", host_name(), std::process::id()).into())
+    }
+
+    /// A new owner distinct from every other one this process makes: `HOST:PID:N`. Two
+    /// acquirers with distinct owners exclude each other even on one instance.
+    ///
+    /// ```
+    /// use flocklease::Owner;
+    ///
+    /// assert_ne!(Owner::unique(), Owner::unique());
+    /// ```
+    pub fn unique() -> Owner {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        Owner(format!("{}:{}:{n}", host_name(), std::process::id()).into())
+    }
+}
+
+/// The host name, without control characters and bounded so an owner built from it is valid.
+fn host_name() -> String {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_default();
+    let clean: String = name.chars().filter(|c| !c.is_control()).take(255).collect();
+    if clean.is_empty() {
+        "localhost".into()
+    } else {
+        clean
+    }
+}
+
+impl std::str::FromStr for Owner {
+    type Err = InvalidInput;
+
+    /// As [`Owner::new`]: `"worker-7".parse::<Owner>()`.
+    fn from_str(s: &str) -> Result<Owner, InvalidInput> {
+        Owner::new(s)
+    }
+}
+
+impl TryFrom<&str> for Owner {
+    type Error = InvalidInput;
+
+    fn try_from(s: &str) -> Result<Owner, InvalidInput> {
+        Owner::new(s)
+    }
+}
+
+impl TryFrom<String> for Owner {
+    type Error = InvalidInput;
+
+    fn try_from(s: String) -> Result<Owner, InvalidInput> {
+        Owner::new(s)
+    }
+}
+
+impl serde::Serialize for Owner {
+    /// As the owner string.
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Owner {
+    /// From a string, validated as [`Owner::new`].
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Owner, D::Error> {
+        Owner::new(String::deserialize(d)?).map_err(serde::de::Error::custom)
     }
 }
 

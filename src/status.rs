@@ -1,51 +1,95 @@
-//! A read-only view of a lease directory: every session's record and whether its holder lives.
+//! A read-only view of a lease directory: every session's record, its id where known, and
+//! whether its holder lives.
 //!
-//! Nothing here takes a lock: liveness comes from `/proc/locks` (Linux), so looking never
-//! disturbs a holder or makes a concurrent acquire see a lock that is not a holder's.
+//! Looking never disturbs anyone and never blocks:
+//!
+//! - **Liveness** is probed with a *non-blocking shared* `flock` on the recorded generation's
+//!   `<stem>.<token>.live`, dropped at once. Holders lock that file exclusively, so the probe
+//!   fails (`live`) exactly while a holder's lock is held, and a probe can neither block a holder
+//!   nor make a crashed holder look alive. This works on every local file system and across pid
+//!   namespaces, unlike matching `/proc/locks` lines against `stat` (btrfs reports another
+//!   device number there).
+//! - **Every open** uses `O_NOFOLLOW | O_NONBLOCK` and checks that it got a regular file: a
+//!   FIFO, socket, device or symbolic link planted under a record's name is reported in that
+//!   row (state `unreadable`), never waited on or followed.
+//!
+//! # Session ids
+//!
+//! The record is exactly `{"owner","token","expiry"}` (shared with the Go package), and a stem
+//! is a one-way hash, so the id of a session is not in the directory. `flocklease run` writes
+//! it, while holding the lease, to a sidecar file `<stem>.id` ([`write_id`]): the id's bytes,
+//! nothing else. The Go package never lists the directory and the adapter's sweep only removes
+//! `.live` and temporary record files, so both ignore it. A sidecar is believed only if the
+//! stem of its content is its own stem; it is never followed if it is a symbolic link. Records
+//! written by other programs have no sidecar: their id is unknown (`None`) unless the caller
+//! names it ([`session`]).
 
-use std::collections::HashSet;
-use std::fs;
-use std::io::Read;
-use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::fs::{self, File, OpenOptions, TryLockError};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
 use crate::error::Error;
 use crate::machine::{self, Decision, Event, Input, Liveness, Outcome};
-use crate::name::Owner;
+use crate::name::{MAX_ID_BYTES, Owner, SessionId};
 use crate::record::{self, MAX_RECORD_BYTES};
 use crate::timestamp::Timestamp;
 
+/// The suffix of the sidecar file that names a stem's session id: `<stem>.id`.
+pub const ID_SUFFIX: &str = ".id";
+
 /// What one session of a lease directory looks like now.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct SessionStatus {
     /// The session's file stem.
     pub stem: String,
+    /// The session id, when known: named by the caller, or read from a `<stem>.id` sidecar
+    /// whose content hashes to this stem. Omitted from JSON when unknown.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
     /// The recorded owner (empty once released).
     pub owner: String,
     /// The recorded fencing token.
     pub token: u64,
-    /// The recorded expiry, RFC 3339.
+    /// The recorded expiry, RFC 3339 (empty when the record could not be read).
     pub expiry: String,
     /// `live` (unexpired, its holder's lock is held), `dead` (unexpired, but its holder is
-    /// gone), `unknown` (unexpired, its liveness file is missing), `expired`, `released`, or
-    /// `corrupt`.
+    /// gone), `unknown` (unexpired, its liveness file is missing or unusable), `expired`,
+    /// `released`, `corrupt` (the record does not decode) or `unreadable` (the record is not a
+    /// regular file, or cannot be opened or read).
     pub state: &'static str,
     /// Whether an acquire by another owner would be granted now (the machine's answer).
     pub acquirable: bool,
-    /// For a corrupt record, why.
+    /// For a `corrupt` or `unreadable` record, why; for a liveness file that cannot be probed,
+    /// why its state is `unknown`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+}
+
+impl SessionStatus {
+    /// Whether another owner would be refused now: the lease is held (`live`, or `unknown`
+    /// before its expiry). A `corrupt` or `unreadable` record is neither held nor free.
+    pub fn is_held(&self) -> bool {
+        !self.acquirable && !self.is_broken()
+    }
+
+    /// Whether the record is `corrupt` or `unreadable`: every acquire of this id fails until an
+    /// operator repairs it.
+    pub fn is_broken(&self) -> bool {
+        matches!(self.state, "corrupt" | "unreadable")
+    }
 }
 
 /// Lists the sessions of `dir` (every `<stem>.lease.json`), sorted by stem, as of `now`.
 ///
 /// # Errors
 ///
-/// [`Error::Io`] when the directory cannot be read. A corrupt record is reported in its row.
+/// [`Error::Io`] when the directory cannot be read. A corrupt or unreadable record is reported
+/// in its row.
 pub fn scan(dir: &Path, now: Timestamp) -> Result<Vec<SessionStatus>, Error> {
-    let locked = flock_inodes();
     let mut out = vec![];
     for entry in fs::read_dir(dir).map_err(|e| Error::io("read directory", dir, e))? {
         let entry = entry.map_err(|e| Error::io("read directory", dir, e))?;
@@ -53,44 +97,106 @@ pub fn scan(dir: &Path, now: Timestamp) -> Result<Vec<SessionStatus>, Error> {
         let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(".lease.json")) else {
             continue;
         };
-        out.push(status_of(dir, stem, now, &locked));
+        let id = read_id(dir, stem);
+        out.push(status_of(dir, stem, id, now));
     }
     out.sort_by(|a, b| a.stem.cmp(&b.stem));
     Ok(out)
 }
 
-fn status_of(
-    dir: &Path,
-    stem: &str,
-    now: Timestamp,
-    locked: &HashSet<(u64, u64)>,
-) -> SessionStatus {
-    let corrupt = |error: String| SessionStatus {
+/// The status of one session id of `dir` as of `now`, or `None` when it has no record (it has
+/// never been granted: free).
+///
+/// # Errors
+///
+/// [`Error::NotADirectory`] or [`Error::Io`] when `dir` is not a readable directory (so a
+/// mistyped directory is never reported as "free"). A corrupt or unreadable record is
+/// reported in the row.
+pub fn session(dir: &Path, id: &SessionId, now: Timestamp) -> Result<Option<SessionStatus>, Error> {
+    let meta = fs::metadata(dir).map_err(|e| Error::io("stat", dir, e))?;
+    if !meta.is_dir() {
+        return Err(Error::NotADirectory {
+            path: dir.to_owned(),
+        });
+    }
+    let path = record_path(dir, id.stem());
+    match fs::symlink_metadata(&path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        _ => Ok(Some(status_of(
+            dir,
+            id.stem(),
+            Some(id.as_str().to_owned()),
+            now,
+        ))),
+    }
+}
+
+/// Records `id` in its sidecar `<dir>/<stem>.id` unless it already says so. Call it while
+/// holding the lease, so that one writer at a time touches the file.
+///
+/// The file is opened without following links or blocking, created with mode 0600, and
+/// written only if it is a regular file. A torn or stale sidecar is harmless: readers check
+/// that its content hashes to its stem.
+///
+/// # Errors
+///
+/// [`Error::Symlink`], [`Error::NotAFile`] or [`Error::Io`] naming the sidecar.
+pub fn write_id(dir: &Path, id: &SessionId) -> Result<(), Error> {
+    if read_id(dir, id.stem()).as_deref() == Some(id.as_str()) {
+        return Ok(());
+    }
+    let path = id_path(dir, id.stem());
+    let mut file = open_nonblocking(
+        OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600),
+        &path,
+    )?;
+    file.write_all(id.as_str().as_bytes())
+        .map_err(|e| Error::io("write", &path, e))
+}
+
+/// The id named by `<stem>.id`, if that file is a regular file whose content is a valid id
+/// with this stem.
+fn read_id(dir: &Path, stem: &str) -> Option<String> {
+    let path = id_path(dir, stem);
+    let file = open_nonblocking(OpenOptions::new().read(true), &path).ok()?;
+    let mut bytes = vec![];
+    file.take(MAX_ID_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)
+        .ok()?;
+    let id = SessionId::new(String::from_utf8(bytes).ok()?).ok()?;
+    (id.stem() == stem).then(|| id.as_str().to_owned())
+}
+
+fn status_of(dir: &Path, stem: &str, id: Option<String>, now: Timestamp) -> SessionStatus {
+    let broken = |state: &'static str, error: String| SessionStatus {
         stem: stem.to_owned(),
+        id: id.clone(),
         owner: String::new(),
         token: 0,
         expiry: String::new(),
-        state: "corrupt",
+        state,
         acquirable: false,
         error: Some(error),
     };
-    let path = dir.join(format!("{stem}.lease.json"));
+    let path = record_path(dir, stem);
     let mut bytes = vec![];
-    let read = fs::File::open(&path)
-        .and_then(|f| f.take(MAX_RECORD_BYTES as u64 + 1).read_to_end(&mut bytes));
+    let read = open_nonblocking(OpenOptions::new().read(true), &path).and_then(|f| {
+        f.take(MAX_RECORD_BYTES as u64 + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| Error::io("read", &path, e))
+    });
     if let Err(e) = read {
-        return corrupt(format!("{}: {e}", path.display()));
+        return broken("unreadable", e.to_string());
     }
     let rec = match record::decode(&bytes) {
         Ok(r) => r,
-        Err(e) => return corrupt(e.to_string()),
+        Err(source) => return broken("corrupt", Error::Corrupt { path, source }.to_string()),
     };
-    let live = dir.join(format!("{stem}.{}.live", rec.token));
-    let liveness = match fs::symlink_metadata(&live) {
-        Err(_) => Liveness::Missing,
-        Ok(m) if locked.contains(&(m.dev(), m.ino())) => Liveness::Live,
-        Ok(_) => Liveness::Dead,
-    };
+    let (liveness, probe_error) = probe(&dir.join(format!("{stem}.{}.live", rec.token)));
     let state = if rec.is_tombstone() {
         "released"
     } else if machine::is_expired(rec.expiry, now) {
@@ -118,54 +224,107 @@ fn status_of(
     );
     SessionStatus {
         stem: stem.to_owned(),
+        id,
         owner: rec.owner,
         token: rec.token,
         expiry: rec.expiry.to_string(),
         state,
         acquirable,
-        error: None,
+        error: probe_error.filter(|_| state == "unknown"),
     }
 }
 
-/// (device, inode) of every file with a granted `flock` lock, from `/proc/locks`.
-fn flock_inodes() -> HashSet<(u64, u64)> {
-    let text = fs::read_to_string("/proc/locks").unwrap_or_default();
-    text.lines().filter_map(parse_lock_line).collect()
+/// Probes a generation's liveness file with a non-blocking shared lock, dropped at once.
+/// Anything but a regular file that could be locked counts as missing (the machine then falls
+/// back to the expiry), with the reason when it is not simply absent.
+fn probe(path: &Path) -> (Liveness, Option<String>) {
+    let file = match open_nonblocking(OpenOptions::new().read(true), path) {
+        Ok(f) => f,
+        Err(e) if e.io_kind() == Some(io::ErrorKind::NotFound) => return (Liveness::Missing, None),
+        Err(e) => return (Liveness::Missing, Some(e.to_string())),
+    };
+    match file.try_lock_shared() {
+        // Dropping `file` right away releases the shared lock.
+        Ok(()) => (Liveness::Dead, None),
+        Err(TryLockError::WouldBlock) => (Liveness::Live, None),
+        Err(TryLockError::Error(e)) => (
+            Liveness::Missing,
+            Some(Error::io("lock", path, e).to_string()),
+        ),
+    }
 }
 
-/// `1: FLOCK  ADVISORY  WRITE 4242 fd:01:1234 0 EOF` → (makedev(0xfd, 0x01), 1234). Waiters
-/// (`1: -> FLOCK ...`) and other lock kinds are skipped.
-fn parse_lock_line(line: &str) -> Option<(u64, u64)> {
-    let mut words = line.split_whitespace().skip(1);
-    if words.next()? != "FLOCK" {
-        return None;
+/// Opens `path` without following a symbolic link or blocking on a FIFO, and checks that it is
+/// a regular file.
+fn open_nonblocking(opts: &mut OpenOptions, path: &Path) -> Result<File, Error> {
+    let file = opts
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(nix::libc::ELOOP) => Error::Symlink {
+                path: path.to_owned(),
+            },
+            Some(nix::libc::ENXIO | nix::libc::EISDIR) => Error::NotAFile {
+                path: path.to_owned(),
+            },
+            _ => Error::io("open", path, e),
+        })?;
+    let meta = file.metadata().map_err(|e| Error::io("stat", path, e))?;
+    if !meta.is_file() {
+        return Err(Error::NotAFile {
+            path: path.to_owned(),
+        });
     }
-    let id = words.nth(3)?;
-    let mut parts = id.split(':');
-    let major = u64::from_str_radix(parts.next()?, 16).ok()?;
-    let minor = u64::from_str_radix(parts.next()?, 16).ok()?;
-    let ino = parts.next()?.parse().ok()?;
-    Some((nix::sys::stat::makedev(major, minor), ino))
+    Ok(file)
+}
+
+fn record_path(dir: &Path, stem: &str) -> PathBuf {
+    dir.join(format!("{stem}.lease.json"))
+}
+
+fn id_path(dir: &Path, stem: &str) -> PathBuf {
+    dir.join(format!("{stem}{ID_SUFFIX}"))
 }
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
 
     #[test]
-    fn parses_proc_locks_lines() {
+    fn an_id_sidecar_is_believed_only_when_it_hashes_to_its_stem() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = SessionId::new("nightly/eu").unwrap();
+        assert_eq!(read_id(dir.path(), id.stem()), None);
+        write_id(dir.path(), &id).unwrap();
         assert_eq!(
-            parse_lock_line("1: FLOCK  ADVISORY  WRITE 4242 fd:01:1234 0 EOF"),
-            Some((nix::sys::stat::makedev(0xfd, 1), 1234))
+            read_id(dir.path(), id.stem()).as_deref(),
+            Some("nightly/eu")
         );
+        // A sidecar claiming another id under this stem is ignored.
+        std::fs::write(id_path(dir.path(), id.stem()), "other").unwrap();
+        assert_eq!(read_id(dir.path(), id.stem()), None);
+        // Rewritten when wrong.
+        write_id(dir.path(), &id).unwrap();
         assert_eq!(
-            parse_lock_line("2: -> FLOCK  ADVISORY  WRITE 4243 fd:01:1234 0 EOF"),
-            None
+            read_id(dir.path(), id.stem()).as_deref(),
+            Some("nightly/eu")
         );
-        assert_eq!(
-            parse_lock_line("3: POSIX  ADVISORY  WRITE 4244 00:2e:99 0 EOF"),
-            None
-        );
-        assert_eq!(parse_lock_line("garbage"), None);
+    }
+
+    #[test]
+    fn a_symlinked_sidecar_is_neither_followed_nor_written_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = SessionId::new("job").unwrap();
+        let target = dir.path().join("elsewhere");
+        std::fs::write(&target, "job").unwrap();
+        std::os::unix::fs::symlink(&target, id_path(dir.path(), id.stem())).unwrap();
+        assert_eq!(read_id(dir.path(), id.stem()), None);
+        assert!(matches!(
+            write_id(dir.path(), &id),
+            Err(Error::Symlink { .. })
+        ));
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "job");
     }
 }

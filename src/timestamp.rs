@@ -21,11 +21,73 @@ const SECS_PER_DAY: i64 = 86_400;
 ///
 /// let t = Timestamp::parse_rfc3339("2023-11-14T23:13:50.5+01:00").unwrap();
 /// assert_eq!(t.to_string(), "2023-11-14T22:13:50.5Z");
+/// assert_eq!(format!("{t:?}"), "Timestamp(2023-11-14T22:13:50.5Z)");
 /// assert_eq!(t.unix_nanos(), 1_700_000_030_500_000_000);
+/// // To and from SystemTime (a SystemTime outside the years 0001-9999 does not convert).
+/// let st: std::time::SystemTime = t.into();
+/// assert_eq!(Timestamp::try_from(st).unwrap(), t);
 /// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Timestamp {
     unix_nanos: i128,
+}
+
+impl fmt::Debug for Timestamp {
+    /// `Timestamp(2023-11-14T22:13:50.5Z)`: the instant, readable.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Timestamp({self})")
+    }
+}
+
+impl From<Timestamp> for SystemTime {
+    /// The same instant as a [`SystemTime`] (every `Timestamp` is representable).
+    fn from(t: Timestamp) -> SystemTime {
+        let abs = Duration::new(
+            (t.unix_nanos.unsigned_abs() / NANOS_PER_SEC as u128) as u64,
+            (t.unix_nanos.unsigned_abs() % NANOS_PER_SEC as u128) as u32,
+        );
+        if t.unix_nanos >= 0 {
+            UNIX_EPOCH + abs
+        } else {
+            UNIX_EPOCH - abs
+        }
+    }
+}
+
+impl TryFrom<SystemTime> for Timestamp {
+    type Error = OutOfRange;
+
+    /// The same instant, or [`OutOfRange`] outside the years 0001–9999.
+    fn try_from(t: SystemTime) -> Result<Timestamp, OutOfRange> {
+        Timestamp::from_system_time(t).ok_or(OutOfRange)
+    }
+}
+
+/// A [`SystemTime`] outside the years 0001–9999, which a [`Timestamp`] cannot hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct OutOfRange;
+
+impl fmt::Display for OutOfRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("instant outside the years 0001-9999")
+    }
+}
+
+impl std::error::Error for OutOfRange {}
+
+impl serde::Serialize for Timestamp {
+    /// As its RFC 3339 text (the record's form).
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Timestamp {
+    /// From RFC 3339 text, any offset, as [`Timestamp::parse_rfc3339`].
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Timestamp, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        Timestamp::parse_rfc3339(&text).map_err(serde::de::Error::custom)
+    }
 }
 
 impl Timestamp {
@@ -58,6 +120,19 @@ impl Timestamp {
     /// Nanoseconds since the Unix epoch (negative before 1970).
     pub const fn unix_nanos(self) -> i128 {
         self.unix_nanos
+    }
+
+    /// The current wall-clock time: [`SystemClock`](crate::SystemClock)'s reading, clamped to
+    /// the years 0001–9999.
+    ///
+    /// ```
+    /// use flocklease::Timestamp;
+    ///
+    /// assert!(Timestamp::now() > Timestamp::parse_rfc3339("2020-01-01T00:00:00Z").unwrap());
+    /// ```
+    pub fn now() -> Timestamp {
+        use crate::clock::Clock;
+        crate::clock::SystemClock.now()
     }
 
     /// Converts a [`SystemTime`], or `None` when it falls outside the representable years.

@@ -1,90 +1,60 @@
-//! The `flocklease` command, driven as a real process (built with `--features cli`).
+//! The `flocklease run` command driven as a real process (built with `--features cli`): the
+//! environment, exit statuses, flock(1)-style options, durations, the lease directory and
+//! error messages. Signals and kills are in `cli_signals.rs`, `status` in `cli_status.rs`.
 
 #![cfg(feature = "cli")]
 #![allow(clippy::unwrap_used)]
 
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+mod cli_support;
 
-use flocklease::{FlockLease, Owner, Record, SessionId, SessionLease, Timestamp, record};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use std::os::unix::fs::PermissionsExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
 
-const BIN: &str = env!("CARGO_BIN_EXE_flocklease");
-/// A guard against hangs only.
-const GUARD: Duration = Duration::from_secs(20);
+use cli_support::*;
+use flocklease::{FlockLease, Owner, Record, SessionId, Timestamp, record};
 
-fn run(dir: &Path, extra: &[&str], cmd: &[&str]) -> Child {
-    Command::new(BIN)
-        .arg("run")
-        .arg("--dir")
-        .arg(dir)
-        .args(["--id", "job"])
-        .args(extra)
-        .arg("--")
-        .args(cmd)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-/// Waits (bounded) until `path` exists with content, returning it.
-fn wait_for_file(path: &Path) -> String {
-    let start = Instant::now();
-    loop {
-        if let Ok(s) = std::fs::read_to_string(path)
-            && s.ends_with('\n')
-        {
-            return s;
-        }
-        assert!(start.elapsed() < GUARD, "{} never appeared", path.display());
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-fn pid_alive(pid: i32) -> bool {
-    // A zombie counts as gone: its state in /proc is Z.
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| !s.contains(") Z "))
-        .unwrap_or(false)
+fn stdout(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 #[test]
 fn command_gets_the_lease_in_its_environment_and_its_exit_status_passes_through() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = run(
-        dir.path(),
-        &["--owner", "cron"],
-        &[
+    let s = Scene::new();
+    std::fs::create_dir(&s.leases).unwrap();
+    // A relative --dir: FLOCKLEASE_DIR is still absolute.
+    let out = Command::new(BIN)
+        .current_dir(s.tmp.path())
+        .args([
+            "run", "--dir", "leases", "--id", "job", "--owner", "cron", "--",
+        ])
+        .args([
             "sh",
             "-c",
-            "echo $FLOCKLEASE_TOKEN $FLOCKLEASE_ID $FLOCKLEASE_OWNER; exit 3",
-        ],
-    )
-    .wait_with_output()
-    .unwrap();
-    assert_eq!(out.status.code(), Some(3));
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "1 job cron\n");
-    // Released afterwards: the next run gets the next token.
-    let out = run(dir.path(), &[], &["sh", "-c", "echo $FLOCKLEASE_TOKEN"])
-        .wait_with_output()
+            "echo $FLOCKLEASE_TOKEN $FLOCKLEASE_ID $FLOCKLEASE_OWNER $FLOCKLEASE_DIR; exit 3",
+        ])
+        .output()
         .unwrap();
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "2\n");
+    assert_eq!(out.status.code(), Some(3), "{}", describe(&out));
+    let dir = std::fs::canonicalize(&s.leases).unwrap();
+    assert_eq!(stdout(&out), format!("1 job cron {}\n", dir.display()));
+    // Released afterwards: the next run gets the next token.
+    assert_eq!(s.rival("job"), Some(2));
 }
 
 #[test]
 fn two_racing_runs_one_runs_one_is_told_held() {
-    let dir = tempfile::tempdir().unwrap();
-    let marker = dir.path().join("ran");
+    let s = Scene::new();
+    std::fs::create_dir(&s.leases).unwrap();
+    let marker = s.path("ran");
     let script = format!("echo x >> {}; sleep 1", marker.display());
-    let a = run(dir.path(), &[], &["sh", "-c", &script]);
-    let b = run(dir.path(), &[], &["sh", "-c", &script]);
-    let codes = [
-        a.wait_with_output().unwrap().status.code(),
-        b.wait_with_output().unwrap().status.code(),
-    ];
+    let a = s.start("job", &[], &["sh", "-c", &script]);
+    let b = s.start("job", &[], &["sh", "-c", &script]);
+    let codes = [output_of(a).status.code(), output_of(b).status.code()];
     let mut sorted = codes;
     sorted.sort();
     assert_eq!(sorted, [Some(0), Some(75)], "{codes:?}");
@@ -92,196 +62,261 @@ fn two_racing_runs_one_runs_one_is_told_held() {
 }
 
 #[test]
-fn a_sigkilled_competitor_is_replaced_at_once_and_the_new_command_runs() {
-    let dir = tempfile::tempdir().unwrap();
-    let pidfile = dir.path().join("first.pid");
-    let script = format!("echo $$ > {}; exec sleep 600", pidfile.display());
-    let mut first = run(dir.path(), &["--ttl", "60s"], &["sh", "-c", &script]);
-    let sleeper: i32 = wait_for_file(&pidfile).trim().parse().unwrap();
-    kill(Pid::from_raw(first.id() as i32), Signal::SIGKILL).unwrap();
-    first.wait().unwrap();
-    // The orphaned command still runs but holds no lock: a new run gets the lease at once,
-    // long before the 60 s TTL.
-    assert!(pid_alive(sleeper));
-    // `--wait` blocks on the dead holder's lock, which the kernel drops as it tears the
-    // process down: the run starts then, not after the TTL.
-    let out = run(
-        dir.path(),
-        &["--wait", "10s"],
-        &["sh", "-c", "echo $FLOCKLEASE_TOKEN"],
-    )
-    .wait_with_output()
-    .unwrap();
-    let _ = kill(Pid::from_raw(sleeper), Signal::SIGKILL);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "2\n");
-}
-
-#[test]
-fn a_run_whose_lease_is_taken_over_stops_its_command() {
-    let dir = tempfile::tempdir().unwrap();
-    let pidfile = dir.path().join("cmd.pid");
-    let script = format!("echo $$ > {}; exec sleep 600", pidfile.display());
-    let child = run(
-        dir.path(),
-        &["--ttl", "300ms", "--grace", "2s"],
-        &["sh", "-c", &script],
-    );
-    let cmd: i32 = wait_for_file(&pidfile).trim().parse().unwrap();
-    let runner = Pid::from_raw(child.id() as i32);
-    kill(runner, Signal::SIGSTOP).unwrap();
-    // Suspended past its TTL: a competitor takes over as soon as the lease expires.
-    let leases = FlockLease::open(dir.path()).unwrap();
-    let start = Instant::now();
-    let taken = loop {
-        if let Some(l) = leases
-            .acquire(
-                &SessionId::new("job").unwrap(),
-                &Owner::new("rival").unwrap(),
-            )
-            .unwrap()
-            .lease()
-        {
-            break l;
-        }
-        assert!(start.elapsed() < GUARD, "the lease never expired");
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    assert_eq!(taken.token, 2);
-    kill(runner, Signal::SIGCONT).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(76),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8_lossy(&out.stderr).contains("taken over"));
-    assert!(!pid_alive(cmd), "the command survived the loss");
-    // The rival still holds it.
-    let rec = record::decode(
-        &std::fs::read(dir.path().join(format!(
-            "{}.lease.json",
-            SessionId::new("job").unwrap().stem()
-        )))
-        .unwrap(),
-    )
-    .unwrap();
-    assert_eq!((rec.owner.as_str(), rec.token), ("rival", 2));
-}
-
-#[test]
-fn status_reports_each_state_in_text_and_json() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let leases = FlockLease::open(d).unwrap();
-    let o = Owner::new("me").unwrap();
-    // live: held by this process.
-    let live = leases
-        .acquire(&SessionId::new("live").unwrap(), &o)
+fn held_is_answered_like_flock_with_conflict_exit_code_and_quiet() {
+    let s = Scene::new();
+    let leases = FlockLease::open(&s.leases).unwrap();
+    let id = SessionId::new("nightly").unwrap();
+    let held = leases
+        .acquire(&id, &Owner::new("web-1:42").unwrap())
         .unwrap()
         .lease()
         .unwrap();
-    // released.
-    let rel = leases
-        .acquire(&SessionId::new("released").unwrap(), &o)
-        .unwrap()
-        .lease()
-        .unwrap();
-    leases.release(&rel).unwrap();
-    // dead: granted by an instance that is gone.
-    {
-        let other = FlockLease::open(d).unwrap();
-        let _ = other.acquire(&SessionId::new("dead").unwrap(), &o).unwrap();
-    }
-    // expired, and corrupt.
-    let past = Record {
-        owner: "old".into(),
-        token: 9,
-        expiry: Timestamp::from_unix_secs(1_000_000_000).unwrap(),
-    };
-    std::fs::write(
-        d.join(format!(
-            "{}.lease.json",
-            SessionId::new("expired").unwrap().stem()
-        )),
-        record::encode(&past),
-    )
-    .unwrap();
-    std::fs::write(
-        d.join(format!(
-            "{}.lease.json",
-            SessionId::new("corrupt").unwrap().stem()
-        )),
-        b"{",
-    )
-    .unwrap();
-
-    let out = Command::new(BIN)
-        .args(["status", "--json", "--dir"])
-        .arg(d)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let state = |id: &str| {
-        let stem = SessionId::new(id).unwrap().stem().to_owned();
-        let row = rows
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["stem"] == stem.as_str())
-            .unwrap()
-            .clone();
-        (
-            row["state"].as_str().unwrap().to_owned(),
-            row["acquirable"].as_bool().unwrap(),
-        )
-    };
-    assert_eq!(state("live"), ("live".into(), false));
-    assert_eq!(state("released"), ("released".into(), true));
-    assert_eq!(state("dead"), ("dead".into(), true));
-    assert_eq!(state("expired"), ("expired".into(), true));
-    assert_eq!(state("corrupt").0, "corrupt");
-    assert_eq!(rows.as_array().unwrap().len(), 5);
-
-    let out = Command::new(BIN)
-        .args(["status", "--id", "live", "--dir"])
-        .arg(d)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(text.lines().count(), 2, "{text}");
+    let out = s.run("nightly", &[], &["true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
+    let err = stderr(&out);
     assert!(
-        text.contains(SessionId::new("live").unwrap().stem()) && text.contains(" live"),
-        "{text}"
+        err.contains("nightly is held by web-1:42 (token 1, expires in "),
+        "{err}"
     );
-    assert!(text.contains(&live.token.to_string()));
+    assert_eq!(err.lines().count(), 1, "{err}");
+    // -n is the default, accepted for familiarity.
+    let out = s.run("nightly", &["-n"], &["true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
+    let out = s.run("nightly", &["-E", "9"], &["true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(9), "{}", describe(&out));
+    let out = s
+        .run("nightly", &["-q", "--conflict-exit-code", "0"], &["true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    assert!(out.stderr.is_empty(), "-q printed {}", stderr(&out));
+    // The command never ran, and the lease is untouched.
+    assert_eq!(s.record("nightly").token, 1);
+    assert_eq!(s.record("nightly").owner, "web-1:42");
+    leases.release(&held).unwrap();
 }
 
 #[test]
-fn errors_are_one_clear_line_and_help_exists() {
+fn wait_returns_held_at_its_deadline_and_the_lease_as_soon_as_the_holder_releases() {
+    let s = Scene::new();
+    let leases = FlockLease::open(&s.leases).unwrap();
+    let id = SessionId::new("w").unwrap();
+    let held = leases
+        .acquire(&id, &Owner::new("holder").unwrap())
+        .unwrap()
+        .lease()
+        .unwrap();
+    let start = Instant::now();
+    let out = s.run("w", &["-w", "300ms"], &["true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
+    assert!(start.elapsed() >= Duration::from_millis(300));
+    assert!(
+        stderr(&out).contains("after waiting 300 ms"),
+        "{}",
+        stderr(&out)
+    );
+    let waiter = s.start(
+        "w",
+        &["--wait", "1m"],
+        &["sh", "-c", "echo $FLOCKLEASE_TOKEN"],
+    );
+    leases.release(&held).unwrap();
+    let out = output_of(waiter);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    assert_eq!(stdout(&out), "2\n");
+}
+
+#[test]
+fn a_stuck_transition_lock_is_an_error_naming_the_lock_file_never_held() {
+    let s = Scene::new();
+    std::fs::create_dir(&s.leases).unwrap();
+    let lock_path = s
+        .leases
+        .join(format!("{}.lock", SessionId::new("stuck").unwrap().stem()));
+    let lock = std::fs::File::create(&lock_path).unwrap();
+    lock.lock().unwrap();
+    // The library gives up on the transition lock after 5 s, before this wait ends.
+    let out = s.run("stuck", &["-w", "30s"], &["true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(70), "{}", describe(&out));
+    let err = stderr(&out);
+    assert!(err.contains(&lock_path.display().to_string()), "{err}");
+    assert!(!err.contains("held"), "{err}");
+}
+
+#[test]
+fn dash_c_runs_the_command_through_sh() {
+    let s = Scene::new();
     let out = Command::new(BIN)
+        .args(["run", "--dir"])
+        .arg(&s.leases)
         .args([
-            "run",
-            "--dir",
-            "/proc/nope/leases",
             "--id",
-            "x",
-            "--",
-            "true",
+            "c",
+            "-c",
+            "echo token $FLOCKLEASE_TOKEN | tr a-z A-Z; exit 4",
         ])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(70));
-    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{}", describe(&out));
+    assert_eq!(stdout(&out), "TOKEN 1\n");
+    // Not both -c and a command; not neither.
+    for args in [&["-c", "true", "--", "true"][..], &[]] {
+        let out = Command::new(BIN)
+            .args(["run", "--dir"])
+            .arg(&s.leases)
+            .args(["--id", "c"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {}", describe(&out));
+    }
+}
+
+#[test]
+fn a_command_that_cannot_run_exits_126_or_127_and_the_lease_is_released() {
+    let s = Scene::new();
+    std::fs::create_dir(&s.leases).unwrap();
+    let not_exec = s.path("not-executable");
+    std::fs::write(&not_exec, "#!/bin/sh\necho hi\n").unwrap();
+    std::fs::set_permissions(&not_exec, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let missing = s.path("no-such-program");
+    let cases = [
+        (missing.to_str().unwrap(), 127),
+        ("no-such-program-on-path-either", 127),
+        (not_exec.to_str().unwrap(), 126),
+        (s.tmp.path().to_str().unwrap(), 126),
+    ];
+    for (i, (program, code)) in cases.iter().enumerate() {
+        let out = s.run("x", &[], &[program, "arg"]).output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(*code),
+            "{program}: {}",
+            describe(&out)
+        );
+        let err = stderr(&out);
+        assert!(err.contains(&format!("cannot run {program}")), "{err}");
+        // Released: the next grant is the next token.
+        assert_eq!(s.record("x").token, i as u64 + 1);
+        assert!(s.record("x").is_tombstone(), "{program}: not released");
+    }
+}
+
+#[test]
+fn durations_take_fractions_and_compounds_and_bad_ones_are_usage_errors() {
+    let s = Scene::new();
+    let bad = [
+        ("--ttl", "0"),
+        ("--ttl", "0s"),
+        ("--ttl", "-1s"),
+        ("--ttl", "99999999999999999999s"),
+        ("--ttl", "50ms"),
+        ("--ttl", "30x"),
+        ("-w", "-1"),
+        ("-w", "1.5.s"),
+        ("--grace", "2s30m"),
+        ("--grace", ""),
+        ("-E", "256"),
+        ("-E", "-1"),
+        ("--durability", "maybe"),
+    ];
+    for (opt, value) in bad {
+        let out = s.run("d", &[opt, value], &["true"]).output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(64),
+            "{opt} {value}: {}",
+            describe(&out)
+        );
+        assert!(
+            stderr(&out).contains(&format!("'{value}'")),
+            "{opt} {value}: {}",
+            stderr(&out)
+        );
+    }
+    assert!(
+        !s.leases.exists(),
+        "a refused invocation touched the lease directory"
+    );
+    let before = Timestamp::from_system_time(SystemTime::now()).unwrap();
+    let out = s
+        .run(
+            "d",
+            &[
+                "--ttl",
+                "2m30s",
+                "-w",
+                "1.5s",
+                "--grace",
+                "250ms",
+                "--durability",
+                "nosync",
+            ],
+            &["sh", "-c", "echo $FLOCKLEASE_EXPIRY"],
+        )
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let expiry = Timestamp::parse_rfc3339(stdout(&out).trim()).unwrap();
+    let ttl = expiry.saturating_duration_since(before);
+    assert!(
+        ttl >= Duration::from_secs(150) && ttl < Duration::from_secs(160),
+        "{ttl:?}"
+    );
+}
+
+#[test]
+fn only_the_last_component_of_the_lease_directory_is_created() {
+    let s = Scene::new();
+    let deep = s.path("typo/leases");
+    let out = Command::new(BIN)
+        .args(["run", "--dir"])
+        .arg(&deep)
+        .args(["--id", "x", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(70), "{}", describe(&out));
+    let err = stderr(&out);
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.contains("/proc/nope/leases"), "{err}");
+    assert!(err.contains(&deep.display().to_string()), "{err}");
+    assert!(err.contains(&s.path("typo").display().to_string()), "{err}");
+    assert!(err.contains("does not exist"), "{err}");
+    assert!(!s.path("typo").exists(), "the missing parent was created");
+    // The last component alone is created, private.
+    let out = s.run("x", &[], &["true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let mode = std::fs::metadata(&s.leases).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o700);
+}
+
+#[test]
+fn errors_are_one_clear_line_without_debug_formatting() {
+    let s = Scene::new();
+    std::fs::create_dir(&s.leases).unwrap();
+    // A record at the last token: the next grant would wrap.
+    let last = Record {
+        owner: String::new(),
+        token: u64::MAX,
+        expiry: Timestamp::from_unix_secs(1_000_000_000).unwrap(),
+    };
+    std::fs::write(record_path(&s.leases, "full up"), record::encode(&last)).unwrap();
+    let out = s.run("full up", &[], &["true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(70), "{}", describe(&out));
+    let err = stderr(&out);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("session full up is exhausted"), "{err}");
+    assert!(!err.contains("SessionId") && !err.contains('"'), "{err}");
+    // An invalid id is refused before anything is created.
+    let out = Command::new(BIN)
+        .args(["run", "--dir"])
+        .arg(s.path("never"))
+        .args(["--id", "", "--", "true"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(70), "{}", describe(&out));
+    assert_eq!(stderr(&out), "flocklease: session id is empty\n");
+    assert!(!s.path("never").exists());
     for args in [&["--help"][..], &["run", "--help"], &["status", "--help"]] {
         let out = Command::new(BIN).args(args).output().unwrap();
         assert!(out.status.success(), "{args:?}");

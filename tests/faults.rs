@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use flocklease::conformance::START;
 use flocklease::fault::{FaultHook, FaultPoint};
-use flocklease::{Error, FlockLease, Grant, Lease, ManualClock, Record, SessionLease, record};
+use flocklease::{Error, FlockLease, Grant, Lease, ManualClock, Record, record};
 use support::{files_ending, id, owner};
 
 struct Harness {

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use flocklease::conformance::START;
 use flocklease::fault::FaultPoint;
-use flocklease::{Error, FlockLease, Grant, ManualClock, Record, SessionLease, record};
+use flocklease::{Error, FlockLease, Grant, ManualClock, Record, record};
 use support::{RoleChild, files_ending, hear, id, open_manual, open_real, owner, role, tell};
 
 const ENTRY: &str = "child_entry";

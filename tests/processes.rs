@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use flocklease::conformance::START;
 use flocklease::fault::FaultPoint;
-use flocklease::{Error, FlockLease, Grant, Lease, SessionLease};
+use flocklease::{Error, FlockLease, Grant, Lease};
 use nix::sys::signal::{Signal, kill};
 use support::{FileClock, RoleChild, hear, id, open_with_file_clock, owner, role, tell};
 

@@ -11,7 +11,7 @@ use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use flocklease::{Error, FlockLease, Grant, SessionLease};
+use flocklease::{Error, FlockLease, Grant};
 use support::{RoleChild, hear, id, owner, role, tell};
 
 const ENTRY: &str = "child_entry";

@@ -17,9 +17,9 @@ use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use flocklease::{Grant, SessionLease};
+use flocklease::Grant;
 use nix::sys::signal::{Signal, kill};
-use support::{RoleChild, id, open_real, owner, role};
+use support::{RoleChild, id, owner, role};
 
 const ENTRY: &str = "child_entry";
 const TTL: Duration = Duration::from_millis(300);

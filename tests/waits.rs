@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use flocklease::{Error, FlockLease, Grant, SessionLease};
+use flocklease::{Error, FlockLease, Grant};
 use support::{id, open_real, owner};
 
 static COUNTING: Mutex<()> = Mutex::new(());

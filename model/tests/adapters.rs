@@ -9,7 +9,7 @@ use std::time::Duration;
 use flocklease::machine::{Event, Outcome};
 use flocklease::{
     Durability, Error, FlockLease, Grant, Lease, ManualClock, MemLease, MemStore, Owner, Record,
-    SessionId, SessionLease, record,
+    SessionId, record,
 };
 use flocklease_model::{LeaseModel, State, at, session};
 use proptest::prelude::*;

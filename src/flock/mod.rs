@@ -24,7 +24,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::driver;
 use crate::error::Error;
 use crate::fault::{FaultPoint, Faults};
-use crate::lease::{DEFAULT_TTL, Grant, Lease, SessionLease};
+use crate::lease::{DEFAULT_TTL, Grant, Lease};
 use crate::machine::{Event, Outcome};
 use crate::name::{Owner, SessionId};
 use crate::record::{self, Record};
@@ -74,7 +74,7 @@ pub enum Durability {
 /// # Examples
 ///
 /// ```
-/// use flocklease::{FlockLease, Grant, Owner, SessionId, SessionLease};
+/// use flocklease::{FlockLease, Grant, Owner, SessionId};
 ///
 /// let dir = tempfile::tempdir().unwrap();
 /// let leases = FlockLease::open(dir.path()).unwrap();
@@ -170,7 +170,7 @@ impl FlockLease {
     ///
     /// # Errors
     ///
-    /// Any error of [`SessionLease::acquire`], among them [`Error::LockTimeout`] naming
+    /// Any error of [`SessionLease::acquire`](crate::SessionLease::acquire), among them [`Error::LockTimeout`] naming
     /// `<stem>.lock` when another transition on the id stays stuck for the lock timeout (each
     /// attempt is bounded by it, so the call may end up to one lock timeout after `timeout`).
     ///
@@ -178,7 +178,7 @@ impl FlockLease {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use flocklease::{FlockLease, Grant, Owner, SessionId, SessionLease};
+    /// use flocklease::{FlockLease, Grant, Owner, SessionId};
     ///
     /// let dir = tempfile::tempdir().unwrap();
     /// let (a, b) = (FlockLease::open(dir.path()).unwrap(), FlockLease::open(dir.path()).unwrap());
@@ -208,7 +208,7 @@ impl FlockLease {
     ///
     /// # Errors
     ///
-    /// Any error of [`SessionLease::acquire`].
+    /// Any error of [`SessionLease::acquire`](crate::SessionLease::acquire).
     pub fn acquire_blocking(&self, id: &SessionId, owner: &Owner) -> Result<Lease, Error> {
         match self.acquire_until(id, owner, None)? {
             Grant::Granted(lease) => Ok(lease),
@@ -605,4 +605,165 @@ fn next_pause(pause: Duration) -> Duration {
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Maps and slots are updated in single steps: usable after a panic elsewhere.
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl FlockLease {
+    /// [`FlockLease::acquire_wait`] as a [`Future`], for async code: the
+    /// wait runs on a thread of its own (started now, ended by the grant or the deadline), so
+    /// no executor thread blocks, and that thread wakes the task. No runtime is required.
+    ///
+    /// Dropping the future before it resolves abandons the wait: a lease granted afterwards is
+    /// released at once by the waiting thread.
+    ///
+    /// ```
+    /// use std::{sync::Arc, time::Duration};
+    /// use flocklease::{FlockLease, Grant, Owner, SessionId};
+    ///
+    /// # async fn example(leases: Arc<FlockLease>) -> Result<(), flocklease::Error> {
+    /// let id = SessionId::new("reindex")?;
+    /// match leases.acquire_wait_async(&id, &Owner::unique(), Duration::from_secs(60)).await? {
+    ///     Grant::Granted(lease) => { /* work, then */ leases.release(&lease)?; }
+    ///     Grant::Held => eprintln!("still held after a minute"),
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn acquire_wait_async(
+        self: &Arc<Self>,
+        id: &SessionId,
+        owner: &Owner,
+        timeout: Duration,
+    ) -> AcquireWait {
+        let shared = Arc::new(Mutex::new(AsyncWait::default()));
+        let (leases, id, owner, state) = (
+            Arc::clone(self),
+            id.clone(),
+            owner.clone(),
+            Arc::clone(&shared),
+        );
+        let spawned = std::thread::Builder::new()
+            .name("flocklease-acquire-wait".into())
+            .spawn(move || {
+                let result = leases.acquire_wait(&id, &owner, timeout);
+                let mut st = lock(&state);
+                if st.abandoned {
+                    // Nobody will take the lease: give it back.
+                    if let Ok(Grant::Granted(lease)) = &result {
+                        drop(st);
+                        let _ = leases.release(lease);
+                    }
+                    return;
+                }
+                st.result = Some(result);
+                if let Some(w) = st.waker.take() {
+                    w.wake();
+                }
+            });
+        if let Err(e) = spawned {
+            lock(&shared).result = Some(Err(Error::io("start a thread to wait for", &self.dir, e)));
+        }
+        AcquireWait {
+            shared,
+            leases: Arc::clone(self),
+        }
+    }
+}
+
+/// The future of [`FlockLease::acquire_wait_async`].
+#[must_use = "futures do nothing unless polled; dropping this one abandons the wait"]
+#[derive(Debug)]
+pub struct AcquireWait {
+    shared: Arc<Mutex<AsyncWait>>,
+    leases: Arc<FlockLease>,
+}
+
+#[derive(Debug, Default)]
+struct AsyncWait {
+    result: Option<Result<Grant, Error>>,
+    waker: Option<std::task::Waker>,
+    abandoned: bool,
+}
+
+impl std::future::Future for AcquireWait {
+    type Output = Result<Grant, Error>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<Grant, Error>> {
+        let mut st = lock(&self.shared);
+        match st.result.take() {
+            Some(result) => std::task::Poll::Ready(result),
+            None => {
+                st.waker = Some(cx.waker().clone());
+                std::task::Poll::Pending
+            }
+        }
+    }
+}
+
+impl Drop for AcquireWait {
+    /// Abandons the wait; a lease granted but never taken is released.
+    fn drop(&mut self) {
+        let mut st = lock(&self.shared);
+        st.abandoned = true;
+        if let Some(Ok(Grant::Granted(lease))) = st.result.take() {
+            drop(st);
+            let _ = self.leases.release(&lease);
+        }
+    }
+}
+
+impl FlockLease {
+    /// A close-on-exec duplicate of the locked liveness file of `lease`'s generation, if this
+    /// instance holds that exact generation (same id, token and owner); `None` otherwise.
+    ///
+    /// `flock(2)` locks belong to the open file description, so the duplicate shares the
+    /// generation's liveness lock: while any process keeps a copy open, probes see the
+    /// generation alive and other processes are answered "held" until its expiry, even after
+    /// this process has died. This is how `flocklease run` keeps the lease live for a job whose
+    /// wrapper was killed, as `flock(1)` children keep its lock: the caller clears `FD_CLOEXEC`
+    /// on the duplicate in the child only (every descriptor of this crate is close-on-exec, so
+    /// nothing else is inherited) and closes its own copy after spawning.
+    ///
+    /// A copy never outlives the lease's expiry as a guarantee: an expired lease is taken over
+    /// whatever its liveness. Release still frees the lease at once (the tombstone decides, and
+    /// the next grant locks a new generation's file), and if a renew has to restore a deleted
+    /// liveness file, copies made earlier lock the old, unlinked file and no longer count.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`] naming the liveness file when the descriptor cannot be duplicated.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use flocklease::{FlockLease, Owner, SessionId};
+    ///
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let leases = FlockLease::open(dir.path()).unwrap();
+    /// let id = SessionId::new("job").unwrap();
+    /// let lease = leases.acquire(&id, &Owner::new("me").unwrap()).unwrap().lease().unwrap();
+    /// assert!(leases.liveness_fd(&lease).unwrap().is_some());
+    /// leases.release(&lease).unwrap();
+    /// assert!(leases.liveness_fd(&lease).unwrap().is_none());
+    /// ```
+    pub fn liveness_fd(&self, lease: &Lease) -> Result<Option<std::os::fd::OwnedFd>, Error> {
+        let entry = self.slot(lease.session_id.stem());
+        let slot = lock(&entry.state);
+        match slot.local.as_ref() {
+            Some(generation)
+                if generation.local.token == lease.token
+                    && generation.local.owner == lease.owner =>
+            {
+                // `try_clone` duplicates with F_DUPFD_CLOEXEC.
+                let copy = generation
+                    .file
+                    .try_clone()
+                    .map_err(|e| Error::io("duplicate", &entry.paths.live(lease.token), e))?;
+                Ok(Some(copy.into()))
+            }
+            _ => Ok(None),
+        }
+    }
 }

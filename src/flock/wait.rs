@@ -41,37 +41,55 @@ const SETTLE: Duration = Duration::from_millis(5);
 /// One id's in-process turn: at most one caller of an instance runs a transition on an id.
 #[derive(Debug, Default)]
 pub(super) struct Gate {
-    busy: Mutex<bool>,
+    state: Mutex<GateState>,
     free: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct GateState {
+    busy: bool,
+    /// Callers waiting for the turn: only then does leaving it wake anyone (a condition
+    /// variable's notify is a system call even with nobody waiting).
+    waiting: usize,
 }
 
 impl Gate {
     /// Takes the turn, waiting until `deadline` at most (`None`: no limit). Returns `None` at
     /// the deadline.
     pub(super) fn enter(&self, deadline: Option<Instant>) -> Option<Turn<'_>> {
-        let mut busy = lock(&self.busy);
-        while *busy {
-            busy = match deadline {
-                None => self.free.wait(busy).unwrap_or_else(PoisonError::into_inner),
+        let mut st = lock(&self.state);
+        while st.busy {
+            let left = match deadline {
+                None => None,
                 Some(d) => {
                     let left = d.saturating_duration_since(Instant::now());
                     if left.is_zero() {
                         return None;
                     }
+                    Some(left)
+                }
+            };
+            st.waiting += 1;
+            st = match left {
+                None => self.free.wait(st).unwrap_or_else(PoisonError::into_inner),
+                Some(left) => {
                     self.free
-                        .wait_timeout(busy, left)
+                        .wait_timeout(st, left)
                         .unwrap_or_else(PoisonError::into_inner)
                         .0
                 }
             };
+            st.waiting -= 1;
         }
-        *busy = true;
+        st.busy = true;
         Some(Turn { gate: self })
     }
 
     /// Whether nobody has the turn now (for pruning idle ids).
     pub(super) fn is_free(&self) -> bool {
-        self.busy.try_lock().is_ok_and(|busy| !*busy)
+        self.state
+            .try_lock()
+            .is_ok_and(|st| !st.busy && st.waiting == 0)
     }
 }
 
@@ -82,8 +100,11 @@ pub(super) struct Turn<'a> {
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
-        *lock(&self.gate.busy) = false;
-        self.gate.free.notify_one();
+        let mut st = lock(&self.gate.state);
+        st.busy = false;
+        if st.waiting > 0 {
+            self.gate.free.notify_one();
+        }
     }
 }
 

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Builds every ```rust block of README.md as a program of a fresh crate that depends on
+# flocklease alone (no dev-dependencies, unlike doctests), so the README's examples compile
+# when a newcomer pastes them. Run from anywhere; uses the registry cache (--offline).
+set -euo pipefail
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+work="$repo/target/readme-crate"
+rm -rf "$work/src"
+mkdir -p "$work/src/bin"
+cat > "$work/Cargo.toml" <<TOML
+[package]
+name = "readme-examples"
+version = "0.0.0"
+edition = "2024"
+publish = false
+
+[dependencies]
+flocklease = { path = "$repo" }
+
+[workspace]
+TOML
+echo 'fn main() {}' > "$work/src/main.rs"
+# Each ```rust ... ``` block becomes src/bin/example_N.rs.
+awk -v dir="$work/src/bin" '
+    /^```rust/ { n++; file = sprintf("%s/example_%02d.rs", dir, n); inside = 1; next }
+    /^```/ && inside { inside = 0; close(file); next }
+    inside { print > file }
+    END { if (n == 0) { print "no rust blocks found" > "/dev/stderr"; exit 1 } }
+' "$repo/README.md"
+count=$(ls "$work/src/bin" | wc -l)
+echo "building $count README examples as a separate crate in $work"
+cp "$repo/Cargo.lock" "$work/Cargo.lock"
+cargo build --offline --quiet --manifest-path "$work/Cargo.toml" --bins
+echo "README examples compile in a crate that depends only on flocklease"

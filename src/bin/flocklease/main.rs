@@ -1,0 +1,73 @@
+//! `flocklease`: session leases for shells and cron, modelled on `flock(1)`.
+//!
+//! `flocklease run` holds a lease while a job runs: it renews it, forwards stop signals to the
+//! job's process group, stops the whole group if the lease is lost, and keeps the lease live
+//! for the job even if `run` itself is killed. `flocklease status` shows a lease directory
+//! without disturbing anyone. The README's "Command line" section is the manual.
+
+mod duration;
+mod job;
+mod run;
+mod signals;
+mod status;
+mod watchdog;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Exit status when the lease is held by another live owner (`-E` changes it).
+const EXIT_HELD: u8 = 75;
+/// Exit status when the lease was lost while the job ran (the job was stopped).
+const EXIT_LOST: u8 = 76;
+/// Exit status for a lease-directory, record or system error.
+const EXIT_ERROR: u8 = 70;
+/// Exit status for bad usage (an unknown option, a malformed duration), as in flock(1).
+const EXIT_USAGE: u8 = 64;
+
+#[derive(Parser)]
+#[command(
+    name = "flocklease",
+    version,
+    about = "Exclusive, time-limited session leases with fencing tokens, for shells and cron",
+    after_help = "Exit status of `run`: the command's own (128+N if signal N killed it); 75 (or \
+                  -E N) when the lease is held elsewhere; 76 when the lease was lost and the job \
+                  stopped; 126/127 when the command cannot be executed / is not found; 70 on an \
+                  error; 64 on bad usage; 128+N when signal N arrived before the command started."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a command while holding the lease of a session id.
+    ///
+    /// The command gets FLOCKLEASE_TOKEN, FLOCKLEASE_ID, FLOCKLEASE_OWNER, FLOCKLEASE_EXPIRY
+    /// and FLOCKLEASE_DIR (absolute) in its environment and runs in its own process group. The
+    /// lease is renewed every TTL/3 and released once every process of the group has exited.
+    /// SIGTERM, SIGINT, SIGHUP and SIGQUIT are forwarded to the group (SIGKILL after the grace
+    /// period). If the lease is lost, or run is killed, the group gets SIGTERM, then SIGKILL.
+    Run(run::RunArgs),
+    /// Show the sessions of a lease directory (or one, with --id) without taking any lock.
+    Status(status::StatusArgs),
+    /// Internal: stops the job of a `run` that died.
+    #[command(name = "__watchdog", hide = true)]
+    Watchdog(watchdog::WatchdogArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { EXIT_USAGE } else { 0 });
+        }
+    };
+    ExitCode::from(match cli.command {
+        Cmd::Run(args) => run::main(args),
+        Cmd::Status(args) => status::main(&args),
+        Cmd::Watchdog(args) => watchdog::main(&args),
+    })
+}

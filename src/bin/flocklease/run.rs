@@ -1,0 +1,393 @@
+//! `flocklease run`: hold a session lease while a job runs.
+//!
+//! The promise: **while any process of the job may still run, no other `run` is granted the
+//! lease before it expires.** How it is kept:
+//!
+//! - the job runs in its own process group; SIGTERM, SIGINT, SIGHUP and SIGQUIT received by
+//!   `run` are forwarded to the group; `run` keeps renewing while the job drains, sends
+//!   SIGKILL to the group after `--grace`, and releases only once the group is empty;
+//! - when the command exits, processes it left in its group get SIGTERM, then SIGKILL after
+//!   `--grace`, before the release;
+//! - when the lease is lost, the whole group gets SIGTERM, then SIGKILL after `--grace`;
+//! - when `run` itself dies, its [watchdog](crate::watchdog) stops the group the same way, and
+//!   the job's inherited liveness descriptor keeps the lease live meanwhile (and, should the
+//!   watchdog die too, while any job process runs, up to the expiry).
+
+use std::fs::{self, DirBuilder};
+use std::io;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use clap::{ArgGroup, Args, ValueEnum};
+use flocklease::{
+    Clock, Durability, Error, FlockLease, KeepAlive, Lease, Owner, SessionId, SystemClock,
+};
+use nix::sys::signal::Signal;
+
+use crate::job::{self, Job};
+use crate::signals::{Event, Route, Signals};
+use crate::watchdog::Watchdog;
+use crate::{EXIT_ERROR, EXIT_HELD, EXIT_LOST, duration, status};
+
+/// While the command has exited but processes of its group remain, how often `run` checks
+/// whether they are gone (their deaths are not signalled to it unless it is their parent).
+const DRAIN_POLL: Duration = Duration::from_millis(10);
+/// The longest the main loop sleeps without an event (it re-checks the lease then).
+const IDLE: Duration = Duration::from_secs(1);
+
+/// The arguments of `run`.
+#[derive(Args)]
+#[command(group(ArgGroup::new("what").required(true).args(["command", "shell_command"])))]
+pub struct RunArgs {
+    /// The lease directory. Created (mode 0700) if missing, but only its last component: a
+    /// missing parent is an error.
+    #[arg(long, value_name = "DIR")]
+    dir: PathBuf,
+    /// The session id (any text; `/` and the like are safe).
+    #[arg(long, value_name = "ID")]
+    id: String,
+    /// The owner recorded in the lease [default: HOST:PID].
+    #[arg(long, value_name = "OWNER")]
+    owner: Option<String>,
+    /// Lease time-to-live: renewed every third of it; the longest others wait after `run` and
+    /// its watchdog were both killed. Durations: 30s, 1.5s, 250ms, 2m30s, 10 (seconds).
+    #[arg(long, default_value = "30s", value_name = "DURATION",
+          value_parser = duration::ttl, allow_hyphen_values = true)]
+    ttl: Duration,
+    /// Fail at once when the lease is held (the default; accepted as in flock(1)).
+    #[arg(
+        short = 'n',
+        long = "nonblock",
+        visible_alias = "nb",
+        conflicts_with = "wait"
+    )]
+    nonblock: bool,
+    /// Wait at most this long for the lease to be released, its holder to die or to expire.
+    #[arg(short = 'w', long = "wait", visible_alias = "timeout", value_name = "DURATION",
+          value_parser = duration::parse, allow_hyphen_values = true)]
+    wait: Option<Duration>,
+    /// Exit status when the lease is held by another owner.
+    #[arg(short = 'E', long = "conflict-exit-code", value_name = "N", default_value_t = EXIT_HELD)]
+    conflict_exit_code: u8,
+    /// Print nothing when the lease is held (cron then mails nothing).
+    #[arg(short = 'q', long)]
+    quiet: bool,
+    /// Time between SIGTERM and SIGKILL when the job is stopped.
+    #[arg(long, default_value = "5s", value_name = "DURATION",
+          value_parser = duration::parse, allow_hyphen_values = true)]
+    grace: Duration,
+    /// `full`: fsync the record (tokens survive power loss); `nosync`: for tmpfs.
+    #[arg(long, value_enum, default_value_t = DurabilityArg::Full, value_name = "MODE")]
+    durability: DurabilityArg,
+    /// Run CMD with `sh -c`.
+    #[arg(short = 'c', long = "command", value_name = "CMD")]
+    shell_command: Option<String>,
+    /// The command and its arguments (after `--`, or after the options).
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "COMMAND"
+    )]
+    command: Vec<String>,
+}
+
+/// `--durability`.
+#[derive(Clone, Copy, ValueEnum)]
+enum DurabilityArg {
+    /// Fsync the record and the directory.
+    Full,
+    /// No fsync.
+    Nosync,
+}
+
+/// Runs `run`, returning the exit status.
+pub fn main(args: RunArgs) -> u8 {
+    match run(args) {
+        Ok(code) => code,
+        Err(msg) => {
+            eprintln!("flocklease: {msg}");
+            EXIT_ERROR
+        }
+    }
+}
+
+fn run(a: RunArgs) -> Result<u8, String> {
+    // First, before any thread exists: every thread inherits the blocked signals.
+    let signals = Signals::start()?;
+    job::become_subreaper()?;
+    let id = SessionId::new(a.id.as_str()).map_err(|e| e.to_string())?;
+    let owner =
+        Owner::new(a.owner.clone().unwrap_or_else(default_owner)).map_err(|e| e.to_string())?;
+    let dir = prepare_dir(&a.dir)?;
+    let leases = Arc::new(
+        FlockLease::builder(&dir)
+            .ttl(a.ttl)
+            .durability(match a.durability {
+                DurabilityArg::Full => Durability::Full,
+                DurabilityArg::Nosync => Durability::NoSync,
+            })
+            .open()
+            .map_err(|e| e.to_string())?,
+    );
+    // `-w 0` is `-n`, as in flock(1).
+    let wait = a.wait.filter(|w| !w.is_zero());
+    let Some(lease) = acquire(&leases, &id, &owner, wait).map_err(|e| e.to_string())? else {
+        if !a.quiet {
+            eprintln!("flocklease: {}", held_message(&dir, &id, wait));
+        }
+        return Ok(a.conflict_exit_code);
+    };
+    // From here on, dropping `keep` (any early return) releases the lease.
+    let (tx, rx) = mpsc::channel();
+    let keep = {
+        let tx = tx.clone();
+        KeepAlive::builder(Arc::clone(&leases), lease.clone())
+            .on_loss(move |_| {
+                let _ = tx.send(Event::Lost);
+            })
+            .start()
+            .map_err(|e| {
+                // No renewer (the lease has almost no time left): give it back.
+                let _ = leases.release(&lease);
+                e.to_string()
+            })?
+    };
+    // Best effort: without it, `status` shows the stem only.
+    let _ = flocklease::status::write_id(&dir, &id);
+    // Without a watchdog (no /proc to find our own binary), the inherited liveness descriptor
+    // still keeps the lease live for the job of a killed `run`, up to the expiry.
+    let mut watchdog = Watchdog::spawn(a.grace)
+        .inspect_err(|e| {
+            eprintln!(
+                "flocklease: {e}; if run is killed, its job is not stopped (the lease stays \
+                 live until its expiry)"
+            );
+        })
+        .ok();
+    let live = leases.liveness_fd(&lease).map_err(|e| e.to_string())?;
+    let (mut cmd, name) = command(&a);
+    cmd.env("FLOCKLEASE_TOKEN", lease.token.to_string())
+        .env("FLOCKLEASE_ID", id.as_str())
+        .env("FLOCKLEASE_OWNER", owner.as_str())
+        .env("FLOCKLEASE_EXPIRY", lease.expiry.to_string())
+        .env("FLOCKLEASE_DIR", &dir);
+    let spawned = {
+        let mut route = signals.lock();
+        let spawned = Job::spawn(&mut cmd, live.as_ref(), job::Terminal::foreground());
+        if spawned.is_ok() {
+            *route = Route::Loop(tx);
+        }
+        spawned
+    };
+    // The job has its own copy; ours would keep the generation's lock after the release.
+    drop(live);
+    let job = match spawned {
+        Ok(job) => job,
+        Err(e) => {
+            if let Some(w) = watchdog {
+                w.done();
+            }
+            eprintln!("flocklease: cannot run {name}: {e}");
+            release(keep);
+            return Ok(if e.kind() == io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            });
+        }
+    };
+    if let Some(w) = &mut watchdog {
+        w.arm(job.pgid());
+    }
+    let code = supervise(job, &keep, &rx, a.grace);
+    if let Some(w) = watchdog {
+        w.done();
+    }
+    release(keep);
+    Ok(code)
+}
+
+/// Acquires, waiting up to `wait` if given. `None` means held: contention is data, and a
+/// stuck transition lock is an error (`LockTimeout` naming `<stem>.lock`), never "held".
+fn acquire(
+    leases: &FlockLease,
+    id: &SessionId,
+    owner: &Owner,
+    wait: Option<Duration>,
+) -> Result<Option<Lease>, Error> {
+    let grant = match wait {
+        None => leases.acquire(id, owner)?,
+        Some(w) => leases.acquire_wait(id, owner, w)?,
+    };
+    Ok(grant.lease())
+}
+
+/// Waits for the job to end, forwarding signals and stopping it on loss; returns the exit
+/// status of `run`.
+fn supervise(
+    mut job: Job,
+    keep: &KeepAlive<FlockLease>,
+    events: &Receiver<Event>,
+    grace: Duration,
+) -> u8 {
+    let pgid = job.pgid();
+    // When SIGKILL goes to the group, once stopping has begun; and whether it went.
+    let mut kill_at: Option<Instant> = None;
+    let mut killed = false;
+    let mut lost = false;
+    let mut leftovers_told = false;
+    let stop_by = |kill_at: &mut Option<Instant>| {
+        let at = Instant::now() + grace;
+        *kill_at = Some(kill_at.map_or(at, |k| k.min(at)));
+    };
+    loop {
+        if job.reap() {
+            job.suspend();
+            continue;
+        }
+        if let Some(exit) = job.exit {
+            if !job.group_alive() {
+                return if lost { EXIT_LOST } else { exit.status() };
+            }
+            if !leftovers_told {
+                // What the command left behind (background jobs of a script ignore SIGINT
+                // and SIGQUIT, so a forwarded signal may not have ended them) gets SIGTERM.
+                leftovers_told = true;
+                if kill_at.is_none() {
+                    eprintln!(
+                        "flocklease: the command exited; stopping what it left running in its \
+                         process group {pgid}"
+                    );
+                }
+                terminate(&job);
+                stop_by(&mut kill_at);
+            }
+        }
+        if !lost && let Some(loss) = keep.loss() {
+            lost = true;
+            eprintln!("flocklease: {loss}; stopping the job (process group {pgid})");
+            terminate(&job);
+            stop_by(&mut kill_at);
+        }
+        if !killed && kill_at.is_some_and(|k| Instant::now() >= k) {
+            killed = true;
+            eprintln!(
+                "flocklease: the job (process group {pgid}) is still running after the grace \
+                 period; killing it"
+            );
+            job.signal(Signal::SIGKILL);
+        }
+        let mut wake = IDLE;
+        if let Some(k) = kill_at.filter(|_| !killed) {
+            wake = wake.min(k.saturating_duration_since(Instant::now()));
+        }
+        if job.exit.is_some() {
+            wake = wake.min(DRAIN_POLL);
+        }
+        match events.recv_timeout(wake) {
+            Ok(Event::Signal(sig)) => {
+                job.signal(sig);
+                stop_by(&mut kill_at);
+            }
+            // Handled at the top of the loop.
+            Ok(Event::Child | Event::Lost) | Err(RecvTimeoutError::Timeout) => {}
+            // Every sender is gone: nothing wakes us but time.
+            Err(RecvTimeoutError::Disconnected) => std::thread::sleep(wake),
+        }
+    }
+}
+
+/// SIGTERM to the group, then SIGCONT so that stopped members can act on it.
+fn terminate(job: &Job) {
+    job.signal(Signal::SIGTERM);
+    job.signal(Signal::SIGCONT);
+}
+
+fn release(keep: KeepAlive<FlockLease>) {
+    if let Err(e) = keep.release() {
+        eprintln!("flocklease: release failed (the lease will expire): {e}");
+    }
+}
+
+/// The command to spawn and its name for messages.
+fn command(a: &RunArgs) -> (Command, String) {
+    if let Some(script) = &a.shell_command {
+        let mut cmd = Command::new("/bin/sh");
+        cmd.arg("-c").arg(script);
+        return (cmd, "sh".into());
+    }
+    // clap requires a command or -c.
+    let (program, args) = a.command.split_first().unwrap_or_else(|| unreachable!());
+    let mut cmd = Command::new(program);
+    cmd.args(args);
+    (cmd, program.clone())
+}
+
+fn default_owner() -> String {
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "localhost".into());
+    format!("{host}:{}", std::process::id())
+}
+
+/// Creates the lease directory's last component if missing (mode 0700), never its parents;
+/// returns its absolute path.
+fn prepare_dir(dir: &Path) -> Result<PathBuf, String> {
+    match fs::metadata(dir) {
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let parent = dir
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            match fs::metadata(parent) {
+                Ok(m) if m.is_dir() => {}
+                Ok(_) => {
+                    return Err(format!(
+                        "cannot create lease directory {}: {} is not a directory",
+                        dir.display(),
+                        parent.display()
+                    ));
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    return Err(format!(
+                        "cannot create lease directory {}: its parent {} does not exist \
+                         (only the last component is created; create the parent first)",
+                        dir.display(),
+                        parent.display()
+                    ));
+                }
+                Err(e) => return Err(format!("stat {}: {e}", parent.display())),
+            }
+            match DirBuilder::new().mode(0o700).create(dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(format!("create directory {}: {e}", dir.display())),
+            }
+        }
+        Err(e) => return Err(format!("stat {}: {e}", dir.display())),
+    }
+    fs::canonicalize(dir).map_err(|e| format!("resolve {}: {e}", dir.display()))
+}
+
+/// "ID is held by OWNER (token N, expires in 12 s)", as far as the record tells.
+fn held_message(dir: &Path, id: &SessionId, wait: Option<Duration>) -> String {
+    let waited = wait.map_or(String::new(), |w| {
+        format!(" after waiting {}", status::human(w))
+    });
+    let now = SystemClock.now();
+    match flocklease::status::session(dir, id, now) {
+        Ok(Some(s)) if !s.owner.is_empty() => format!(
+            "{id} is held by {} (token {}, expires {}){waited}",
+            s.owner,
+            s.token,
+            status::relative(&s.expiry, now)
+        ),
+        _ => format!("{id} is held by another owner{waited}"),
+    }
+}

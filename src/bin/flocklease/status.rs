@@ -1,0 +1,185 @@
+//! `flocklease status`: what a lease directory holds, without disturbing anyone.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use flocklease::status::{SessionStatus, scan, session};
+use flocklease::{Clock, SessionId, SystemClock, Timestamp};
+
+use crate::EXIT_ERROR;
+
+/// The arguments of `status`.
+#[derive(Args)]
+pub struct StatusArgs {
+    /// The lease directory.
+    #[arg(long, value_name = "DIR")]
+    dir: PathBuf,
+    /// Only this session id. Exit status: 0 when it is held, 1 when it is free (released,
+    /// expired, holder dead, or never granted), 70 when its record is broken.
+    #[arg(long, value_name = "ID")]
+    id: Option<String>,
+    /// JSON output: an array of objects (stem, id when known, owner, token, expiry, state,
+    /// acquirable, error).
+    #[arg(long)]
+    json: bool,
+    /// With --id: print nothing; only the exit status answers.
+    #[arg(short = 'q', long, requires = "id")]
+    quiet: bool,
+}
+
+/// Runs `status`, returning the exit status.
+pub fn main(args: &StatusArgs) -> u8 {
+    match status(args) {
+        Ok(code) => code,
+        Err(msg) => {
+            eprintln!("flocklease: {msg}");
+            EXIT_ERROR
+        }
+    }
+}
+
+fn status(a: &StatusArgs) -> Result<u8, String> {
+    let now = SystemClock.now();
+    let rows = match &a.id {
+        None => scan(&a.dir, now).map_err(|e| e.to_string())?,
+        Some(id) => {
+            let id = SessionId::new(id.as_str()).map_err(|e| e.to_string())?;
+            session(&a.dir, &id, now)
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .collect()
+        }
+    };
+    if a.quiet {
+    } else if a.json {
+        let json = serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?;
+        println!("{json}");
+    } else {
+        match (&a.id, rows.is_empty()) {
+            (Some(id), true) => println!("{id}: free (never granted: no record)"),
+            _ => print_table(&rows, now),
+        }
+    }
+    let Some(_) = &a.id else { return Ok(0) };
+    Ok(match rows.first() {
+        None => 1,
+        Some(row) if row.is_broken() => {
+            let why = row.error.as_deref().unwrap_or(row.state);
+            eprintln!("flocklease: {why}");
+            EXIT_ERROR
+        }
+        Some(row) if row.is_held() => 0,
+        Some(_) => 1,
+    })
+}
+
+fn print_table(rows: &[SessionStatus], now: Timestamp) {
+    let header = ["ID", "OWNER", "TOKEN", "EXPIRY", "STATE", "STEM"].map(String::from);
+    let mut lines = vec![header];
+    for r in rows {
+        let dash = |s: &str| {
+            if s.is_empty() {
+                "-".to_owned()
+            } else {
+                s.to_owned()
+            }
+        };
+        let expiry = if r.expiry.is_empty() {
+            "-".to_owned()
+        } else {
+            format!("{} ({})", r.expiry, relative(&r.expiry, now))
+        };
+        let state = match (&r.error, r.acquirable) {
+            (Some(e), _) => format!("{} ({e})", r.state),
+            (None, true) => format!("{} (free to acquire)", r.state),
+            (None, false) => r.state.to_owned(),
+        };
+        let token = if r.is_broken() {
+            "-".to_owned()
+        } else {
+            r.token.to_string()
+        };
+        lines.push([
+            dash(r.id.as_deref().unwrap_or("")),
+            dash(&r.owner),
+            token,
+            expiry,
+            state,
+            r.stem.clone(),
+        ]);
+    }
+    let width = |col: usize| {
+        lines
+            .iter()
+            .map(|l| l[col].chars().count())
+            .max()
+            .unwrap_or(0)
+    };
+    let w: Vec<usize> = (0..6).map(width).collect();
+    for l in &lines {
+        println!(
+            "{:<w0$}  {:<w1$}  {:>w2$}  {:<w3$}  {:<w4$}  {}",
+            l[0],
+            l[1],
+            l[2],
+            l[3],
+            l[4],
+            l[5],
+            w0 = w[0],
+            w1 = w[1],
+            w2 = w[2],
+            w3 = w[3],
+            w4 = w[4],
+        );
+    }
+}
+
+/// `in 12 s`, `3 min ago`, `now`, for an RFC 3339 `expiry` relative to `now`.
+pub fn relative(expiry: &str, now: Timestamp) -> String {
+    let Ok(at) = Timestamp::parse_rfc3339(expiry) else {
+        return String::new();
+    };
+    let ahead = at.saturating_duration_since(now);
+    let behind = now.saturating_duration_since(at);
+    if !ahead.is_zero() {
+        format!("in {}", human(ahead))
+    } else if !behind.is_zero() {
+        format!("{} ago", human(behind))
+    } else {
+        "now".to_owned()
+    }
+}
+
+/// A duration rounded down to one readable unit: `250 ms`, `12 s`, `3 min`, `5 h`, `4 days`,
+/// `24 years`.
+pub fn human(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0 => format!("{} ms", d.as_millis()),
+        1..120 => format!("{s} s"),
+        120..7_200 => format!("{} min", s / 60),
+        7_200..172_800 => format!("{} h", s / 3_600),
+        172_800..63_072_000 => format!("{} days", s / 86_400),
+        _ => format!("{} years", s / 31_536_000),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_times_read_naturally() {
+        let now = Timestamp::parse_rfc3339("2026-01-01T00:00:00Z").unwrap_or_else(|_| {
+            unreachable!("valid time");
+        });
+        assert_eq!(relative("2026-01-01T00:00:12Z", now), "in 12 s");
+        assert_eq!(relative("2025-12-31T23:57:00Z", now), "3 min ago");
+        assert_eq!(relative("2026-01-01T00:00:00.25Z", now), "in 250 ms");
+        assert_eq!(relative("2026-01-01T00:00:00Z", now), "now");
+        assert_eq!(relative("2026-01-01T05:00:00Z", now), "in 5 h");
+        assert_eq!(relative("2001-09-09T01:46:40Z", now), "24 years ago");
+        assert_eq!(relative("garbage", now), "");
+    }
+}

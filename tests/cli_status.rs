@@ -1,0 +1,312 @@
+//! `flocklease status` driven as a real process (built with `--features cli`): states, ids,
+//! exit statuses for scripts, and never blocking on what is planted in the directory.
+
+#![cfg(feature = "cli")]
+#![allow(clippy::unwrap_used)]
+
+mod cli_support;
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use cli_support::*;
+use flocklease::{FlockLease, Owner, Record, SessionId, Timestamp, record};
+
+/// `flocklease status --dir DIR ARGS...`, bounded by the guard (a hang fails the test).
+fn status(dir: &Path, args: &[&str]) -> Output {
+    let child = Command::new(BIN)
+        .arg("status")
+        .arg("--dir")
+        .arg(dir)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    output_of(child)
+}
+
+fn json_rows(out: &Output) -> Vec<serde_json::Value> {
+    assert!(out.status.success(), "{}", describe(out));
+    serde_json::from_slice::<serde_json::Value>(&out.stdout)
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+fn row_of<'a>(rows: &'a [serde_json::Value], id: &str) -> &'a serde_json::Value {
+    let stem = SessionId::new(id).unwrap().stem().to_owned();
+    rows.iter()
+        .find(|r| r["stem"] == stem.as_str())
+        .unwrap_or_else(|| panic!("no row for {id}"))
+}
+
+fn plant(dir: &Path, id: &str, rec: &Record) {
+    std::fs::write(record_path(dir, id), record::encode(rec)).unwrap();
+}
+
+fn past(owner: &str, token: u64) -> Record {
+    Record {
+        owner: owner.into(),
+        token,
+        expiry: Timestamp::from_unix_secs(1_000_000_000).unwrap(),
+    }
+}
+
+#[test]
+fn status_reports_each_state_in_text_and_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let leases = FlockLease::open(d).unwrap();
+    let o = Owner::new("me").unwrap();
+    let id = |s: &str| SessionId::new(s).unwrap();
+    // live: held by this process.
+    let live = leases.acquire(&id("live"), &o).unwrap().lease().unwrap();
+    // released.
+    let rel = leases
+        .acquire(&id("released"), &o)
+        .unwrap()
+        .lease()
+        .unwrap();
+    leases.release(&rel).unwrap();
+    // dead: granted by an instance that is gone.
+    {
+        let other = FlockLease::open(d).unwrap();
+        let _ = other.acquire(&id("dead"), &o).unwrap();
+    }
+    plant(d, "expired", &past("old", 9));
+    std::fs::write(record_path(d, "corrupt"), b"{").unwrap();
+
+    let rows = json_rows(&status(d, &["--json"]));
+    let state = |id: &str| {
+        let row = row_of(&rows, id);
+        (
+            row["state"].as_str().unwrap().to_owned(),
+            row["acquirable"].as_bool().unwrap(),
+        )
+    };
+    assert_eq!(state("live"), ("live".into(), false));
+    assert_eq!(state("released"), ("released".into(), true));
+    assert_eq!(state("dead"), ("dead".into(), true));
+    assert_eq!(state("expired"), ("expired".into(), true));
+    assert_eq!(state("corrupt").0, "corrupt");
+    assert_eq!(rows.len(), 5);
+    // Looking did not disturb the holder: it renews with its token.
+    let renewed = leases.renew(&live).unwrap().lease().unwrap();
+    assert_eq!(renewed.token, live.token);
+
+    let out = status(d, &[]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = |id: &str| {
+        let stem = SessionId::new(id).unwrap().stem().to_owned();
+        text.lines()
+            .find(|l| l.ends_with(&stem))
+            .unwrap_or_else(|| panic!("no line for {id}: {text}"))
+            .to_owned()
+    };
+    assert!(line("live").contains(" live "), "{text}");
+    assert!(line("live").contains("Z (in "), "relative expiry: {text}");
+    assert!(line("expired").contains("Z (2"), "{text}");
+    assert!(line("expired").contains("years ago)"), "{text}");
+    assert!(line("dead").contains("dead (free to acquire)"), "{text}");
+    assert!(
+        line("corrupt").contains("corrupt (corrupt lease record"),
+        "{text}"
+    );
+    assert_eq!(text.lines().count(), 6, "{text}");
+}
+
+#[test]
+fn status_names_the_ids_run_wrote_and_the_one_asked_for_and_reads_go_written_records() {
+    let s = Scene::new();
+    // A session leased by `run`, whose id has characters the stem cannot keep.
+    let out = s
+        .run("reports/eu nightly", &[], &["true"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", describe(&out));
+    // A record as the Go package writes it (its own time format, offset, no sidecar, no
+    // liveness file), unexpired.
+    std::fs::write(
+        record_path(&s.leases, "go-session"),
+        br#"{"owner":"go-host-1","token":7,"expiry":"2099-01-02T03:04:05.123456789+01:00"}"#,
+    )
+    .unwrap();
+    let go_stem = SessionId::new("go-session").unwrap().stem().to_owned();
+    std::fs::write(s.leases.join(format!("{go_stem}.lock")), b"").unwrap();
+    // A sidecar that claims another id under the Go stem is not believed.
+    std::fs::write(
+        s.leases.join(format!("{go_stem}.id")),
+        b"reports/eu nightly",
+    )
+    .unwrap();
+
+    let rows = json_rows(&status(&s.leases, &["--json"]));
+    assert_eq!(
+        row_of(&rows, "reports/eu nightly")["id"],
+        "reports/eu nightly"
+    );
+    let go = row_of(&rows, "go-session");
+    assert!(go.get("id").is_none(), "{go}");
+    assert_eq!(go["owner"], "go-host-1");
+    assert_eq!(go["token"], 7);
+    // No liveness file: held until its expiry, as far as anyone can tell.
+    assert_eq!(go["state"], "unknown");
+    assert_eq!(go["acquirable"], false);
+
+    let text = String::from_utf8_lossy(&status(&s.leases, &[]).stdout).into_owned();
+    assert!(
+        text.lines().any(|l| l.starts_with("reports/eu nightly ")),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("- ") && l.ends_with(&go_stem)),
+        "{text}"
+    );
+    // Asked by id, it is named, and held answers 0.
+    let out = status(&s.leases, &["--id", "go-session", "--json"]);
+    let rows = json_rows(&out);
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["id"], "go-session");
+    assert_eq!(out.status.code(), Some(0));
+}
+
+#[test]
+fn status_id_answers_0_when_held_1_when_free_and_70_when_broken() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let leases = FlockLease::open(d).unwrap();
+    let o = Owner::new("me").unwrap();
+    let id = |s: &str| SessionId::new(s).unwrap();
+    let _live = leases.acquire(&id("held"), &o).unwrap().lease().unwrap();
+    let rel = leases
+        .acquire(&id("released"), &o)
+        .unwrap()
+        .lease()
+        .unwrap();
+    leases.release(&rel).unwrap();
+    {
+        let other = FlockLease::open(d).unwrap();
+        let _ = other.acquire(&id("dead"), &o).unwrap();
+    }
+    plant(d, "expired", &past("old", 3));
+    std::fs::write(record_path(d, "corrupt"), b"[]").unwrap();
+    let code = |args: &[&str]| status(d, args).status.code();
+    for (id, expected) in [
+        ("held", 0),
+        ("released", 1),
+        ("dead", 1),
+        ("expired", 1),
+        ("never-granted", 1),
+        ("corrupt", 70),
+    ] {
+        assert_eq!(code(&["--id", id]), Some(expected), "{id}");
+        let out = status(d, &["--id", id, "-q"]);
+        assert_eq!(out.status.code(), Some(expected), "{id} -q");
+        assert!(out.stdout.is_empty(), "{id} -q printed");
+    }
+    let out = status(d, &["--id", "never-granted"]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "never-granted: free (never granted: no record)\n"
+    );
+    // A mistyped directory is an error, never "free".
+    let out = status(&d.join("nope"), &["--id", "held"]);
+    assert_eq!(out.status.code(), Some(70), "{}", describe(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nope"));
+    // Without --id, a listing succeeds whatever it finds.
+    assert_eq!(code(&[]), Some(0));
+}
+
+#[test]
+fn status_never_blocks_on_a_fifo_socket_or_symlink_planted_under_a_files_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let fifo = |path: &Path| nix::unistd::mkfifo(path, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    fifo(&record_path(d, "fifo"));
+    let _socket = std::os::unix::net::UnixListener::bind(record_path(d, "socket")).unwrap();
+    let elsewhere = dir.path().join("elsewhere.json");
+    std::fs::write(&elsewhere, record::encode(&past("x", 1))).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, record_path(d, "link")).unwrap();
+    // A valid, unexpired record whose liveness file and id sidecar are FIFOs.
+    let stem = SessionId::new("odd-live").unwrap().stem().to_owned();
+    plant(
+        d,
+        "odd-live",
+        &Record {
+            owner: "someone".into(),
+            token: 4,
+            expiry: Timestamp::from_unix_secs(4_000_000_000).unwrap(),
+        },
+    );
+    fifo(&d.join(format!("{stem}.4.live")));
+    fifo(&d.join(format!("{stem}.id")));
+
+    let rows = json_rows(&status(d, &["--json"]));
+    for (id, why) in [
+        ("fifo", "not a regular file"),
+        ("socket", "not a regular file"),
+        ("link", "symbolic link"),
+    ] {
+        let row = row_of(&rows, id);
+        assert_eq!(row["state"], "unreadable", "{id}: {row}");
+        let error = row["error"].as_str().unwrap();
+        assert!(
+            error.contains(why) && error.contains(".lease.json"),
+            "{id}: {error}"
+        );
+    }
+    let odd = row_of(&rows, "odd-live");
+    assert_eq!(odd["state"], "unknown", "{odd}");
+    assert!(odd["error"].as_str().unwrap().contains(".4.live"), "{odd}");
+    assert!(odd.get("id").is_none());
+    // The text listing and a single id do not block either.
+    assert!(status(d, &[]).status.success());
+    assert_eq!(status(d, &["--id", "fifo"]).status.code(), Some(70));
+    assert_eq!(status(d, &["--id", "odd-live"]).status.code(), Some(0));
+    // The link's target was not read as this directory's record.
+    assert_eq!(row_of(&rows, "link")["token"], 0);
+}
+
+/// `/proc/locks` in another pid namespace does not list the holder's lock: a reader that
+/// relied on it saw a live holder as dead. The shared-lock probe does not depend on it. Needs
+/// `unshare` with the right to create a pid namespace; says so and passes trivially without.
+#[test]
+fn status_sees_a_live_holder_from_another_pid_namespace() {
+    let unshare = |args: &[&str]| {
+        Command::new("unshare")
+            .args(["--pid", "--fork", "--mount-proc"])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+    };
+    if !unshare(&["true"]).is_ok_and(|o| o.status.success()) {
+        eprintln!("skipped: cannot create a pid namespace here");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let leases = FlockLease::open(dir.path()).unwrap();
+    let _held = leases
+        .acquire(&SessionId::new("ns").unwrap(), &Owner::new("me").unwrap())
+        .unwrap()
+        .lease()
+        .unwrap();
+    let out = unshare(&[
+        BIN,
+        "status",
+        "--dir",
+        dir.path().to_str().unwrap(),
+        "--id",
+        "ns",
+    ])
+    .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(" live "),
+        "{}",
+        describe(&out)
+    );
+}
