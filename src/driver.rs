@@ -1,4 +1,4 @@
-//! The one interpreter of a [`Plan`](crate::machine::Plan), shared by every backend and by the
+//! The one interpreter of a [`Plan`], shared by every backend and by the
 //! model checker.
 //!
 //! A backend implements [`Transaction`] — the primitive I/O steps on one id's state — and
