@@ -1,47 +1,68 @@
 #!/usr/bin/env bash
-# Removes one safety check of the machine at a time and shows that the model checker finds a
-# counterexample for each (and prints it). The tree is restored after every plant.
+# Plants one bug at a time in the machine or the driver and shows that the default model check
+# finds a counterexample for each (and prints it). The tree is restored after every plant.
 #   scripts/planted-bugs.sh           # all plants
 #   scripts/planted-bugs.sh renew     # the plants whose name contains "renew"
+#   CONFIG=large scripts/planted-bugs.sh   # against another named configuration
 set -euo pipefail
 cd "$(dirname "$0")/.."
-machine=src/machine.rs
-backup=$(mktemp)
-cp "$machine" "$backup"
-# Restore the machine and rebuild, so no planted binary is left behind in target/.
-trap 'cp "$backup" "$machine"; rm -f "$backup"; cargo build -q --release -p flocklease-model' EXIT
+files=(src/machine.rs src/driver.rs)
+backup=$(mktemp -d)
+for f in "${files[@]}"; do cp "$f" "$backup/$(basename "$f")"; done
+restore() { for f in "${files[@]}"; do cp "$backup/$(basename "$f")" "$f"; done; }
+# Restore the sources and rebuild, so no planted binary is left behind in target/.
+trap 'restore; rm -rf "$backup"; cargo build -q --release -p flocklease-model' EXIT
 
-# Each plant: a name, the exact text to find (once) and its replacement ("\n" = newline).
-names=() finds=() repls=()
-plant() { names+=("$1"); finds+=("$2"); repls+=("$3"); }
-plant live-holder-ignored \
+# Each plant: a name, the file, the exact text to find (once) and its replacement
+# ("\n" = newline).
+names=() paths=() finds=() repls=()
+plant() { names+=("$1"); paths+=("$2"); finds+=("$3"); repls+=("$4"); }
+m=src/machine.rs d=src/driver.rs
+plant live-holder-ignored $m \
   'Some(Liveness::Dead) => takeover' \
   'Some(Liveness::Dead | Liveness::Live) => takeover'
-plant missing-file-means-dead \
+plant missing-file-means-dead $m \
   'Some(Liveness::Live | Liveness::Missing) => {' \
   'Some(Liveness::Missing) => takeover(input, owner, rec.token, true).map(Decision::Plan),\n        Some(Liveness::Live) => {'
-plant renew-skips-record-check \
+plant renew-skips-record-check $m \
   '    if !names(input, owner, token) {\n        // A genuine' \
   '    if false \&\& !names(input, owner, token) {\n        // A genuine'
-plant release-skips-record-check \
+plant release-skips-record-check $m \
   '    if !names(input, owner, token) {\n        // Superseded' \
   '    if false \&\& !names(input, owner, token) {\n        // Superseded'
-plant takeover-reuses-token \
+plant takeover-reuses-token $m \
   'let token = old.checked_add(1)' \
   'let token = old.max(1).checked_add(0)'
-plant no-local-lock-needed-to-renew-or-release \
-  '        .is_some_and(|l| l.token == token && l.owner == *owner)' \
+plant no-local-lock-needed-to-renew-or-release $m \
+  '        .is_some_and(|l| l.token == token \&\& l.owner == *owner)' \
   '        .is_none_or(|l| l.token == token || l.owner == *owner)'
-plant no-dir-sync-on-takeover \
-  '        sync_dir: true,\n        cleanup,' \
-  '        sync_dir: false,\n        cleanup,'
+plant no-dir-sync-on-takeover $m \
+  '        sync_dir: DirSync::Required,\n        cleanup,' \
+  '        sync_dir: DirSync::No,\n        cleanup,'
+# Issue 13's plants (a)-(e).
+plant a-expiry-boundary-not-expired $m \
+  '    now >= expiry\n}' \
+  '    now > expiry\n}'
+plant b-dead-holder-takeover-reuses-token $m \
+  'Some(Liveness::Dead) => takeover(input, owner, rec.token, true)' \
+  'Some(Liveness::Dead) => takeover(input, owner, rec.token - 1, true)'
+plant c-adopt-before-commit $d \
+  '        if plan.commit.is_some() {\n            steps.extend' \
+  '        if plan.prepare.iter().any(|p| matches!(p, Prepare::LockLive { .. })) {\n            steps.push(Io::Adopt);\n        }\n        if false {\n            steps.push(Io::Adopt);\n        }\n        if plan.commit.is_some() {\n            steps.extend'
+plant d-commit-before-locking-new-generation $d \
+  '        for i in 0..plan.prepare.len() {\n            steps.push(Io::Prepare(index(i)));\n        }\n        if plan.commit.is_some() {\n            steps.extend([Io::WriteTemp, Io::SyncTemp, Io::Rename]);\n            if plan.sync_dir != DirSync::No {\n                steps.push(Io::SyncDir);\n            }\n        }\n' \
+  '        if plan.commit.is_some() {\n            steps.extend([Io::WriteTemp, Io::SyncTemp, Io::Rename]);\n            if plan.sync_dir != DirSync::No {\n                steps.push(Io::SyncDir);\n            }\n        }\n        for i in 0..plan.prepare.len() {\n            steps.push(Io::Prepare(index(i)));\n        }\n'
+plant e-unlock-before-rename $d \
+  '            steps.extend([Io::WriteTemp, Io::SyncTemp, Io::Rename]);' \
+  '            steps.extend([Io::WriteTemp, Io::SyncTemp, Io::UnlockStable, Io::Rename]);'
 
+config=${CONFIG:-default}
 status=0
 for i in "${!names[@]}"; do
-  name=${names[$i]} find=${finds[$i]} replace=${repls[$i]}
+  name=${names[$i]} path=${paths[$i]} find=${finds[$i]} replace=${repls[$i]}
   if [ $# -gt 0 ] && [[ "$name" != *"$1"* ]]; then continue; fi
-  cp "$backup" "$machine"
-  FIND="$find" REPLACE="$replace" python3 - "$machine" <<'PY'
+  restore
+  FIND="$find" REPLACE="$replace" python3 - "$path" <<'PY'
 import os, sys
 p = sys.argv[1]
 s = open(p).read()
@@ -50,15 +71,15 @@ repl = os.environ["REPLACE"].replace("\\n", "\n").replace("\\&", "&")
 assert s.count(find) == 1, f"plant anchor not found exactly once: {find!r}"
 open(p, "w").write(s.replace(find, repl))
 PY
-  echo "=================== plant: $name"
+  echo "=================== plant: $name ($path)"
   # A plant that does not compile proves nothing: fail loudly.
   cargo build -q --release -p flocklease-model
-  if out=$(cargo run -q --release -p flocklease-model -- check 2>&1); then
+  if out=$(cargo run -q --release -p flocklease-model -- check --config "$config" --counterexamples 1 2>&1); then
     echo "$out"
     echo "!!! plant $name NOT caught by the model checker"
     status=1
   else
-    echo "$out" | sed -n '/^  always\|^  sometimes/p;/^shortest/,$p'
+    echo "$out" | sed -n '/^explored/p;/VIOLATED\|NEVER/p;/^shortest/,$p'
     echo "--> caught"
   fi
 done

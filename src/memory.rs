@@ -109,8 +109,11 @@ impl MemLease {
             state: &mut state,
             instance: self.instance,
             id,
+            now: self.clock.now(),
+            temp: None,
         };
-        driver::run(&mut tx, id, self.clock.now(), self.ttl, event)
+        // The store's mutex is the transition lock: held for the whole run.
+        driver::run(&mut tx, id, self.ttl, event)
     }
 }
 
@@ -134,6 +137,9 @@ struct MemTx<'a> {
     state: &'a mut StoreState,
     instance: u64,
     id: &'a SessionId,
+    now: crate::Timestamp,
+    /// The record written but not yet renamed into place.
+    temp: Option<Record>,
 }
 
 impl MemTx<'_> {
@@ -144,6 +150,10 @@ impl MemTx<'_> {
 
 impl Transaction for MemTx<'_> {
     type Pending = u64;
+
+    fn now(&self) -> crate::Timestamp {
+        self.now
+    }
 
     fn read(&mut self) -> Result<Option<Record>, Error> {
         Ok(self.state.records.get(self.id).cloned())
@@ -178,15 +188,39 @@ impl Transaction for MemTx<'_> {
         Ok(token)
     }
 
+    fn abandon(&mut self, token: u64) {
+        let instance = self.instance;
+        if let Some(holder) = self.state.live.get_mut(&self.key(token))
+            && *holder == Some(instance)
+        {
+            *holder = None;
+        }
+    }
+
     fn ensure_live(&mut self, token: u64) -> Result<(), Error> {
         let key = self.key(token);
         self.state.live.insert(key, Some(self.instance));
         Ok(())
     }
 
-    fn commit(&mut self, record: &Record) -> Result<(), Error> {
-        self.state.records.insert(self.id.clone(), record.clone());
+    fn write_temp(&mut self, record: &Record) -> Result<(), Error> {
+        self.temp = Some(record.clone());
         Ok(())
+    }
+
+    fn sync_temp(&mut self) -> Result<(), Error> {
+        Ok(())
+    }
+
+    fn rename(&mut self) -> Result<(), Error> {
+        if let Some(record) = self.temp.take() {
+            self.state.records.insert(self.id.clone(), record);
+        }
+        Ok(())
+    }
+
+    fn discard_temp(&mut self) {
+        self.temp = None;
     }
 
     fn sync_dir(&mut self) -> Result<(), Error> {

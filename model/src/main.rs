@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use flocklease_model::{LeaseModel, report};
+use flocklease_model::{Backend, CONFIGS, LeaseModel, report};
 use stateright::Model;
 
 const USAGE: &str = "\
@@ -14,15 +14,21 @@ commands:
              violation or unwitnessed `sometimes` property
   explore    serve stateright's explorer to click through interleavings in a browser
 
-options:
+options (applied in order, on top of the named configuration):
+  --config NAME      start from a named configuration: default, large (CI), shared-owner,
+                     postgres (default: default)
+  --backend B        flock or postgres (postgres: liveness can be lost while its holder runs)
   --procs N          lease-manager processes (default 2, at most 3)
-  --max-time T       the clock runs from tick 0 to T (default 5)
+  --max-time T       the clock runs from tick 0 to T (default 2)
   --ttl T            lease TTL in ticks (default 2)
-  --max-token K      do not explore past token K (default 4)
-  --faults N         failing writes to inject (default 1; 0 disables)
+  --max-token K      no call starts past token K (default 2)
+  --faults N         failing I/O steps to inject (default 1; 0 disables)
+  --shared-owner     every process uses the same owner string
   --no-host-crash    no host crash
   --no-cleaner       no operator deleting a liveness file
   --no-sync          model Durability::NoSync (shows why fsync is needed)
+  --counterexamples N  print the shortest counterexample of at most N violated properties
+                     (default: all)
   --addr HOST:PORT   explorer address (default 127.0.0.1:3000)
 ";
 
@@ -41,15 +47,35 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
     let (command, rest) = args.split_first().ok_or("missing command")?;
     let mut model = LeaseModel::default();
     let mut addr = "127.0.0.1:3000".to_owned();
+    let mut counterexamples = usize::MAX;
     let mut it = rest.iter();
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or(format!("{flag} needs a value"));
         match flag.as_str() {
+            "--config" => {
+                let name = value()?;
+                model = LeaseModel::named(name).ok_or(format!(
+                    "unknown configuration {name} (known: {})",
+                    CONFIGS.join(", ")
+                ))?;
+            }
+            "--backend" => match value()?.as_str() {
+                "flock" => model.backend = Backend::Flock,
+                "postgres" => {
+                    model.backend = Backend::Postgres;
+                    model.cleaner = false;
+                    model.host_crash = false;
+                    model.liveness_losses = model.liveness_losses.max(1);
+                }
+                other => return Err(format!("unknown backend {other}")),
+            },
+            "--shared-owner" => model.shared_owner = true,
+            "--counterexamples" => counterexamples = number(value()?, flag)?,
             "--procs" => model.procs = number(value()?, flag)?,
             "--max-time" => model.max_time = number(value()?, flag)?,
             "--ttl" => model.ttl_ticks = number(value()?, flag)?,
             "--max-token" => model.max_token = number(value()?, flag)?,
-            "--faults" => model.write_faults = number(value()?, flag)?,
+            "--faults" => model.faults = number(value()?, flag)?,
             "--no-host-crash" => model.host_crash = false,
             "--no-cleaner" => model.cleaner = false,
             "--no-sync" => model.durable = false,
@@ -70,7 +96,8 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
     match command.as_str() {
         "check" => {
             let mut out = std::io::stdout();
-            let ok = report::check(&model, &mut out).map_err(|e| e.to_string())?;
+            let ok =
+                report::check_with(&model, counterexamples, &mut out).map_err(|e| e.to_string())?;
             Ok(if ok {
                 ExitCode::SUCCESS
             } else {
@@ -83,7 +110,7 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
                 std::net::TcpListener::bind(addr.as_str())
                     .map_err(|e| format!("cannot listen on {addr}: {e}"))?,
             );
-            println!("model: {model:?}");
+            println!("{}\n\n{}\n", report::describe(&model), report::LEGEND);
             println!("explorer on http://{addr} (Ctrl-C to stop)");
             // Serves until the process is stopped.
             let _checker = model.checker().serve(addr.as_str());

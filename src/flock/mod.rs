@@ -306,8 +306,11 @@ impl FlockLease {
             lease: self,
             paths,
             slot: &mut slot,
+            stable: &lock.file,
+            temp: None,
         };
-        let outcome = driver::run(&mut tx, id, self.clock.now(), self.ttl, event);
+        let outcome = driver::run(&mut tx, id, self.ttl, event);
+        drop(tx);
         slot.lock = self.keep_lock(lock);
         outcome
     }

@@ -1,5 +1,5 @@
 //! The transaction: the primitive steps of one transition on files, done under the id's
-//! transition lock, for [`driver::run`](crate::driver::run).
+//! transition lock, for [`driver::run`](crate::driver::run), which orders them.
 
 use std::fs::{self, File, TryLockError};
 use std::io::{self, Write};
@@ -46,6 +46,10 @@ pub(super) struct FlockTx<'a> {
     pub(super) lease: &'a FlockLease,
     pub(super) paths: &'a Paths,
     pub(super) slot: &'a mut Slot,
+    /// The transition lock, taken before the run; the driver says when to release it.
+    pub(super) stable: &'a File,
+    /// The temporary record this transition created and has not renamed yet.
+    pub(super) temp: Option<File>,
 }
 
 impl FlockTx<'_> {
@@ -75,19 +79,6 @@ impl FlockTx<'_> {
         }
     }
 
-    fn write_temp(&self, record: &Record) -> Result<(), Error> {
-        let path = &self.paths.temp;
-        let mut tmp = self.create_temp()?;
-        self.check(FaultPoint::WriteTemp, path)?;
-        tmp.write_all(&record::encode(record))
-            .map_err(|e| Error::io("write", path, e))?;
-        if self.durable() {
-            self.check(FaultPoint::SyncTemp, path)?;
-            tmp.sync_data().map_err(|e| Error::io("fsync", path, e))?;
-        }
-        Ok(())
-    }
-
     /// Locks a freshly opened liveness file exclusively (a holder's lock) and notes its
     /// identity.
     fn lock_new(&self, path: &std::path::Path) -> Result<(File, u64, u64), Error> {
@@ -109,6 +100,15 @@ impl FlockTx<'_> {
 
 impl Transaction for FlockTx<'_> {
     type Pending = PendingLive;
+
+    fn unlock_stable(&mut self) {
+        // Unlocking twice is harmless: the adapter unlocks again when it keeps the descriptor.
+        let _ = self.stable.unlock();
+    }
+
+    fn now(&self) -> crate::Timestamp {
+        self.lease.clock.now()
+    }
 
     fn read(&mut self) -> Result<Option<Record>, Error> {
         let path = &self.paths.record;
@@ -156,6 +156,11 @@ impl Transaction for FlockTx<'_> {
         Ok(PendingLive { file, dev, ino })
     }
 
+    fn abandon(&mut self, pending: PendingLive) {
+        // Closing the descriptor releases the lock; the file stays (see `PendingLive`).
+        drop(pending);
+    }
+
     fn ensure_live(&mut self, token: u64) -> Result<(), Error> {
         let path = self.paths.live(token);
         let Some(generation) = self.slot.local.as_ref() else {
@@ -180,22 +185,41 @@ impl Transaction for FlockTx<'_> {
         Ok(())
     }
 
-    fn commit(&mut self, record: &Record) -> Result<(), Error> {
-        if let Err(e) = self.write_temp(record) {
-            if !matches!(e, Error::ForeignOwner { .. }) {
-                let _ = fs::remove_file(&self.paths.temp);
-            }
-            return Err(e);
+    fn write_temp(&mut self, record: &Record) -> Result<(), Error> {
+        let path = &self.paths.temp;
+        let mut tmp = self.create_temp()?;
+        self.check(FaultPoint::WriteTemp, path)?;
+        let written = tmp.write_all(&record::encode(record));
+        // Kept even on failure, so the driver's discard removes what was created.
+        self.temp = Some(tmp);
+        written.map_err(|e| Error::io("write", path, e))
+    }
+
+    fn sync_temp(&mut self) -> Result<(), Error> {
+        let path = &self.paths.temp;
+        if !self.durable() {
+            return Ok(());
         }
+        self.check(FaultPoint::SyncTemp, path)?;
+        match &self.temp {
+            Some(tmp) => tmp.sync_data().map_err(|e| Error::io("fsync", path, e)),
+            None => Ok(()),
+        }
+    }
+
+    fn rename(&mut self) -> Result<(), Error> {
         let (from, to) = (&self.paths.temp, &self.paths.record);
-        let renamed = self
-            .check(FaultPoint::Rename, to)
-            .and_then(|()| fs::rename(from, to).map_err(|e| Error::io("rename", to, e)));
-        if let Err(e) = renamed {
-            let _ = fs::remove_file(from);
-            return Err(e);
-        }
+        self.check(FaultPoint::Rename, to)?;
+        fs::rename(from, to).map_err(|e| Error::io("rename", to, e))?;
+        self.temp = None;
         Ok(())
+    }
+
+    fn discard_temp(&mut self) {
+        // Only a file this transition created: a refused foreign file is not ours to remove.
+        if self.temp.take().is_some() {
+            let _ = fs::remove_file(&self.paths.temp);
+        }
     }
 
     fn sync_dir(&mut self) -> Result<(), Error> {

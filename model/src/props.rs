@@ -1,0 +1,363 @@
+//! The properties (SPEC §6): `always` properties over every state, the call properties judged
+//! when a call ends, and the `sometimes` scenarios.
+//!
+//! Every judgement here uses the model's own reading of the state (ticks, tokens, who holds
+//! which lock), never the machine's helpers: a bug planted in the machine cannot bend the
+//! property that is to catch it.
+
+use flocklease::machine::Outcome;
+use flocklease::{Error, Record};
+use stateright::Property;
+
+use crate::{Backend, Call, Kind, LeaseModel, LeaseView, Said, Scenario, State, ticks};
+
+/// Names of the `always` properties (SPEC §6 numbers in brackets).
+pub mod names {
+    /// §6.1 (flock).
+    pub const ONE_HOLDER: &str = "[1] at most one unexpired holder, the record's";
+    /// §6.1 (PostgreSQL form).
+    pub const ONE_LIVE_HOLDER: &str =
+        "[1] at most one unexpired holder with its liveness intact, the record's";
+    /// §6.2, across a host crash.
+    pub const NEVER_BACK: &str = "[2] tokens never go back, even after a host crash";
+    /// §6.2.
+    pub const INCREASE: &str = "[2] every new generation gets a greater token";
+    /// §6.3.
+    pub const STALE_RELEASE: &str = "[3] a stale release changes nothing";
+    /// §6.4.
+    pub const RENEW_CURRENT: &str = "[4] renew only for the current generation";
+    /// §6.5.
+    pub const RENEW_SUCCEEDS: &str = "[5] renew by the current holder succeeds";
+    /// §6.6.
+    pub const CRASHED_REPLACED: &str = "[6] a crashed holder is replaced at once";
+    /// §6.7.
+    pub const NO_FAILURE_AFTER_COMMIT: &str = "[7] no failure after commit";
+    /// §6.7.
+    pub const NO_SUCCESS_WITHOUT_COMMIT: &str = "[7] no success without commit";
+    /// §6.7 (and "held" is never a failure): with nothing injected, nothing fails.
+    pub const NO_FAILURE_WITHOUT_FAULT: &str = "[7] no failure without a fault";
+    /// §6.8.
+    pub const EXPIRED_TAKEN: &str = "[8] an expired record is never answered held";
+    /// PostgreSQL: a holder whose liveness was lost is told before it renews again.
+    pub const LOST_TOLD: &str = "[pg] a holder that lost liveness is told before renewing";
+}
+
+use names::*;
+
+/// The properties judged when a call ends, in the order of [`State::violations`]' bits.
+pub const CALL_PROPERTIES: [&str; 10] = [
+    INCREASE,
+    STALE_RELEASE,
+    RENEW_CURRENT,
+    RENEW_SUCCEEDS,
+    CRASHED_REPLACED,
+    NO_FAILURE_AFTER_COMMIT,
+    NO_SUCCESS_WITHOUT_COMMIT,
+    NO_FAILURE_WITHOUT_FAULT,
+    EXPIRED_TAKEN,
+    LOST_TOLD,
+];
+
+/// The bit of call property `name` in [`State::violations`].
+pub fn bit(name: &str) -> u16 {
+    let i = CALL_PROPERTIES
+        .iter()
+        .position(|n| *n == name)
+        .expect("a call property");
+    1 << i
+}
+
+/// The properties of `model`.
+pub fn properties(model: &LeaseModel) -> Vec<Property<LeaseModel>> {
+    let mut v = vec![];
+    if model.backend == Backend::Flock {
+        v.push(Property::always(ONE_HOLDER, |m: &LeaseModel, s: &State| {
+            one_holder(m, s, false)
+        }));
+    } else {
+        v.push(Property::always(
+            ONE_LIVE_HOLDER,
+            |m: &LeaseModel, s: &State| one_holder(m, s, true),
+        ));
+    }
+    v.push(Property::always(NEVER_BACK, |_, s: &State| {
+        let durable = s.durable.as_ref().map_or(0, |r| r.token);
+        let visible = s.record.as_ref().map_or(0, |r| r.token);
+        durable >= s.max_granted && visible >= durable
+    }));
+    // One `always` property per call property, so each counterexample names what broke.
+    macro_rules! call {
+        ($i:literal) => {
+            Property::always(CALL_PROPERTIES[$i], |_, s: &State| {
+                s.violations & (1 << $i) == 0
+            })
+        };
+    }
+    v.extend([
+        call!(0),
+        call!(1),
+        call!(2),
+        call!(3),
+        call!(4),
+        call!(5),
+        call!(6),
+        call!(7),
+        call!(8),
+    ]);
+    if model.backend == Backend::Postgres {
+        v.push(call!(9));
+    }
+    v.extend([
+        Property::sometimes("takeover after a crash", |_, s: &State| {
+            s.scenario == Some(Scenario::TakeoverAfterCrash)
+        }),
+        Property::sometimes("takeover of an expired, running holder", |_, s: &State| {
+            s.scenario == Some(Scenario::TakeoverOfExpiredRunningHolder)
+        }),
+        Property::sometimes("renew after suspension past the TTL", |_, s: &State| {
+            s.scenario == Some(Scenario::RenewAfterSuspension)
+        }),
+        Property::sometimes("stale release after a successor exists", |_, s: &State| {
+            s.scenario == Some(Scenario::StaleReleaseAfterSuccessor)
+        }),
+        Property::sometimes(
+            "a crash between commit and the end of the call",
+            |_, s: &State| s.scenario == Some(Scenario::CrashAfterCommit),
+        ),
+        Property::sometimes("grant after a host crash", |m: &LeaseModel, s: &State| {
+            !m.host_crash || s.scenario == Some(Scenario::GrantAfterHostCrash)
+        }),
+        Property::sometimes("a failed step", |m: &LeaseModel, s: &State| {
+            m.faults == 0 || s.scenario == Some(Scenario::FailedStep)
+        }),
+        Property::sometimes(
+            "held although the holder's liveness file vanished",
+            |m: &LeaseModel, s: &State| {
+                !m.cleaner || s.scenario == Some(Scenario::HeldDespiteMissingFile)
+            },
+        ),
+    ]);
+    if model.backend == Backend::Postgres {
+        v.push(Property::sometimes(
+            "takeover while the old holder runs with its liveness lost",
+            |m: &LeaseModel, s: &State| {
+                m.liveness_losses == 0 || s.scenario == Some(Scenario::TakeoverAfterLivenessLoss)
+            },
+        ));
+    }
+    v
+}
+
+/// At most one process believes it holds an unexpired lease (with `live_only`, counting only
+/// those whose liveness lock is intact), and it is the record's generation.
+fn one_holder(m: &LeaseModel, s: &State, live_only: bool) -> bool {
+    let holders: Vec<(usize, LeaseView)> = s
+        .procs
+        .iter()
+        .enumerate()
+        // A process that called release has given the lease up.
+        .filter(|(_, proc)| proc.call.as_ref().is_none_or(|c| c.kind != Kind::Release))
+        .filter_map(|(p, proc)| proc.lease.map(|l| (p, l)))
+        .filter(|(_, l)| s.now < l.expiry)
+        .filter(|(p, l)| !live_only || s.live.get(&l.token) == Some(&Some(*p)))
+        .collect();
+    match holders.as_slice() {
+        [] => true,
+        [(p, l)] => s
+            .record
+            .as_ref()
+            .is_some_and(|r| r.owner == m.owner(*p).as_str() && r.token == l.token),
+        _ => false,
+    }
+}
+
+/// Judges the call of process `p` that just ended with `result`, and updates what the
+/// process believes. `fired`: the last step failed by injection.
+pub(crate) fn observe(
+    m: &LeaseModel,
+    s: &mut State,
+    p: usize,
+    call: &Call,
+    fired: bool,
+    result: &Result<Outcome, Error>,
+) {
+    let me = m.owner(p);
+    let kind = call.kind;
+    let view = call.view;
+    let g = &call.ghost;
+    let seen = g.seen.as_ref();
+    let seen_record = seen.and_then(|x| x.record.as_ref());
+    let names = |r: Option<&Record>, token: u64| {
+        r.is_some_and(|r| r.owner == me.as_str() && r.token == token)
+    };
+    let held_here = |token: u64| {
+        seen.and_then(|x| x.local.as_ref())
+            .is_some_and(|l| l.token == token && l.owner == me)
+    };
+    let mut flags: Vec<&'static str> = vec![];
+    let said;
+    match result {
+        Err(_) => {
+            said = Said::Failed;
+            // A process whose release failed stops using the lease; it may retry the release
+            // (a replay of the stale lease).
+            if kind == Kind::Release {
+                let proc = &mut s.procs[p];
+                proc.stale = proc.lease.take();
+            }
+            if !fired {
+                flags.push(NO_FAILURE_WITHOUT_FAULT);
+            }
+            // The directory sync's failure is the one error allowed after the rename: the
+            // record is visible, not durable, and names a generation left dead.
+            let durable_now = s.durable.is_some() && s.durable == s.record;
+            if g.renamed && durable_now && s.record.as_ref().is_some_and(|r| r.owner == me.as_str())
+            {
+                flags.push(NO_FAILURE_AFTER_COMMIT);
+            }
+            s.scenario = Some(Scenario::FailedStep);
+        }
+        Ok(Outcome::Granted { token, expiry }) => {
+            let token = *token;
+            said = Said::Granted(token, ticks(*expiry));
+            // 7: success means the record now says so.
+            let expected = Record {
+                owner: me.as_str().to_owned(),
+                token,
+                expiry: *expiry,
+            };
+            if s.record.as_ref() != Some(&expected) || !g.renamed {
+                flags.push(NO_SUCCESS_WITHOUT_COMMIT);
+            }
+            if matches!(kind, Kind::Renew | Kind::RenewStale) {
+                // 4: renew succeeds only for the record's current generation.
+                if !names(seen_record, token) {
+                    flags.push(RENEW_CURRENT);
+                }
+                if view.is_some_and(|v| seen.is_some_and(|x| v.expiry <= x.now)) {
+                    s.scenario = Some(Scenario::RenewAfterSuspension);
+                }
+            }
+            // A grant of a generation the process did not already hold is a new generation,
+            // whatever its token.
+            if !held_here(token) {
+                // 2: it raises the token above every one reported before.
+                if token <= s.max_granted {
+                    flags.push(INCREASE);
+                }
+                let now = seen.map_or(0, |x| x.now);
+                let live_rec = seen_record.filter(|r| !r.is_tombstone());
+                let unexpired = live_rec.is_some_and(|r| now < ticks(r.expiry));
+                let holder = seen.and_then(|x| x.holder);
+                if unexpired && g.probed_dead {
+                    s.scenario = Some(Scenario::TakeoverAfterCrash);
+                    let old = live_rec.map(|r| r.token);
+                    let lost_runner = s
+                        .procs
+                        .iter()
+                        .enumerate()
+                        .any(|(q, pr)| q != p && pr.lost.is_some() && pr.lost == old);
+                    if lost_runner {
+                        s.scenario = Some(Scenario::TakeoverAfterLivenessLoss);
+                    }
+                } else if !unexpired && live_rec.is_some() && holder.is_some_and(|q| q != p) {
+                    s.scenario = Some(Scenario::TakeoverOfExpiredRunningHolder);
+                }
+                if !s.host_crash_left && m.host_crash {
+                    s.scenario = Some(Scenario::GrantAfterHostCrash);
+                }
+            }
+            s.max_granted = s.max_granted.max(token);
+            let v = LeaseView {
+                token,
+                expiry: ticks(*expiry),
+            };
+            let proc = &mut s.procs[p];
+            if let Some(old) = proc.lease.filter(|l| l.token != token) {
+                proc.stale = Some(old);
+            }
+            // A kept copy of this very generation is current again, not stale.
+            if proc.stale.is_some_and(|l| l.token == token) {
+                proc.stale = None;
+            }
+            proc.lease = Some(v);
+        }
+        Ok(Outcome::Held) => {
+            said = Said::Held;
+            if matches!(kind, Kind::Renew | Kind::RenewStale) {
+                // 5: renew by the current holder with the record unchanged always succeeds.
+                if let Some(v) = view
+                    && held_here(v.token)
+                    && names(seen_record, v.token)
+                {
+                    flags.push(RENEW_SUCCEEDS);
+                }
+                // The lease is lost: keep it only as a stale one to replay.
+                let proc = &mut s.procs[p];
+                if kind == Kind::Renew {
+                    proc.stale = proc.lease.take();
+                }
+            }
+            if kind == Kind::Acquire {
+                let live_rec = seen_record.filter(|r| !r.is_tombstone());
+                if live_rec.is_some_and(|r| !s.live.contains_key(&r.token)) {
+                    s.scenario = Some(Scenario::HeldDespiteMissingFile);
+                }
+                // 6: an acquire after the recorded holder crashed succeeds at once.
+                if g.probed_dead {
+                    flags.push(CRASHED_REPLACED);
+                }
+                // 8: expiry is as good as death: `now >= expiry` is expired.
+                let now = seen.map_or(0, |x| x.now);
+                if live_rec.is_some_and(|r| now >= ticks(r.expiry)) {
+                    flags.push(EXPIRED_TAKEN);
+                }
+            }
+        }
+        Ok(Outcome::Released) => {
+            said = Said::Released;
+            let current = view.is_some_and(|v| held_here(v.token) && names(seen_record, v.token));
+            if !current {
+                // 3: a stale or foreign release changes neither the record nor anyone
+                // else's lock.
+                if g.renamed || g.touched_other {
+                    flags.push(STALE_RELEASE);
+                }
+                if seen_record.is_some_and(|r| !r.is_tombstone())
+                    && view.is_some_and(|v| !names(seen_record, v.token))
+                {
+                    s.scenario = Some(Scenario::StaleReleaseAfterSuccessor);
+                }
+            } else if !g.renamed || !s.record.as_ref().is_some_and(Record::is_tombstone) {
+                // 7: a successful release of the current generation committed a tombstone.
+                flags.push(NO_SUCCESS_WITHOUT_COMMIT);
+            }
+            let proc = &mut s.procs[p];
+            match kind {
+                Kind::Release => proc.stale = proc.lease.take(),
+                Kind::ReleaseStale => proc.stale = None,
+                _ => {}
+            }
+        }
+    }
+    // PostgreSQL: the call noticed the lost liveness connection, and told the process.
+    let proc = &mut s.procs[p];
+    if let Some(t) = proc.lost.take() {
+        if matches!(kind, Kind::Renew | Kind::RenewStale)
+            && matches!(said, Said::Granted(tok, _) if tok == t)
+        {
+            flags.push(LOST_TOLD);
+        }
+        if proc.local.as_ref().is_some_and(|l| l.token == t) {
+            proc.local = None;
+        }
+        if let Some(l) = proc.lease.filter(|l| l.token == t) {
+            proc.lease = None;
+            proc.stale = Some(l);
+        }
+    }
+    s.procs[p].last = Some((kind, said));
+    for name in flags {
+        s.violations |= bit(name);
+    }
+}

@@ -1,0 +1,377 @@
+//! Running the checker and printing its verdicts, configurations and counterexamples.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::io::{self, Write};
+
+use flocklease::Record;
+use stateright::{Checker, Expectation, HasDiscoveries, Model, Path};
+
+use crate::{Action, Backend, LeaseModel, Said, State, io_label, ticks};
+
+/// How to read a state: printed by `check` before a counterexample and by `explore`.
+pub const LEGEND: &str = "\
+how to read a state:
+  t=N                 the clock, in ticks
+  record=p0#2@4       the visible record: owner p0, token 2, expires at tick 4
+                      (tombstone#2 = released at token 2; none = no record file)
+  durable=...         the record as a power loss would leave it (the last directory fsync)
+  temp=p1#3@5 synced  the temporary record file and whether its contents were fsynced
+  lock=p0             who holds the transition lock <stem>.lock
+  live=[1:-,2:p0]     liveness files by token: 2 locked by p0, 1 present and unlocked
+  reported=#2         the highest token ever reported granted to a caller
+  p0: lease #2@4      what p0 believes it holds; stale #1@2: an older lease it kept
+      local #2        the liveness lock p0 keeps open
+      [renew -> next: rename]   p0's call under way and the I/O step it takes next
+      last: acquire = granted #2@4   p0's last finished call and its answer
+                      (held, released, FAILED, crashed)
+  VIOLATION: ...      the call property a call just broke";
+
+/// One property's result.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    /// The property's name.
+    pub name: &'static str,
+    /// `always` or `sometimes`.
+    pub expectation: &'static str,
+    /// Whether it holds (`always`: no counterexample; `sometimes`: witnessed).
+    pub ok: bool,
+    /// Whether the verdict is final: `false` for a property not (yet) violated or witnessed
+    /// when the search stopped at the first violation of another.
+    pub known: bool,
+}
+
+/// The result of an exhaustive check.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    /// Distinct states explored.
+    pub unique_states: usize,
+    /// States generated, with repeats.
+    pub states: usize,
+    /// The deepest path explored.
+    pub max_depth: usize,
+    /// One verdict per property, in the model's order.
+    pub verdicts: Vec<Verdict>,
+    /// Whether every reachable state was explored (no violation stopped the search).
+    pub complete: bool,
+}
+
+/// Explores every reachable state of `model` (breadth first, two threads) and judges each
+/// property. The search stops at the first violation of an `always` property: a planted bug
+/// can make the state space explode, and one counterexample is the answer that matters.
+pub fn explore(model: &LeaseModel) -> Outcome {
+    let checker = model
+        .clone()
+        .checker()
+        .threads(2)
+        .finish_when(HasDiscoveries::AnyFailures)
+        .spawn_bfs()
+        .join();
+    let properties = model.properties();
+    let complete = !properties
+        .iter()
+        .any(|p| p.expectation == Expectation::Always && checker.discovery(p.name).is_some());
+    let verdicts = properties
+        .iter()
+        .map(|p| {
+            let found = checker.discovery(p.name).is_some();
+            let (expectation, ok) = match p.expectation {
+                Expectation::Always => ("always", !found),
+                Expectation::Sometimes => ("sometimes", found),
+                Expectation::Eventually => ("eventually", !found),
+            };
+            Verdict {
+                name: p.name,
+                expectation,
+                ok,
+                known: complete || found,
+            }
+        })
+        .collect();
+    Outcome {
+        unique_states: checker.unique_state_count(),
+        states: checker.state_count(),
+        max_depth: checker.max_depth(),
+        verdicts,
+        complete,
+    }
+}
+
+/// A shortest path to a discovery of property `name`: any discovery first, then a binary
+/// search on the depth bound for the least bound that still has one (a multi-threaded
+/// breadth-first search does not guarantee the shortest path, and iterative deepening from
+/// depth 1 costs too much at this model's depths).
+pub fn shortest(model: &LeaseModel, name: &'static str) -> Option<Path<State, Action>> {
+    let find = |depth: Option<usize>| {
+        let mut builder = model
+            .clone()
+            .checker()
+            .threads(2)
+            .finish_when(HasDiscoveries::AnyOf(BTreeSet::from([name])));
+        if let Some(d) = depth {
+            builder = builder.target_max_depth(d);
+        }
+        builder.spawn_bfs().join().discovery(name)
+    };
+    let mut best = find(None)?;
+    // A path of n actions is found with a depth bound of n + 2 (stateright's depth bound
+    // stops expanding states at that depth, and counts from 1).
+    let (mut lo, mut hi) = (1, best.clone().into_actions().len() + 2);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        match find(Some(mid)) {
+            Some(path) => {
+                hi = (path.clone().into_actions().len() + 2).min(mid);
+                best = path;
+            }
+            None => lo = mid + 1,
+        }
+    }
+    Some(best)
+}
+
+/// Writes `path` as numbered steps: each state, then the action taken from it.
+pub fn write_path(
+    model: &LeaseModel,
+    path: Path<State, Action>,
+    out: &mut impl Write,
+) -> io::Result<()> {
+    for (i, (state, action)) in path.into_vec().into_iter().enumerate() {
+        writeln!(out, "  {i:>3}  {state:?}")?;
+        if let Some(a) = action {
+            // The action stored with a state is the one taken *from* it.
+            writeln!(out, "       -> {}", model.format_action(&a))?;
+        }
+    }
+    Ok(())
+}
+
+/// The configuration as a sentence, with its bounds and what "exhaustive" means for it.
+pub fn describe(m: &LeaseModel) -> String {
+    let owners = if m.shared_owner {
+        "all with the same owner string \"p0\" (still foreign to each other)".to_owned()
+    } else {
+        "each with its own owner (p0, p1, ...)".to_owned()
+    };
+    let backend = match m.backend {
+        Backend::Flock => "flock".to_owned(),
+        Backend::Postgres => format!(
+            "PostgreSQL (liveness may be lost while its holder runs, up to {} time{})",
+            m.liveness_losses,
+            if m.liveness_losses == 1 { "" } else { "s" }
+        ),
+    };
+    let mut extras = vec![];
+    extras.push(match m.faults {
+        0 => "no injected failures".to_owned(),
+        n => format!("up to {n} injected failure(s) of any fallible I/O step"),
+    });
+    if m.host_crash {
+        extras.push("one host crash (what was not fsynced is lost)".into());
+    }
+    if m.cleaner {
+        extras.push("one operator deletion of the current liveness file".into());
+    }
+    extras.push(if m.durable {
+        "fsync on (Durability::Full)".into()
+    } else {
+        "fsync off (Durability::NoSync)".into()
+    });
+    format!(
+        "configuration \"{}\": {} lease-manager processes, {owners}, on the {backend} backend, \
+         one session id; the clock runs from tick 0 to tick {} with a TTL of {} ticks; calls \
+         start while the record's token is at most {} (calls under way still finish); {}; any \
+         process may crash between any two I/O steps of a call.\n\
+         exhaustive: every interleaving of these processes' I/O steps, crashes, ticks and \
+         faults within these bounds is explored and every reachable state is checked; longer \
+         histories, more processes, ids or tokens are not.",
+        m.name,
+        m.procs,
+        m.max_time,
+        m.ttl_ticks,
+        m.max_token,
+        extras.join("; "),
+    )
+}
+
+/// The `check` command: explores, prints the verdicts and the shortest counterexample of
+/// each violated `always` property. Returns whether everything holds.
+pub fn check(model: &LeaseModel, out: &mut impl Write) -> io::Result<bool> {
+    check_with(model, usize::MAX, out)
+}
+
+/// [`check`], printing the counterexamples of at most `counterexamples` violated properties
+/// (each costs a few more searches).
+pub fn check_with(
+    model: &LeaseModel,
+    counterexamples: usize,
+    out: &mut impl Write,
+) -> io::Result<bool> {
+    writeln!(out, "{}", describe(model))?;
+    let start = std::time::Instant::now();
+    let outcome = explore(model);
+    writeln!(
+        out,
+        "explored {} unique states ({} generated, max depth {}) in {:.1?}{}",
+        outcome.unique_states,
+        outcome.states,
+        outcome.max_depth,
+        start.elapsed(),
+        if outcome.complete {
+            ""
+        } else {
+            "; stopped at the first violation"
+        }
+    )?;
+    let mut all_ok = outcome.complete;
+    for v in &outcome.verdicts {
+        let word = match (v.expectation, v.ok, v.known) {
+            (_, _, false) => "unknown (search stopped)",
+            ("sometimes", true, _) => "witnessed",
+            ("sometimes", false, _) => "NEVER WITNESSED",
+            (_, true, _) => "holds",
+            (_, false, _) => "VIOLATED",
+        };
+        writeln!(out, "  {:9} {:62} {word}", v.expectation, v.name)?;
+        all_ok &= v.ok;
+    }
+    let violated: Vec<&Verdict> = outcome
+        .verdicts
+        .iter()
+        .filter(|v| !v.ok && v.expectation == "always")
+        .take(counterexamples)
+        .collect();
+    if !violated.is_empty() {
+        writeln!(out, "\n{LEGEND}")?;
+    }
+    for v in violated {
+        writeln!(out, "\nshortest counterexample for \"{}\":", v.name)?;
+        match shortest(model, v.name) {
+            Some(path) => {
+                let steps = path.last_state().clone();
+                write_path(model, path, out)?;
+                writeln!(
+                    out,
+                    "  the last state breaks it: {}",
+                    why(model, v.name, &steps)
+                )?;
+            }
+            None => writeln!(out, "   (not found again)")?,
+        }
+    }
+    writeln!(out, "{}", if all_ok { "OK" } else { "FAILED" })?;
+    Ok(all_ok)
+}
+
+/// What property `name` reads in `s`, said plainly.
+fn why(m: &LeaseModel, name: &str, s: &State) -> String {
+    use crate::props::names::*;
+    let tok = |r: &Option<Record>| r.as_ref().map_or(0, |r| r.token);
+    match name {
+        n if n == NEVER_BACK => format!(
+            "it needs highest token reported ({}) <= durable token ({}, record {}) <= visible \
+             token ({}, record {}); a power loss now would leave token {} as the last issued",
+            s.max_granted,
+            tok(&s.durable),
+            rec(&s.durable),
+            tok(&s.record),
+            rec(&s.record),
+            tok(&s.durable),
+        ),
+        n if crate::props::CALL_PROPERTIES.contains(&n) => {
+            "a call that just ended broke it (see VIOLATION)".to_owned()
+        }
+        _ => {
+            let holders: Vec<String> = s
+                .procs
+                .iter()
+                .enumerate()
+                .filter_map(|(p, pr)| pr.lease.map(|l| (p, l)))
+                .filter(|(_, l)| s.now < l.expiry)
+                .map(|(p, l)| format!("{} holds #{}@{}", m.owner(p), l.token, l.expiry))
+                .collect();
+            format!(
+                "at t={}: {}; the record is {}",
+                s.now,
+                holders.join(", "),
+                rec(&s.record)
+            )
+        }
+    }
+}
+
+fn rec(r: &Option<Record>) -> String {
+    match r {
+        None => "none".to_owned(),
+        Some(r) if r.is_tombstone() => format!("tombstone#{}", r.token),
+        Some(r) => format!("{}#{}@{}", r.owner, r.token, ticks(r.expiry)),
+    }
+}
+
+impl fmt::Debug for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "t={} record={} durable={}",
+            self.now,
+            rec(&self.record),
+            rec(&self.durable)
+        )?;
+        if let Some(t) = &self.temp {
+            let synced = if t.synced { " synced" } else { "" };
+            write!(f, " temp={}{synced}", rec(&Some(t.record.clone())))?;
+        }
+        if let Some(p) = self.stable {
+            write!(f, " lock=p{p}")?;
+        }
+        let live: Vec<String> = self
+            .live
+            .iter()
+            .map(|(t, h)| match h {
+                Some(p) => format!("{t}:p{p}"),
+                None => format!("{t}:-"),
+            })
+            .collect();
+        write!(
+            f,
+            " live=[{}] reported=#{}",
+            live.join(","),
+            self.max_granted
+        )?;
+        for (p, proc) in self.procs.iter().enumerate() {
+            write!(f, " | p{p}:")?;
+            if let Some(l) = proc.lease {
+                write!(f, " lease #{}@{}", l.token, l.expiry)?;
+            }
+            if let Some(l) = proc.stale {
+                write!(f, " stale #{}@{}", l.token, l.expiry)?;
+            }
+            if let Some(l) = &proc.local {
+                write!(f, " local #{}", l.token)?;
+            }
+            if let Some(t) = proc.lost {
+                write!(f, " LIVENESS #{t} LOST")?;
+            }
+            if let Some(c) = &proc.call {
+                let next = c.run.peek().map_or("-".into(), io_label);
+                write!(f, " [{} -> next: {next}]", c.kind.label())?;
+            }
+            if let Some((kind, said)) = proc.last {
+                let said = match said {
+                    Said::Granted(t, e) => format!("granted #{t}@{e}"),
+                    Said::Held => "held".into(),
+                    Said::Released => "released".into(),
+                    Said::Failed => "FAILED".into(),
+                    Said::Crashed => "crashed".into(),
+                };
+                write!(f, " last: {} = {said}", kind.label())?;
+            }
+        }
+        for (i, name) in crate::props::CALL_PROPERTIES.iter().enumerate() {
+            if self.violations & (1 << i) != 0 {
+                write!(f, " | VIOLATION: {name}")?;
+            }
+        }
+        Ok(())
+    }
+}
