@@ -308,18 +308,21 @@ impl FlockLease {
             slot: &mut slot,
             stable: &lock.file,
             temp: None,
+            unlocked: false,
         };
         let outcome = driver::run(&mut tx, id, self.ttl, event);
+        let unlocked = tx.unlocked;
         drop(tx);
-        slot.lock = self.keep_lock(lock);
+        slot.lock = self.keep_lock(lock, unlocked);
         outcome
     }
 
-    /// Unlocks the transition lock and keeps its descriptor for the next transition on the id,
+    /// Unlocks the transition lock (unless the run did) and keeps its descriptor for the next
+    /// transition on the id,
     /// while fewer than [`LOCK_CACHE`] are kept (beyond that, or if unlocking fails, it is
     /// closed, which unlocks too).
-    fn keep_lock(&self, mut lock: StableLock) -> Option<StableLock> {
-        if lock.file.unlock().is_err() {
+    fn keep_lock(&self, mut lock: StableLock, unlocked: bool) -> Option<StableLock> {
+        if !unlocked && lock.file.unlock().is_err() {
             self.uncount(lock.counted);
             return None;
         }

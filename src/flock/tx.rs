@@ -50,6 +50,8 @@ pub(super) struct FlockTx<'a> {
     pub(super) stable: &'a File,
     /// The temporary record this transition created and has not renamed yet.
     pub(super) temp: Option<File>,
+    /// Whether the driver released the transition lock (then the adapter need not again).
+    pub(super) unlocked: bool,
 }
 
 impl FlockTx<'_> {
@@ -102,8 +104,8 @@ impl Transaction for FlockTx<'_> {
     type Pending = PendingLive;
 
     fn unlock_stable(&mut self) {
-        // Unlocking twice is harmless: the adapter unlocks again when it keeps the descriptor.
-        let _ = self.stable.unlock();
+        // If this fails, the adapter closes the descriptor, which releases the lock too.
+        self.unlocked = self.stable.unlock().is_ok();
     }
 
     fn now(&self) -> crate::Timestamp {

@@ -253,8 +253,10 @@ impl PgLease {
             probed,
             state: &mut state,
             finished: false,
+            now,
+            staged: None,
         };
-        let outcome = driver::run(&mut tx, id, now, inner.ttl, event);
+        let outcome = driver::run(&mut tx, id, inner.ttl, event);
         let finished = tx.finished;
         inner.end_tx(conn, finished);
         outcome

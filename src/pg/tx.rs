@@ -61,6 +61,11 @@ pub(super) struct PgTx<'a> {
     pub(super) state: &'a mut IdState,
     /// Whether the transaction is over (committed, or its commit resolved).
     pub(super) finished: bool,
+    /// The server's clock, read with the row lock in the first round trip.
+    pub(super) now: crate::Timestamp,
+    /// The record to commit, staged by `write_temp` (the database has no temporary file: the
+    /// UPDATE and COMMIT go out together at `rename`, the commit step).
+    pub(super) staged: Option<Record>,
 }
 
 impl PgTx<'_> {
@@ -107,6 +112,10 @@ impl PgTx<'_> {
 
 impl<'a> Transaction for PgTx<'a> {
     type Pending = PendingLive<'a>;
+
+    fn now(&self) -> crate::Timestamp {
+        self.now
+    }
 
     fn read(&mut self) -> Result<Option<Record>, Error> {
         // Read with the row lock, in the transition's first round trip.
@@ -174,7 +183,30 @@ impl<'a> Transaction for PgTx<'a> {
         Ok(())
     }
 
-    fn commit(&mut self, record: &Record) -> Result<(), Error> {
+    fn abandon(&mut self, pending: PendingLive<'a>) {
+        // Dropping it unlocks the generation and returns its connection to the pool.
+        drop(pending);
+    }
+
+    fn write_temp(&mut self, record: &Record) -> Result<(), Error> {
+        self.staged = Some(record.clone());
+        Ok(())
+    }
+
+    fn sync_temp(&mut self) -> Result<(), Error> {
+        Ok(())
+    }
+
+    fn discard_temp(&mut self) {
+        self.staged = None;
+    }
+
+    fn rename(&mut self) -> Result<(), Error> {
+        let record = self
+            .staged
+            .take()
+            .expect("the driver stages the record before the commit step");
+        let record = &record;
         let token = record.token as i64; // the u64's bits (see the schema)
         let expiry = SqlTime::from_timestamp(record.expiry);
         let key = self.key;
