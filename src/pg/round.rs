@@ -127,7 +127,9 @@ impl Inner {
                 let (key, record) = row_record(id, &row)?;
                 let now = clock.get::<_, SqlTime>(0).to_timestamp();
                 match (record, now) {
-                    (Some(r), Some(now)) if !r.is_tombstone() && now < r.expiry => {
+                    (Some(r), Some(now))
+                        if !r.is_tombstone() && !crate::machine::is_expired(r.expiry, now) =>
+                    {
                         let to_expiry = r.expiry.saturating_duration_since(now);
                         let wait = left.map_or(to_expiry, |l| l.min(to_expiry));
                         let ms = format!("{}ms", wait.as_millis().clamp(1, i32::MAX as u128));

@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 use super::tx::record_of;
 use super::{PgLease, schema};
 use crate::error::Error;
+use crate::machine::is_expired;
 use crate::name::SessionId;
 use crate::record::Record;
 use crate::timestamp::Timestamp;
@@ -29,7 +30,7 @@ impl PgSession {
     pub fn is_held(&self) -> bool {
         self.record
             .as_ref()
-            .is_some_and(|r| !r.is_tombstone() && self.now < r.expiry && self.live)
+            .is_some_and(|r| !r.is_tombstone() && !is_expired(r.expiry, self.now) && self.live)
     }
 
     /// `held`, `dead` (holder gone before its expiry), `expired`, `released` or `free`.
@@ -37,7 +38,7 @@ impl PgSession {
         match &self.record {
             None => "free",
             Some(r) if r.is_tombstone() => "released",
-            Some(r) if self.now >= r.expiry => "expired",
+            Some(r) if is_expired(r.expiry, self.now) => "expired",
             Some(_) if self.live => "held",
             Some(_) => "dead",
         }
