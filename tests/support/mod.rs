@@ -28,24 +28,43 @@ pub struct RoleChild {
 impl RoleChild {
     /// Starts this test binary as a child in `role`, with `args` in `FLOCKLEASE_ARGS`.
     pub fn spawn(entry: &str, role: &str, args: &[&str]) -> RoleChild {
-        RoleChild::spawn_with(entry, role, args, |_| {})
+        let exe = std::env::current_exe().expect("current exe");
+        RoleChild::spawn_with(&exe, entry, role, args, |_| {})
     }
 
     /// Like [`RoleChild::spawn`], as user `uid` and group `gid` (the caller must be root).
+    ///
+    /// The child runs a copy of this test binary in a directory every user can enter: the
+    /// checkout may lie under a private directory (`mktemp -d` is 0700) that the other user
+    /// cannot traverse.
     pub fn spawn_as(entry: &str, role: &str, args: &[&str], uid: u32, gid: u32) -> RoleChild {
+        use std::os::unix::fs::PermissionsExt;
         use std::os::unix::process::CommandExt;
-        RoleChild::spawn_with(entry, role, args, |c| {
-            c.uid(uid).gid(gid);
+        static COPY: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+        let exe = COPY.get_or_init(|| {
+            let dir =
+                std::env::temp_dir().join(format!("flocklease-test-exe-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).expect("create the copy's directory");
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+            let copy = dir.join("test-binary");
+            std::fs::copy(std::env::current_exe().expect("current exe"), &copy)
+                .expect("copy the test binary");
+            std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+            copy
+        });
+        RoleChild::spawn_with(exe, entry, role, args, |c| {
+            // Its working directory too: the checkout may be closed to the other user.
+            c.uid(uid).gid(gid).current_dir("/");
         })
     }
 
     fn spawn_with(
+        exe: &Path,
         entry: &str,
         role: &str,
         args: &[&str],
         f: impl FnOnce(&mut Command),
     ) -> RoleChild {
-        let exe = std::env::current_exe().expect("current exe");
         let mut cmd = Command::new(exe);
         f(&mut cmd);
         let mut child = cmd
