@@ -341,7 +341,7 @@ fn cycles_reuse_one_transition_and_one_liveness_connection() {
             .collect()
     };
     let pids = || {
-        admin.query("SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'flocklease%' ORDER BY pid", &[]).iter().map(|r| r.get::<_, i32>(0)).collect::<Vec<_>>()
+        admin.query("SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND application_name LIKE 'flocklease%' ORDER BY pid", &[]).iter().map(|r| r.get::<_, i32>(0)).collect::<Vec<_>>()
     };
     let l = leases
         .acquire(&id("job"), &owner("a"))
