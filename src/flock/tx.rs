@@ -5,6 +5,11 @@ use std::fs::{self, File, TryLockError};
 use std::io::{self, Write};
 use std::os::unix::fs::MetadataExt;
 
+use nix::dir::Dir;
+use nix::fcntl::OFlag;
+use nix::sys::stat::Mode;
+use nix::unistd::{UnlinkatFlags, unlinkat};
+
 use super::files::{Access, Paths, read_bounded};
 use super::{Durability, FlockLease};
 use crate::driver::Transaction;
@@ -259,22 +264,34 @@ impl Transaction for FlockTx<'_> {
         if self.check(FaultPoint::ReadDir, &self.paths.dir).is_err() {
             return;
         }
-        let Ok(entries) = fs::read_dir(&self.paths.dir) else {
+        // Listed and unlinked relative to the directory's descriptor: no path walk per name.
+        let dir_file = &self.lease.dir_file;
+        let Ok(mut dir) = Dir::openat(
+            dir_file,
+            ".",
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        ) else {
             return;
         };
-        let prefix = format!("{}.", self.paths.stem);
-        for entry in entries.flatten() {
+        let prefix = self.paths.stem.as_bytes();
+        for entry in dir.iter().flatten() {
             let name = entry.file_name();
-            let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(&prefix)) else {
+            let Some(rest) = name
+                .to_bytes()
+                .strip_prefix(prefix)
+                .and_then(|r| r.strip_prefix(b"."))
+            else {
                 continue;
             };
-            let stale = rest == "lease.json.tmp"
+            let stale = rest == b"lease.json.tmp"
                 || rest
-                    .strip_suffix(".live")
+                    .strip_suffix(b".live")
+                    .and_then(|t| std::str::from_utf8(t).ok())
                     .and_then(|t| t.parse::<u64>().ok())
                     .is_some_and(|t| t < below);
             if stale {
-                let _ = fs::remove_file(entry.path());
+                let _ = unlinkat(dir_file, name, UnlinkatFlags::NoRemoveDir);
             }
         }
     }
