@@ -599,25 +599,32 @@ fn wait_blocked(path: &Path) {
     panic!("the waiter never blocked on {}", path.display());
 }
 
-/// Waits (bounded) until this process has an inotify watch on `path`'s inode: the waiting
-/// acquire is parked on the holder's liveness file, so the kill is measured from a comparable
+/// Waits (bounded) until this process's inotify watch on the lease directory reports closes
+/// of its entries: the waiting acquire is parked, so the kill is measured from a comparable
 /// starting line.
-fn wait_watched(path: &Path) {
+fn wait_watched(dir: &Path) {
     let start = Instant::now();
+    let ino = fs::metadata(dir).unwrap().ino();
+    let needle = format!(" ino:{ino:x} ");
     while start.elapsed() < Duration::from_secs(5) {
-        if let Ok(ino) = fs::metadata(path).map(|m| m.ino()) {
-            let needle = format!(" ino:{ino:x} ");
-            let watched = fs::read_dir("/proc/self/fdinfo")
-                .unwrap()
-                .flatten()
-                .any(|e| fs::read_to_string(e.path()).is_ok_and(|t| t.contains(&needle)));
-            if watched {
-                return;
-            }
+        let waiting = fs::read_dir("/proc/self/fdinfo")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| fs::read_to_string(e.path()).ok())
+            .flat_map(|t| t.lines().map(str::to_owned).collect::<Vec<_>>())
+            .filter(|l| l.contains(&needle))
+            .any(|l| {
+                l.split_whitespace()
+                    .find_map(|f| f.strip_prefix("mask:"))
+                    .and_then(|m| u32::from_str_radix(m, 16).ok())
+                    .is_some_and(|m| m & 0x8 != 0) // IN_CLOSE_WRITE
+            });
+        if waiting {
+            return;
         }
         std::thread::yield_now();
     }
-    panic!("the waiter never watched {}", path.display());
+    panic!("the waiter never watched {}", dir.display());
 }
 
 fn spawn_child(args: &[&str]) -> (std::process::Child, String) {
@@ -666,7 +673,6 @@ fn takeover(dir: &Path, runs: usize) {
         let (mut child, _) = spawn_child(&["holder", sub.to_str().unwrap()]);
         let leases = open(&sub, Durability::NoSync);
         let id = SessionId::new("takeover").unwrap();
-        let live = sub.join(format!("{}.1.live", id.stem()));
         std::thread::scope(|s| {
             let waiter = s.spawn(|| {
                 let l = leases
@@ -676,7 +682,7 @@ fn takeover(dir: &Path, runs: usize) {
                     .unwrap();
                 (Instant::now(), l.token)
             });
-            wait_watched(&live);
+            wait_watched(&sub);
             let t0 = Instant::now();
             child.kill().unwrap();
             let (t1, token) = waiter.join().unwrap();

@@ -92,8 +92,8 @@
 //!   crash leftover, or planted) is removed, never reused or followed.
 //! - Holders lock liveness files exclusively; probes and waiters use non-blocking *shared*
 //!   locks, dropped at once, so they never look like a holder to each other. A waiting
-//!   acquire watches the holder's liveness file with inotify and wakes when the holder's
-//!   descriptor closes (release or death); no thread is started and no lock is held while it
+//!   acquire watches the holder's liveness file with inotify (through a watch on the lease
+//!   directory) and wakes when the holder's descriptor closes (release or death); no thread is started and no lock is held while it
 //!   waits. The transition lock is taken with non-blocking attempts and a backoff
 //!   (20 µs–1 ms) up to the lock timeout, which every caller has for itself. See
 //!   [`FlockLease::acquire_wait`].

@@ -201,6 +201,53 @@ fn a_parked_waiter_holds_no_lock_and_wakes_on_release() {
 }
 
 #[test]
+fn a_parked_waiter_sleeps_through_other_ids_and_wakes_on_its_holder() {
+    // The wait watches the lease directory, whose events name every entry: the other ids'
+    // transitions must not end it (each end would be another attempt and another open of the
+    // holder's liveness file), and the holder's own release must.
+    let _g = counting();
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, parked) = std::sync::mpsc::channel();
+    let tx = Mutex::new(tx);
+    let hook: flocklease::fault::FaultHook = Arc::new(move |point, _| {
+        if point == flocklease::fault::FaultPoint::OpenWait {
+            let _ = tx.lock().unwrap().send(());
+        }
+        None
+    });
+    let holder = open_real(dir.path(), Duration::from_secs(600));
+    let lease = holder
+        .acquire(&id("s"), &owner("a"))
+        .unwrap()
+        .lease()
+        .unwrap();
+    let waiter = FlockLease::builder(dir.path()).faults(hook).open().unwrap();
+    let busy = open_real(dir.path(), Duration::from_secs(600));
+    thread::scope(|s| {
+        let waiting =
+            s.spawn(|| waiter.acquire_wait(&id("s"), &owner("w"), Duration::from_secs(60)));
+        parked.recv().unwrap();
+        for _ in 0..50 {
+            let other = busy
+                .acquire(&id("t"), &owner("b"))
+                .unwrap()
+                .lease()
+                .unwrap();
+            assert!(!busy.renew(&other).unwrap().is_held());
+            busy.release(&other).unwrap();
+        }
+        assert!(!waiting.is_finished());
+        assert!(
+            parked.try_recv().is_err(),
+            "another id's transitions ended the wait"
+        );
+        holder.release(&lease).unwrap();
+        let got = waiting.join().unwrap().unwrap().lease().unwrap();
+        assert_eq!(got.token, lease.token + 1);
+    });
+}
+
+#[test]
 fn per_id_state_stays_bounded_and_held_leases_survive_pruning() {
     let _g = counting();
     let dir = tempfile::tempdir().unwrap();

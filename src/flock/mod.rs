@@ -158,8 +158,9 @@ impl FlockLease {
     /// Acquires the lease of `id` for `owner`, waiting up to `timeout` while another owner
     /// holds it.
     ///
-    /// The wait watches the holder's liveness file, so it ends the moment the holder releases
-    /// or dies (the kernel drops its lock), or when its lease expires, and then retries the
+    /// The wait watches the holder's liveness file (through an inotify watch on the lease
+    /// directory, whose events name the file), so it ends the moment the holder releases or
+    /// dies (the kernel drops its lock), or when its lease expires, and then retries the
     /// acquire: no polling interval. Only when the holder's liveness file is missing (deleted
     /// by hand), or no inotify instance is available, does it re-check with a pause of up to
     /// 10 ms. The wait starts no thread and takes no lock a holder, a probe or a transition
@@ -548,6 +549,7 @@ impl FlockLeaseBuilder {
         let (dir_file, owners, sticky) =
             files::open_dir(&self.dir, self.allow_network_fs, self.trust_foreign_owners)?;
         Ok(FlockLease {
+            watches: wait::Watches::new(self.dir.clone()),
             dir: self.dir,
             dir_file,
             ttl: self.ttl,
@@ -559,7 +561,6 @@ impl FlockLeaseBuilder {
                 prune_at: PRUNE_AT,
             }),
             cached_locks: AtomicUsize::new(0),
-            watches: wait::Watches::default(),
             opener: Opener {
                 owners,
                 sticky,
