@@ -200,6 +200,16 @@ pub enum Error {
         /// What was observed.
         detail: String,
     },
+    /// TLS for PostgreSQL connections cannot be set up: no usable root certificate (the CA
+    /// file holds none, the system's store is empty), or the connection string asks for TLS
+    /// (`sslmode=require`) in a build without the `postgres-tls` feature.
+    ///
+    /// Remedy: name a PEM file with the server's CA (`PgTls::ca_file`), or enable the
+    /// `postgres-tls` feature.
+    TlsSetup {
+        /// What is missing.
+        detail: String,
+    },
     /// The liveness lock of the generation about to be granted or restored is held by another
     /// session: the row was moved back (restored from a backup, edited) under a live holder,
     /// or this holder's previous session is still ending on the server.
@@ -238,6 +248,7 @@ impl Error {
             | Error::SchemaVersion { .. }
             | Error::SharedLockSpace { .. }
             | Error::SessionNotKept { .. }
+            | Error::TlsSetup { .. }
             | Error::AdvisoryLockBusy { .. } => None,
         }
     }
@@ -319,16 +330,21 @@ impl fmt::Display for Error {
                 left.as_secs_f64()
             ),
             Error::InvalidInput(e) => write!(f, "invalid input: {e}"),
-            Error::Database {
-                op,
-                id: Some(id),
-                source,
-            } => write!(f, "postgresql: {op} (session {id}): {source}"),
-            Error::Database {
-                op,
-                id: None,
-                source,
-            } => write!(f, "postgresql: {op}: {source}"),
+            Error::Database { op, id, source } => {
+                write!(f, "postgresql: {op}")?;
+                if let Some(id) = id {
+                    write!(f, " (session {id})")?;
+                }
+                write!(f, ": {source}")?;
+                // The driver's message is often only the step ("error performing TLS
+                // handshake"); its causes say why (an unknown certificate issuer).
+                let mut cause = source.source();
+                while let Some(c) = cause {
+                    write!(f, ": {c}")?;
+                    cause = c.source();
+                }
+                Ok(())
+            }
             Error::RowLockTimeout { id, waited } => write!(
                 f,
                 "lease row of session {id} stayed locked for {:.3} s: another transition on \
@@ -348,6 +364,7 @@ impl fmt::Display for Error {
                  locks; use one lease table per database",
                 schemas.join(", ")
             ),
+            Error::TlsSetup { detail } => write!(f, "postgresql TLS: {detail}"),
             Error::SessionNotKept { detail } => write!(
                 f,
                 "the postgresql connection does not keep its session ({detail}): a \

@@ -9,10 +9,11 @@ use std::time::Duration;
 
 use tokio::runtime::Runtime;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{Client, Config, NoTls, Statement};
+use tokio_postgres::{Client, Config, Statement};
 
 use super::fault::{Faults, PgFault, PgStep};
 use super::schema;
+use super::tls::Connector;
 use crate::error::Error;
 use crate::name::SessionId;
 
@@ -218,9 +219,9 @@ pub(super) async fn lock_and_read(
 }
 
 /// Connects with `config` on `rt` and prepares the statements.
-pub(super) fn connect(rt: &Runtime, config: &Config) -> Result<Conn, Fail> {
+pub(super) fn connect(rt: &Runtime, connector: &Connector, config: &Config) -> Result<Conn, Fail> {
     rt.block_on(async {
-        let (client, connection) = config.connect(NoTls).await?;
+        let (client, connection) = connector.connect(config).await?;
         let ended = Arc::new(Ended::default());
         let signal = Arc::clone(&ended);
         tokio::spawn(async move {
@@ -293,8 +294,10 @@ async fn prepare(c: &Client) -> Result<Stmts, tokio_postgres::Error> {
 }
 
 /// The connection settings of each role, derived from the caller's.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub(super) struct Configs {
+    /// Plain text or TLS, for every connection.
+    pub(super) connector: Connector,
     /// Transition connections: the row lock is bounded by the server's `lock_timeout`.
     pub(super) transition: Config,
     /// Liveness connections: never ended for idleness; host death noticed well within the TTL
@@ -303,7 +306,12 @@ pub(super) struct Configs {
 }
 
 impl Configs {
-    pub(super) fn new(base: &Config, lock_timeout: Duration, ttl: Duration) -> Configs {
+    pub(super) fn new(
+        connector: Connector,
+        base: &Config,
+        lock_timeout: Duration,
+        ttl: Duration,
+    ) -> Configs {
         let user_options = base.get_options().unwrap_or("").to_owned();
         let with = |extra: &str| {
             let mut c = base.clone();
@@ -338,6 +346,7 @@ impl Configs {
             liveness.application_name("flocklease-liveness");
         }
         Configs {
+            connector,
             transition,
             liveness,
         }

@@ -61,6 +61,9 @@
 //!   replication the last token bump can be lost and a token issued twice.
 //! - Each lease held costs one server connection for its lifetime and one lock-table entry
 //!   (`max_locks_per_transaction × max_connections`).
+//! - Across a network, use TLS (feature `postgres-tls`): [`PgLeaseBuilder::tls`] with a
+//!   `PgTls`, or `sslmode=require` in the connection string for the system's roots. The
+//!   server's certificate and name are always verified; a server without TLS is refused.
 //! - The two-`int4` advisory-lock key space is shared with the database's other users:
 //!   do not take `(key, n)` locks with the keys of `flocklease_leases` elsewhere.
 
@@ -88,6 +91,7 @@ mod round;
 pub mod schema;
 mod sessions;
 mod sqltime;
+mod tls;
 mod tx;
 
 use conn::{Configs, Conn, lock};
@@ -95,8 +99,13 @@ use fault::Faults;
 #[cfg(feature = "fault-injection")]
 pub use fault::PgFaultHook;
 pub use fault::{PgFault, PgStep};
+/// The TLS library behind [`PgTls`] (for [`PgTls::from_rustls`]).
+#[cfg(feature = "postgres-tls")]
+pub use rustls;
 pub use sessions::PgSession;
 use sqltime::truncate_to_micros;
+#[cfg(feature = "postgres-tls")]
+pub use tls::PgTls;
 use tx::{IdState, PgTx};
 
 /// The default bound on waiting for a lease row locked by another transition: 5 seconds.
@@ -141,6 +150,7 @@ pub struct PgLeaseBuilder {
     clock: Option<Arc<dyn Clock>>,
     local_clock: Arc<dyn Clock>,
     faults: Faults,
+    tls: Option<tls::PgTlsChoice>,
 }
 
 impl PgLease {
@@ -164,6 +174,7 @@ impl PgLease {
             clock: None,
             local_clock: Arc::new(SystemClock),
             faults: Faults::default(),
+            tls: None,
         }
     }
 
@@ -369,6 +380,16 @@ impl PgLeaseBuilder {
         self
     }
 
+    /// Encrypts every connection with TLS and verifies the server's certificate (feature
+    /// `postgres-tls`); the connection string's `sslmode` is raised to `require`: a server
+    /// without TLS is refused. Without this, `sslmode=require` in the connection string
+    /// means TLS with [`PgTls::system_roots`], and any other `sslmode` plain text.
+    #[cfg(feature = "postgres-tls")]
+    pub fn tls(mut self, tls: PgTls) -> Self {
+        self.tls = Some(tls::PgTlsChoice(tls));
+        self
+    }
+
     /// Makes chosen statements fail, for tests. See [`PgStep`].
     #[cfg(feature = "fault-injection")]
     pub fn faults(mut self, hook: PgFaultHook) -> Self {
@@ -392,7 +413,7 @@ impl PgLeaseBuilder {
                 source: e,
             }
         };
-        let base: tokio_postgres::Config = self
+        let mut base: tokio_postgres::Config = self
             .url
             .parse()
             .map_err(|e: tokio_postgres::Error| db("parse the connection string")(Box::new(e)))?;
@@ -402,12 +423,13 @@ impl PgLeaseBuilder {
             .enable_all()
             .build()
             .map_err(|e| db("start the runtime")(Box::new(e)))?;
-        schema::ensure(&rt, &base)?;
-        let configs = Configs::new(&base, self.lock_timeout, self.ttl);
+        let connector = tls::Connector::choose(self.tls.as_ref(), &mut base)?;
+        schema::ensure(&rt, &connector, &base)?;
+        let configs = Configs::new(connector, &base, self.lock_timeout, self.ttl);
         // One liveness connection up front: the first acquire does not wait for a connect,
         // and its descriptor is this instance's lowest, so when the process dies the kernel
         // closes it first and the server hears of the crash before anything else.
-        let first_live = conn::connect(&rt, &configs.liveness)
+        let first_live = conn::connect(&rt, &configs.connector, &configs.liveness)
             .map_err(|e| e.into_error("connect a liveness connection", None))?;
         Ok(PgLease {
             inner: Inner {

@@ -19,7 +19,8 @@ impl Inner {
         if let Some(conn) = pop_sound(&self.tx_pool) {
             return Ok(conn);
         }
-        conn::connect(&self.rt, &self.configs.transition).map_err(|e| e.into_error("connect", id))
+        conn::connect(&self.rt, &self.configs.connector, &self.configs.transition)
+            .map_err(|e| e.into_error("connect", id))
     }
 
     /// Keeps a sound transition connection for later; ends the session of one whose last
@@ -43,7 +44,7 @@ impl Inner {
         if let Some(conn) = pop_sound(&self.live_pool) {
             return Ok(conn);
         }
-        conn::connect(&self.rt, &self.configs.liveness)
+        conn::connect(&self.rt, &self.configs.connector, &self.configs.liveness)
             .map_err(|e| e.into_error("connect a liveness connection", Some(id)))
     }
 

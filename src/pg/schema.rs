@@ -20,7 +20,9 @@
 //! keys that migration tools take.
 
 use tokio::runtime::Runtime;
-use tokio_postgres::{Config, NoTls};
+use tokio_postgres::Config;
+
+use super::tls::Connector;
 
 use crate::error::Error;
 
@@ -36,7 +38,7 @@ pub const VERSION: i32 = 1;
 const CREATE_LOCK: i64 = 0x666c_6f63_6b6c_6561;
 
 /// Creates the tables if missing and checks their version.
-pub(super) fn ensure(rt: &Runtime, config: &Config) -> Result<(), Error> {
+pub(super) fn ensure(rt: &Runtime, connector: &Connector, config: &Config) -> Result<(), Error> {
     let db = |op| {
         move |e: tokio_postgres::Error| Error::Database {
             op,
@@ -45,7 +47,7 @@ pub(super) fn ensure(rt: &Runtime, config: &Config) -> Result<(), Error> {
         }
     };
     rt.block_on(async {
-        let (mut client, connection) = config.connect(NoTls).await.map_err(db("connect"))?;
+        let (mut client, connection) = connector.connect(config).await.map_err(db("connect"))?;
         let task = tokio::spawn(connection);
         let tx = client
             .transaction()

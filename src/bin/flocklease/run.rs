@@ -55,6 +55,11 @@ pub struct RunArgs {
     /// FLOCKLEASE_TOKEN. Needs a binary built with the `postgres` feature.
     #[arg(long, value_name = "CONNINFO", conflicts_with_all = ["dir", "durability"])]
     pg: Option<String>,
+    /// With --pg: verify the server's TLS certificate against the CA certificates in this
+    /// PEM file, and require TLS (`sslmode=require` alone verifies against the system's
+    /// roots). Needs a binary built with the `postgres-tls` feature.
+    #[arg(long, value_name = "PEM", requires = "pg")]
+    pg_ca: Option<PathBuf>,
     /// The session id (any text; `/` and the like are safe).
     #[arg(long, value_name = "ID")]
     id: String,
@@ -243,6 +248,30 @@ fn hold<L: SessionLease + 'static>(
     Ok(code)
 }
 
+/// A `PgLease` builder for `url`, with TLS verified against `ca` when given.
+#[cfg(feature = "postgres")]
+pub(crate) fn pg_builder(
+    url: &str,
+    ca: Option<&std::path::Path>,
+) -> Result<flocklease::pg::PgLeaseBuilder, String> {
+    let builder = flocklease::pg::PgLease::builder(url);
+    let Some(ca) = ca else {
+        return Ok(builder);
+    };
+    #[cfg(feature = "postgres-tls")]
+    {
+        let tls = flocklease::pg::PgTls::ca_file(ca).map_err(|e| e.to_string())?;
+        Ok(builder.tls(tls))
+    }
+    #[cfg(not(feature = "postgres-tls"))]
+    {
+        Err(format!(
+            "--pg-ca {}: this flocklease was built without TLS (the `postgres-tls` feature)",
+            ca.display()
+        ))
+    }
+}
+
 /// `run --pg`: the lease in PostgreSQL, the job supervised as with a directory.
 #[cfg(feature = "postgres")]
 fn run_pg(
@@ -253,9 +282,8 @@ fn run_pg(
     owner: &Owner,
 ) -> Result<u8, String> {
     use flocklease::SessionLease as _;
-    use flocklease::pg::PgLease;
     let leases = Arc::new(
-        PgLease::builder(url)
+        pg_builder(url, a.pg_ca.as_deref())?
             .ttl(a.ttl)
             .connect()
             .map_err(|e| e.to_string())?,

@@ -20,6 +20,11 @@ pub struct StatusArgs {
     /// `pg_locks`, times are the server's. Needs a binary built with the `postgres` feature.
     #[arg(long, value_name = "CONNINFO", conflicts_with = "dir")]
     pg: Option<String>,
+    /// With --pg: verify the server's TLS certificate against the CA certificates in this
+    /// PEM file, and require TLS (`sslmode=require` alone verifies against the system's
+    /// roots). Needs a binary built with the `postgres-tls` feature.
+    #[arg(long, value_name = "PEM", requires = "pg")]
+    pg_ca: Option<PathBuf>,
     /// Only this session id. Exit status: 0 when it is held, 1 when it is free (released,
     /// expired, holder dead, or never granted), 70 when its record is broken.
     #[arg(long, value_name = "ID")]
@@ -87,7 +92,9 @@ fn status(a: &StatusArgs) -> Result<u8, String> {
 /// `status --pg`: the lease table, with the server's clock and `pg_locks` liveness.
 #[cfg(feature = "postgres")]
 fn status_pg(a: &StatusArgs, url: &str) -> Result<u8, String> {
-    let leases = flocklease::pg::PgLease::connect(url).map_err(|e| e.to_string())?;
+    let leases = crate::run::pg_builder(url, a.pg_ca.as_deref())?
+        .connect()
+        .map_err(|e| e.to_string())?;
     let id = match &a.id {
         Some(id) => Some(SessionId::new(id.as_str()).map_err(|e| e.to_string())?),
         None => None,
