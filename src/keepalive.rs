@@ -95,18 +95,20 @@ impl<L: SessionLease + 'static> KeepAliveBuilder<L> {
         self
     }
 
-    /// A function called once, on the renewer thread, when the lease is lost. Keep it short
-    /// (signal a process, send on a channel). A panic in it is contained: the loss is already
-    /// recorded for [`KeepAlive::is_lost`] and [`KeepAlive::wait_lost`].
+    /// A function called once, on the keep-alive's watcher thread, when the lease is lost —
+    /// also while the renewer is stuck in a renew (a dead network, a stopped disk). Keep it
+    /// short (signal a process, send on a channel). A panic in it is contained: the loss is
+    /// already recorded for [`KeepAlive::is_lost`] and [`KeepAlive::wait_lost`].
     pub fn on_loss(mut self, f: impl FnOnce(&Loss) + Send + 'static) -> Self {
         self.on_loss = Some(Box::new(f));
         self
     }
 
-    /// Starts renewing in a background thread.
+    /// Starts renewing in a background thread, and watching for the loss in another (so a
+    /// renew that blocks cannot delay the report of a loss).
     ///
-    /// If the thread cannot be started, the keep-alive starts lost
-    /// ([`Loss::RenewerFailed`]); [`KeepAlive::release`] still releases the lease.
+    /// If a thread cannot be started, the keep-alive starts lost ([`Loss::RenewerFailed`]);
+    /// [`KeepAlive::release`] still releases the lease.
     ///
     /// # Errors
     ///
@@ -139,6 +141,7 @@ impl<L: SessionLease + 'static> KeepAliveBuilder<L> {
             changed: Condvar::new(),
             clock: Arc::clone(&self.clock),
             clock_check: self.clock_check,
+            on_loss: Mutex::new(self.on_loss),
         });
         // The first renew is due one interval from now (not from when the thread runs).
         let renewer = Renewer {
@@ -147,7 +150,6 @@ impl<L: SessionLease + 'static> KeepAliveBuilder<L> {
             interval,
             first_due: self.clock.now().checked_add(interval),
         };
-        let on_loss = self.on_loss;
         // A backend whose liveness can vanish while we run reports it here, at once.
         // (The state's lock is not held: the backend may call back before returning.)
         let weak = Arc::downgrade(&shared);
@@ -162,18 +164,33 @@ impl<L: SessionLease + 'static> KeepAliveBuilder<L> {
         );
         let thread = thread::Builder::new()
             .name("flocklease-keepalive".into())
-            .spawn(move || renewer.run(on_loss))
+            .spawn(move || renewer.run())
             .ok();
-        if thread.is_none() {
-            // No thread, no renewals: report it as a loss rather than pretend.
+        let watching = Arc::clone(&shared);
+        let watcher = thread::Builder::new()
+            .name("flocklease-keepalive-watch".into())
+            .spawn(move || watching.watch())
+            .ok();
+        // No thread, no renewals or no report: a loss rather than a pretence.
+        let failed = match (&thread, &watcher) {
+            (None, _) => Some("could not start the renewer thread"),
+            (Some(_), None) => Some("could not start the watcher thread"),
+            _ => None,
+        };
+        if let Some(reason) = failed {
             shared.lose(Loss::RenewerFailed {
-                reason: "could not start the renewer thread".into(),
+                reason: reason.into(),
             });
+            let loss = shared.lock().lost.clone();
+            if let (None, Some(loss)) = (&watcher, loss) {
+                shared.report(&loss);
+            }
         }
         KeepAlive {
             leases: self.leases,
             shared,
             thread,
+            watcher,
             released: false,
         }
     }
@@ -190,9 +207,10 @@ impl<L: SessionLease + 'static> KeepAliveBuilder<L> {
 ///   [`clock_check`](KeepAliveBuilder::clock_check), so a suspend (during which monotonic
 ///   clocks stop) neither delays the renew due nor the loss at expiry by more than that.
 /// - Loss is observable by polling ([`KeepAlive::is_lost`], [`KeepAlive::loss`]), by waiting
-///   ([`KeepAlive::wait_lost`]) and through a callback ([`KeepAliveBuilder::on_loss`]). The
-///   first two compare the wall clock with the expiry themselves, so they are right at the
-///   expiry even if the renewer is stuck in a slow renew.
+///   ([`KeepAlive::wait_lost`]), as a future ([`KeepAlive::lost`]) and through a callback
+///   ([`KeepAliveBuilder::on_loss`]). A second thread watches for the loss, so every one of
+///   them is right at the expiry (and at a backend's report of lost liveness) even while the
+///   renewer is stuck in a renew that does not return (a dead network, a stopped disk).
 /// - [`KeepAlive::release`] stops renewing and releases, returning the result; dropping the
 ///   handle does the same and ignores the result.
 ///
@@ -222,6 +240,8 @@ pub struct KeepAlive<L: SessionLease + 'static> {
     leases: Arc<L>,
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
+    /// Reports the loss (the callback, the futures) whatever the renewer is doing.
+    watcher: Option<JoinHandle<()>>,
     released: bool,
 }
 
@@ -307,7 +327,7 @@ impl<L: SessionLease + 'static> KeepAlive<L> {
     /// The loss as a [`Future`], for async code: it resolves with the
     /// loss when the lease is lost (a takeover, the wall-clock expiry without a renew, a
     /// renewer failure), or with `None` once the keep-alive is released. It never blocks an
-    /// executor thread: the renewer thread wakes it.
+    /// executor thread: the keep-alive's watcher thread wakes it.
     ///
     /// Race it against the work (e.g. with `tokio::select!`) to stop the work on a loss.
     ///
@@ -344,8 +364,11 @@ impl<L: SessionLease + 'static> KeepAlive<L> {
             state.wake_all();
         }
         self.shared.changed.notify_all();
-        if let Some(thread) = self.thread.take() {
-            // A panicking renewer already reported its loss; its result is of no further use.
+        for thread in [self.thread.take(), self.watcher.take()]
+            .into_iter()
+            .flatten()
+        {
+            // A panicking renewer already recorded its loss; its result is of no further use.
             let _ = thread.join();
         }
         let lease = self.lease();
@@ -406,6 +429,8 @@ struct Shared {
     changed: Condvar,
     clock: Arc<dyn Clock>,
     clock_check: Duration,
+    /// The loss callback, taken by the one call that runs it.
+    on_loss: Mutex<Option<LossCallback>>,
 }
 
 struct State {
@@ -439,6 +464,43 @@ impl Shared {
         state.wake_all();
         drop(state);
         self.changed.notify_all();
+    }
+
+    /// Runs the loss callback, once.
+    fn report(&self, loss: &Loss) {
+        let f = self
+            .on_loss
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(f) = f {
+            // The loss is recorded: a panicking callback cannot hide it.
+            let _ = catch_unwind(AssertUnwindSafe(|| f(loss)));
+        }
+    }
+
+    /// The watcher thread: waits for a loss — recorded by the renewer or the backend, or the
+    /// wall clock reaching the expiry — and reports it; returns on a stop.
+    fn watch(&self) {
+        let loss = {
+            let mut state = self.lock();
+            loop {
+                if state.stop {
+                    return;
+                }
+                self.check_expiry(&mut state);
+                if let Some(loss) = &state.lost {
+                    break loss.clone();
+                }
+                let nap = self.until_expiry(&state);
+                state = self
+                    .changed
+                    .wait_timeout(state, nap)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0;
+            }
+        };
+        self.report(&loss);
     }
 
     /// Records the loss at expiry if the wall clock has reached it.
@@ -475,7 +537,8 @@ struct Renewer<L> {
 }
 
 impl<L: SessionLease> Renewer<L> {
-    fn run(self, on_loss: Option<LossCallback>) {
+    /// Renews until a loss or a stop, and records the loss (the watcher reports it).
+    fn run(self) {
         let shared = Arc::clone(&self.shared);
         let loss = match catch_unwind(AssertUnwindSafe(|| self.renew_until_lost())) {
             Ok(None) => return,
@@ -484,11 +547,7 @@ impl<L: SessionLease> Renewer<L> {
                 reason: panic_text(&panic),
             },
         };
-        shared.lose(loss.clone());
-        if let Some(f) = on_loss {
-            // The loss is recorded: a panicking callback cannot hide it.
-            let _ = catch_unwind(AssertUnwindSafe(|| f(&loss)));
-        }
+        shared.lose(loss);
     }
 
     /// Renews on schedule; returns the loss, or `None` when stopped.

@@ -255,23 +255,48 @@ fn the_loss_is_reported_at_the_expiry_even_while_a_renew_is_stuck() {
         unblock: Mutex::new(unblock_rx),
     });
     let lease = acquire(&*leases, "a");
+    let (told_tx, told) = mpsc::channel();
     let keep = KeepAlive::builder(Arc::clone(&leases), lease)
         .interval(Duration::from_secs(10))
         .clock(Arc::new(w.clock.clone()))
         .clock_check(Duration::from_millis(1))
+        .on_loss(move |loss| told_tx.send(loss.clone()).unwrap())
         .start()
         .unwrap();
+    /// Lets the stuck renew return however the test ends (before `keep` is dropped, which
+    /// waits for the renewer), so a failed assertion fails the test instead of hanging it.
+    struct Unblock(Sender<()>);
+    impl Drop for Unblock {
+        fn drop(&mut self) {
+            let _ = self.0.send(());
+        }
+    }
+    let _unblock = Unblock(unblock);
     w.clock.advance(Duration::from_secs(10));
     entered.recv_timeout(GUARD).unwrap();
     assert!(!keep.is_lost(), "10 s before the expiry");
-    w.clock.advance(Duration::from_secs(20));
-    // Exactly at the expiry, with the renew still stuck.
-    assert_eq!(keep.loss(), Some(Loss::Expired { last_error: None }));
-    assert_eq!(
-        keep.wait_lost(Some(GUARD)),
-        Some(Loss::Expired { last_error: None })
-    );
-    unblock.send(()).unwrap();
+    let expired = Some(Loss::Expired { last_error: None });
+    std::thread::scope(|s| {
+        // A task awaiting the loss, parked before the expiry: something must wake it.
+        let awaiting = s.spawn(|| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .unwrap()
+                .block_on(async { tokio::time::timeout(GUARD, keep.lost()).await })
+        });
+        w.clock.advance(Duration::from_secs(20));
+        // Exactly at the expiry, with the renew still stuck: every way of hearing of it.
+        assert_eq!(keep.loss(), expired);
+        assert_eq!(keep.wait_lost(Some(GUARD)), expired);
+        assert_eq!(told.recv_timeout(GUARD).ok(), expired, "the callback");
+        assert_eq!(
+            awaiting.join().unwrap().ok().flatten(),
+            expired,
+            "the future"
+        );
+    });
+    drop(_unblock);
     drop(keep);
 }
 

@@ -318,16 +318,26 @@ impl Configs {
             c.options(format!("{user_options} {extra}").trim());
             c
         };
-        let lock_ms = lock_timeout.as_millis().clamp(1, i32::MAX as u128);
-        let mut transition = with(&format!("-c lock_timeout={lock_ms}"));
-        if base.get_application_name().is_none() {
-            transition.application_name("flocklease");
-        }
         // Host death must be noticed before the TTL runs out: a third of it, at least 1 s
         // apart per probe (TCP's granularity).
         let idle = (ttl / 6).max(Duration::from_secs(1));
         let interval = (ttl / 12).max(Duration::from_secs(1));
         let user_timeout = (ttl / 3).max(Duration::from_secs(1));
+        let lock_ms = lock_timeout.as_millis().clamp(1, i32::MAX as u128);
+        let mut transition = with(&format!("-c lock_timeout={lock_ms}"));
+        // A statement sent into a dead network fails within the user timeout instead of
+        // TCP's ~15 minutes of retransmissions (a row-lock wait is not affected: the server
+        // acknowledges the statement before it waits), and a pooled connection whose peer
+        // vanished is found dead by keepalives.
+        transition
+            .keepalives(true)
+            .keepalives_idle(idle)
+            .keepalives_interval(interval)
+            .keepalives_retries(2)
+            .tcp_user_timeout(user_timeout);
+        if base.get_application_name().is_none() {
+            transition.application_name("flocklease");
+        }
         let mut liveness = with(&format!(
             "-c idle_session_timeout=0 -c idle_in_transaction_session_timeout=0 \
              -c statement_timeout=0 -c tcp_keepalives_idle={} -c tcp_keepalives_interval={} \

@@ -58,6 +58,15 @@ impl RoleChild {
         })
     }
 
+    /// Like [`RoleChild::spawn`], started through `wrapper` (a program and its arguments that
+    /// exec the rest of the command line in place, e.g. `unshare --net --`).
+    pub fn spawn_wrapped(wrapper: &[&str], entry: &str, role: &str, args: &[&str]) -> RoleChild {
+        let exe = std::env::current_exe().expect("current exe");
+        RoleChild::spawn_with(Path::new(wrapper[0]), entry, role, args, |c| {
+            c.args(&wrapper[1..]).arg(exe);
+        })
+    }
+
     fn spawn_with(
         exe: &Path,
         entry: &str,

@@ -40,7 +40,15 @@ pub struct PgServer {
 /// installed and not required.
 pub fn server() -> Option<&'static PgServer> {
     static SERVER: OnceLock<Option<PgServer>> = OnceLock::new();
-    SERVER.get_or_init(start).as_ref()
+    SERVER.get_or_init(|| start(None)).as_ref()
+}
+
+/// Like [`server`], listening also on `addr` and trusting clients from `cidr` (a test's
+/// private network, e.g. a veth pair into another network namespace). One per test binary:
+/// a binary uses either this or [`server`].
+pub fn server_also_on(addr: &str, cidr: &str) -> Option<&'static PgServer> {
+    static SERVER: OnceLock<Option<PgServer>> = OnceLock::new();
+    SERVER.get_or_init(|| start(Some((addr, cidr)))).as_ref()
 }
 
 impl PgServer {
@@ -194,7 +202,7 @@ fn find_bin() -> Option<PathBuf> {
     std::env::split_paths(&path).find(|d| d.join("initdb").exists() && d.join("postgres").exists())
 }
 
-fn start() -> Option<PgServer> {
+fn start(extra: Option<(&str, &str)>) -> Option<PgServer> {
     let required = std::env::var(REQUIRE).is_ok_and(|v| v == "1");
     let Some(bin) = find_bin() else {
         assert!(
@@ -220,6 +228,10 @@ fn start() -> Option<PgServer> {
         .arg(&bin)
         .arg(&dir)
         .arg(port.to_string())
+        .arg(extra.map_or("", |(addr, _)| addr))
+        .arg(extra.map_or(String::new(), |(_, cidr)| {
+            format!("host all all {cidr} trust")
+        }))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
@@ -273,13 +285,15 @@ fn start() -> Option<PgServer> {
     })
 }
 
-/// `$1` bin dir, `$2` data dir, `$3` port. Stops the server when stdin closes.
+/// `$1` bin dir, `$2` data dir, `$3` port, `$4` another listen address or empty, `$5` a
+/// `pg_hba.conf` line to add or empty. Stops the server when stdin closes.
 const WATCHDOG: &str = r#"
 set -e
 bin=$1; dir=$2; port=$3
 "$bin/initdb" -D "$dir/data" -A trust -U postgres -E UTF8 --no-sync >"$dir/initdb.log" 2>&1 \
   || { cat "$dir/initdb.log" >&2; exit 1; }
-"$bin/postgres" -D "$dir/data" -c listen_addresses=127.0.0.1 -p "$port" -k "$dir" \
+[ -z "$5" ] || echo "$5" >>"$dir/data/pg_hba.conf"
+"$bin/postgres" -D "$dir/data" -c listen_addresses="127.0.0.1${4:+,$4}" -p "$port" -k "$dir" \
   -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300 \
   -c log_line_prefix= 2>&1 &
 pid=$!
