@@ -193,7 +193,10 @@ pub enum Error {
     },
     /// The connection does not keep session state: a transaction-mode pooler (PgBouncer
     /// `pool_mode = transaction`) sits between the library and the server, which breaks the
-    /// session advisory locks that keep leases alive.
+    /// session advisory locks that keep leases alive. Seen when a connection is opened (its
+    /// server session changed between two statements, or is already another open
+    /// connection's) or when a liveness lock is taken in another session than its
+    /// connection's.
     ///
     /// Remedy: connect directly to the server, or through a session-mode pooler.
     SessionNotKept {

@@ -1,15 +1,17 @@
 //! Connections: settings per role (transition or liveness), the "session ended" signal of each
-//! connection, prepared statements, and running one statement through the fault seam.
+//! connection, the check that each connection keeps one server session of its own, prepared
+//! statements, and running one statement through the fault seam.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::mem;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::runtime::Runtime;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{Client, Config, Statement};
+use tokio_postgres::{Client, Config, SimpleQueryMessage, Statement};
 
 use super::fault::{Faults, PgFault, PgStep};
 use super::schema;
@@ -84,6 +86,56 @@ pub(super) struct Conn {
     pub(super) stmts: Stmts,
     /// Set when a step's outcome is unknown: the connection must not be reused.
     poisoned: AtomicBool,
+    /// Its entry among the instance's open connections, removed when it is dropped.
+    _open: Registered,
+}
+
+/// The server sessions (backend pids) of one instance's open connections.
+///
+/// Two connections open at the same time never share a server session when they reach the
+/// server directly or through a session-mode pooler: each has its own backend process. A
+/// transaction-mode pooler runs each transaction on whichever server connection is idle, and
+/// reusing the most recently released one first (PgBouncer's default) hands one server
+/// session to every client that runs one statement after another. So a connection that
+/// reports the pid of another open connection is refused.
+#[derive(Default)]
+pub(super) struct OpenSessions {
+    /// Serial number → (backend pid, the connection's end signal).
+    open: Mutex<HashMap<u64, (i32, Arc<Ended>)>>,
+    next: AtomicU64,
+}
+
+impl OpenSessions {
+    /// Records a new connection to `pid`, unless an open connection already reports `pid`.
+    /// Connections whose session has ended are not compared: the server may give a dead
+    /// backend's pid to a new one.
+    fn register(self: &Arc<Self>, pid: i32, ended: &Arc<Ended>) -> Result<Registered, Fail> {
+        let mut open = lock(&self.open);
+        if open.values().any(|(p, e)| *p == pid && !e.is_ended()) {
+            return Err(Fail::SessionNotKept(format!(
+                "a new connection reported server session {pid}, which already serves another \
+                 open connection of this instance"
+            )));
+        }
+        let serial = self.next.fetch_add(1, Ordering::Relaxed);
+        open.insert(serial, (pid, Arc::clone(ended)));
+        Ok(Registered {
+            sessions: Arc::clone(self),
+            serial,
+        })
+    }
+}
+
+/// A connection's entry in [`OpenSessions`], removed on drop.
+struct Registered {
+    sessions: Arc<OpenSessions>,
+    serial: u64,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        lock(&self.sessions.open).remove(&self.serial);
+    }
 }
 
 impl Conn {
@@ -105,6 +157,8 @@ pub(super) enum Fail {
     Db(tokio_postgres::Error),
     /// An injected lost reply.
     LostReply,
+    /// The connection does not keep one server session of its own (what was seen).
+    SessionNotKept(String),
 }
 
 impl Fail {
@@ -118,6 +172,7 @@ impl Fail {
         match self {
             Fail::Db(e) => e.as_db_error().is_none(),
             Fail::LostReply => true,
+            Fail::SessionNotKept(_) => false,
         }
     }
 
@@ -126,6 +181,7 @@ impl Fail {
         let source: Box<dyn std::error::Error + Send + Sync> = match self {
             Fail::Db(e) => Box::new(e),
             Fail::LostReply => "injected fault: the reply was lost".into(),
+            Fail::SessionNotKept(detail) => return Error::SessionNotKept { detail },
         };
         Error::Database {
             op,
@@ -218,10 +274,25 @@ pub(super) async fn lock_and_read(
     Ok(FirstRead { row, clock, probe })
 }
 
-/// Connects with `config` on `rt` and prepares the statements.
-pub(super) fn connect(rt: &Runtime, connector: &Connector, config: &Config) -> Result<Conn, Fail> {
+/// Connects with `config` on `rt`, checks that the connection keeps one server session of its
+/// own, and prepares the statements.
+///
+/// The check costs no round trip of its own (two, as before: the first pid read, then the
+/// second with every statement's preparation): the session's pid is read twice, in two
+/// consecutive transactions with nothing of ours between them, and must be the same both
+/// times and differ from every other open connection's of the instance (`open`). A
+/// transaction-mode pooler fails the first comparison when it moves a client to another idle
+/// server connection for its next transaction (PgBouncer's `server_round_robin`), and the
+/// second when it keeps giving the same one to every client (its default). Either way, or if
+/// the statements cannot be prepared, the connection is closed (dropped) before returning.
+pub(super) fn connect(
+    rt: &Runtime,
+    connector: &Connector,
+    config: &Config,
+    open: &Arc<OpenSessions>,
+) -> Result<Conn, Fail> {
     rt.block_on(async {
-        let (client, connection) = connector.connect(config).await?;
+        let (client, connection) = connector.connect(config).await.map_err(Fail::Db)?;
         let ended = Arc::new(Ended::default());
         let signal = Arc::clone(&ended);
         tokio::spawn(async move {
@@ -230,19 +301,45 @@ pub(super) fn connect(rt: &Runtime, connector: &Connector, config: &Config) -> R
             let _ = connection.await;
             signal.fire();
         });
-        let (pid, stmts) = tokio::try_join!(
-            async { client.query_one("SELECT pg_backend_pid()", &[]).await },
-            prepare(&client)
-        )?;
+        let first = backend_pid(&client).await?;
+        // The second read is polled first, so it is sent ahead of the preparations: the next
+        // transaction of this client after the first read.
+        let (again, stmts) = tokio::join!(backend_pid(&client), prepare(&client));
+        let again = again?;
+        if again != first {
+            return Err(Fail::SessionNotKept(format!(
+                "one connection's consecutive statements ran in server sessions {first} and \
+                 {again}"
+            )));
+        }
+        // Compared before the preparations' outcome: a pooler that mixes sessions may have
+        // failed them too, and this is the cause.
+        let registered = open.register(first, &ended)?;
         Ok(Conn {
-            pid: pid.get(0),
+            pid: first,
             client,
             ended,
-            stmts,
+            stmts: stmts.map_err(Fail::Db)?,
             poisoned: AtomicBool::new(false),
+            _open: registered,
         })
     })
-    .map_err(Fail::Db)
+}
+
+/// The server session's pid, by the simple protocol: one message, which a transaction-mode
+/// pooler runs on one server connection, and no statement left prepared on it.
+async fn backend_pid(c: &Client) -> Result<i32, Fail> {
+    let reply = c
+        .simple_query("SELECT pg_backend_pid()")
+        .await
+        .map_err(Fail::Db)?;
+    reply
+        .iter()
+        .find_map(|m| match m {
+            SimpleQueryMessage::Row(row) => row.get(0)?.parse().ok(),
+            _ => None,
+        })
+        .ok_or_else(|| Fail::SessionNotKept("pg_backend_pid() returned no pid".into()))
 }
 
 async fn prepare(c: &Client) -> Result<Stmts, tokio_postgres::Error> {
@@ -259,15 +356,28 @@ async fn prepare(c: &Client) -> Result<Stmts, tokio_postgres::Error> {
          FROM {t} WHERE id = $1 AND token IS DISTINCT FROM $2::int8"
     );
     let update = format!("UPDATE {t} SET owner = $2, token = $3, expiry = $4 WHERE key = $1");
-    let (begin, commit, rollback, lock_row, insert_row, clock) = tokio::try_join!(
+    // One pipeline: a single round trip.
+    let (
+        begin,
+        commit,
+        rollback,
+        lock_row,
+        insert_row,
+        clock,
+        probe,
+        probe_row,
+        update,
+        wait_timeout,
+        wait,
+        lock_live,
+        unlock,
+    ) = tokio::try_join!(
         c.prepare("BEGIN"),
         c.prepare("COMMIT"),
         c.prepare("ROLLBACK"),
         c.prepare(&lock_row),
         c.prepare(&insert_row),
         c.prepare("SELECT clock_timestamp()"),
-    )?;
-    let (probe, probe_row, update, wait_timeout, wait, lock_live, unlock) = tokio::try_join!(
         c.prepare("SELECT pg_try_advisory_xact_lock_shared($1::int4, $2::int4)"),
         c.prepare(&probe_row),
         c.prepare(&update),

@@ -56,7 +56,18 @@
 //!
 //! - PostgreSQL 14 or later, reached **directly or through a session-mode pooler**. A
 //!   transaction-mode pooler breaks session advisory locks; it is refused
-//!   ([`Error::SessionNotKept`]) when it hands a liveness statement another server session.
+//!   ([`Error::SessionNotKept`]) when a connection is opened, [`PgLeaseBuilder::connect`]
+//!   included: a connection's two consecutive reads of `pg_backend_pid()` must agree, and
+//!   no two of an instance's open connections may report the same server session (each has
+//!   its own backend when connected directly or through a session-mode pooler; a
+//!   transaction-mode pooler that reuses its last idle server connection gives every client
+//!   the same one, one that rotates them moves a client between them). A liveness lock taken
+//!   in a server session other than its connection's is refused too.
+//! - PgBouncer refuses the startup parameter `options`, which carries this library's settings
+//!   per connection (`lock_timeout`, TCP keepalives, no idle timeouts on liveness
+//!   connections), unless `ignore_startup_parameters` lists it, and then drops them: row-lock
+//!   waits are no longer bounded, and a dead host is noticed only by the server's own
+//!   keepalive settings. Set them for the role on the server instead (`ALTER ROLE … SET`).
 //! - Tokens survive a failover only with **synchronous replication**: with asynchronous
 //!   replication the last token bump can be lost and a token issued twice.
 //! - Each lease held costs one server connection for its lifetime and one lock-table entry
@@ -94,7 +105,7 @@ mod sqltime;
 mod tls;
 mod tx;
 
-use conn::{Configs, Conn, lock};
+use conn::{Configs, Conn, OpenSessions, lock};
 use fault::Faults;
 #[cfg(feature = "fault-injection")]
 pub use fault::PgFaultHook;
@@ -398,13 +409,16 @@ impl PgLeaseBuilder {
     }
 
     /// Starts the private runtime (one thread), creates the lease tables if missing and
-    /// checks their version.
+    /// checks their version, then opens a liveness and a transition connection (the first
+    /// acquire uses them).
     ///
     /// # Errors
     ///
     /// - [`Error::Database`] when the connection string is invalid, the server cannot be
     ///   reached or the tables cannot be created;
-    /// - [`Error::SchemaVersion`] when they were created by an incompatible version.
+    /// - [`Error::SchemaVersion`] when they were created by an incompatible version;
+    /// - [`Error::SessionNotKept`] when the connections do not keep server sessions of their
+    ///   own (a transaction-mode pooler; see the [module documentation](self)).
     pub fn connect(self) -> Result<PgLease, Error> {
         let db = |op| {
             move |e: Box<dyn std::error::Error + Send + Sync>| Error::Database {
@@ -426,11 +440,17 @@ impl PgLeaseBuilder {
         let connector = tls::Connector::choose(self.tls.as_ref(), &mut base)?;
         schema::ensure(&rt, &connector, &base)?;
         let configs = Configs::new(connector, &base, self.lock_timeout, self.ttl);
+        let open = Arc::new(OpenSessions::default());
         // One liveness connection up front: the first acquire does not wait for a connect,
         // and its descriptor is this instance's lowest, so when the process dies the kernel
         // closes it first and the server hears of the crash before anything else.
-        let first_live = conn::connect(&rt, &configs.connector, &configs.liveness)
+        let first_live = conn::connect(&rt, &configs.connector, &configs.liveness, &open)
             .map_err(|e| e.into_error("connect a liveness connection", None))?;
+        // And one transition connection, opened while the liveness one is open: through a
+        // transaction-mode pooler both would report the same server session, so such a pooler
+        // is refused here rather than at the first transition (see `conn::OpenSessions`).
+        let first_tx = conn::connect(&rt, &configs.connector, &configs.transition, &open)
+            .map_err(|e| e.into_error("connect", None))?;
         Ok(PgLease {
             inner: Inner {
                 rt,
@@ -441,8 +461,9 @@ impl PgLeaseBuilder {
                 local_clock: self.local_clock,
                 offset_nanos: Arc::default(),
                 faults: self.faults,
-                tx_pool: Mutex::default(),
+                tx_pool: Mutex::new(vec![first_tx]),
                 live_pool: Mutex::new(vec![first_live]),
+                open,
                 ids: Mutex::new(Ids {
                     map: HashMap::new(),
                     prune_at: PRUNE_AT,
@@ -484,6 +505,8 @@ pub(crate) struct Inner {
     faults: Faults,
     tx_pool: Mutex<Vec<Conn>>,
     live_pool: Mutex<Vec<Conn>>,
+    /// The server sessions of every open connection, each a different one.
+    open: Arc<OpenSessions>,
     ids: Mutex<Ids>,
 }
 

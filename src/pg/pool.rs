@@ -19,8 +19,13 @@ impl Inner {
         if let Some(conn) = pop_sound(&self.tx_pool) {
             return Ok(conn);
         }
-        conn::connect(&self.rt, &self.configs.connector, &self.configs.transition)
-            .map_err(|e| e.into_error("connect", id))
+        conn::connect(
+            &self.rt,
+            &self.configs.connector,
+            &self.configs.transition,
+            &self.open,
+        )
+        .map_err(|e| e.into_error("connect", id))
     }
 
     /// Keeps a sound transition connection for later; ends the session of one whose last
@@ -44,8 +49,13 @@ impl Inner {
         if let Some(conn) = pop_sound(&self.live_pool) {
             return Ok(conn);
         }
-        conn::connect(&self.rt, &self.configs.connector, &self.configs.liveness)
-            .map_err(|e| e.into_error("connect a liveness connection", Some(id)))
+        conn::connect(
+            &self.rt,
+            &self.configs.connector,
+            &self.configs.liveness,
+            &self.open,
+        )
+        .map_err(|e| e.into_error("connect a liveness connection", Some(id)))
     }
 
     /// Keeps a liveness connection that holds no lock any more, forgetting its watchers.
