@@ -180,3 +180,43 @@ fn session_pooler_sigkilled_holder_process_is_replaced_by_a_waiter() {
     // the lock goes with it.
     takeover(&rival, &admin, held, || child.kill());
 }
+
+#[test]
+fn session_pooler_keeps_the_server_side_settings_the_row_lock_bound_included() {
+    // The library's server-side settings travel as `SET` statements, not as the startup
+    // parameter `options` (which PgBouncer refuses, or drops when told to ignore it; this
+    // pooler is not told to).
+    let Some((db, admin, bouncer)) = setup(&Options::new(PoolMode::Session)) else {
+        return;
+    };
+    let url = bouncer.url(&db);
+    let leases = PgLease::builder(&url)
+        .lock_timeout(Duration::from_millis(300))
+        .connect()
+        .unwrap();
+    let lease = leases
+        .acquire(&id("job"), &owner("a"))
+        .unwrap()
+        .lease()
+        .unwrap();
+    leases.release(&lease).unwrap();
+    // Another session, directly on the server, holds the row lock in an open transaction.
+    admin.execute("BEGIN", &[]);
+    admin.query(
+        "SELECT 1 FROM flocklease_leases WHERE id = 'job' FOR UPDATE",
+        &[],
+    );
+    match leases.acquire(&id("job"), &owner("a")) {
+        Err(Error::RowLockTimeout { waited, .. }) => {
+            assert!(waited >= Duration::from_millis(300), "{waited:?}");
+        }
+        other => panic!("expected the row-lock bound, got {other:?}"),
+    }
+    admin.execute("ROLLBACK", &[]);
+    let again = leases
+        .acquire(&id("job"), &owner("a"))
+        .unwrap()
+        .lease()
+        .unwrap();
+    assert_eq!(again.token, lease.token + 1);
+}

@@ -288,11 +288,11 @@ pub(super) async fn lock_and_read(
 pub(super) fn connect(
     rt: &Runtime,
     connector: &Connector,
-    config: &Config,
+    role: &Role,
     open: &Arc<OpenSessions>,
 ) -> Result<Conn, Fail> {
     rt.block_on(async {
-        let (client, connection) = connector.connect(config).await.map_err(Fail::Db)?;
+        let (client, connection) = connector.connect(&role.config).await.map_err(Fail::Db)?;
         let ended = Arc::new(Ended::default());
         let signal = Arc::clone(&ended);
         tokio::spawn(async move {
@@ -301,10 +301,11 @@ pub(super) fn connect(
             let _ = connection.await;
             signal.fire();
         });
-        let first = backend_pid(&client).await?;
+        // The role's settings travel with the first read: one message, no round trip more.
+        let first = backend_pid(&client, &role.settings).await?;
         // The second read is polled first, so it is sent ahead of the preparations: the next
         // transaction of this client after the first read.
-        let (again, stmts) = tokio::join!(backend_pid(&client), prepare(&client));
+        let (again, stmts) = tokio::join!(backend_pid(&client, ""), prepare(&client));
         let again = again?;
         if again != first {
             return Err(Fail::SessionNotKept(format!(
@@ -327,12 +328,15 @@ pub(super) fn connect(
 }
 
 /// The server session's pid, by the simple protocol: one message, which a transaction-mode
-/// pooler runs on one server connection, and no statement left prepared on it.
-async fn backend_pid(c: &Client) -> Result<i32, Fail> {
-    let reply = c
-        .simple_query("SELECT pg_backend_pid()")
-        .await
-        .map_err(Fail::Db)?;
+/// pooler runs on one server connection, and no statement left prepared on it; after
+/// `settings` (`SET` statements, or nothing), in the same message.
+async fn backend_pid(c: &Client, settings: &str) -> Result<i32, Fail> {
+    let sql = if settings.is_empty() {
+        "SELECT pg_backend_pid()".to_owned()
+    } else {
+        format!("{settings}; SELECT pg_backend_pid()")
+    };
+    let reply = c.simple_query(&sql).await.map_err(Fail::Db)?;
     reply
         .iter()
         .find_map(|m| match m {
@@ -409,10 +413,21 @@ pub(super) struct Configs {
     /// Plain text or TLS, for every connection.
     pub(super) connector: Connector,
     /// Transition connections: the row lock is bounded by the server's `lock_timeout`.
-    pub(super) transition: Config,
+    pub(super) transition: Role,
     /// Liveness connections: never ended for idleness; host death noticed well within the TTL
     /// by TCP keepalives and `tcp_user_timeout`, on both ends.
-    pub(super) liveness: Config,
+    pub(super) liveness: Role,
+}
+
+/// How one role's connections are opened.
+#[derive(Clone)]
+pub(super) struct Role {
+    /// The client side: the caller's connection string, with TCP settings.
+    pub(super) config: Config,
+    /// The server side, as `SET` statements sent with the connection's first statement (not
+    /// as the startup parameter `options`, which PgBouncer refuses or, told to ignore it,
+    /// drops silently).
+    pub(super) settings: String,
 }
 
 impl Configs {
@@ -422,19 +437,13 @@ impl Configs {
         lock_timeout: Duration,
         ttl: Duration,
     ) -> Configs {
-        let user_options = base.get_options().unwrap_or("").to_owned();
-        let with = |extra: &str| {
-            let mut c = base.clone();
-            c.options(format!("{user_options} {extra}").trim());
-            c
-        };
         // Host death must be noticed before the TTL runs out: a third of it, at least 1 s
         // apart per probe (TCP's granularity).
         let idle = (ttl / 6).max(Duration::from_secs(1));
         let interval = (ttl / 12).max(Duration::from_secs(1));
         let user_timeout = (ttl / 3).max(Duration::from_secs(1));
         let lock_ms = lock_timeout.as_millis().clamp(1, i32::MAX as u128);
-        let mut transition = with(&format!("-c lock_timeout={lock_ms}"));
+        let mut transition = base.clone();
         // A statement sent into a dead network fails within the user timeout instead of
         // TCP's ~15 minutes of retransmissions (a row-lock wait is not affected: the server
         // acknowledges the statement before it waits), and a pooled connection whose peer
@@ -448,14 +457,7 @@ impl Configs {
         if base.get_application_name().is_none() {
             transition.application_name("flocklease");
         }
-        let mut liveness = with(&format!(
-            "-c idle_session_timeout=0 -c idle_in_transaction_session_timeout=0 \
-             -c statement_timeout=0 -c tcp_keepalives_idle={} -c tcp_keepalives_interval={} \
-             -c tcp_keepalives_count=2 -c tcp_user_timeout={}",
-            idle.as_secs(),
-            interval.as_secs(),
-            user_timeout.as_millis()
-        ));
+        let mut liveness = base.clone();
         liveness
             .keepalives(true)
             .keepalives_idle(idle)
@@ -467,8 +469,22 @@ impl Configs {
         }
         Configs {
             connector,
-            transition,
-            liveness,
+            transition: Role {
+                config: transition,
+                settings: format!("SET lock_timeout = {lock_ms}"),
+            },
+            liveness: Role {
+                config: liveness,
+                settings: format!(
+                    "SET idle_session_timeout = 0; SET idle_in_transaction_session_timeout = 0; \
+                     SET statement_timeout = 0; SET tcp_keepalives_idle = {}; \
+                     SET tcp_keepalives_interval = {}; SET tcp_keepalives_count = 2; \
+                     SET tcp_user_timeout = {}",
+                    idle.as_secs(),
+                    interval.as_secs(),
+                    user_timeout.as_millis()
+                ),
+            },
         }
     }
 }

@@ -63,11 +63,10 @@
 //!   transaction-mode pooler that reuses its last idle server connection gives every client
 //!   the same one, one that rotates them moves a client between them). A liveness lock taken
 //!   in a server session other than its connection's is refused too.
-//! - PgBouncer refuses the startup parameter `options`, which carries this library's settings
-//!   per connection (`lock_timeout`, TCP keepalives, no idle timeouts on liveness
-//!   connections), unless `ignore_startup_parameters` lists it, and then drops them: row-lock
-//!   waits are no longer bounded, and a dead host is noticed only by the server's own
-//!   keepalive settings. Set them for the role on the server instead (`ALTER ROLE … SET`).
+//! - The library's server-side settings per connection (`lock_timeout`, TCP keepalives, no
+//!   idle timeouts on liveness connections) are sent as `SET` statements with each
+//!   connection's first statement, not as the startup parameter `options` (which PgBouncer
+//!   refuses, or drops when told to ignore it), so they hold through a session-mode pooler.
 //! - Tokens survive a failover only with **synchronous replication**: with asynchronous
 //!   replication the last token bump can be lost and a token issued twice.
 //! - Each lease held costs one server connection for its lifetime and one lock-table entry

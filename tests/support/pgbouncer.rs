@@ -295,7 +295,7 @@ fn config(server: &PgServer, port: u16, o: &Options) -> String {
          default_pool_size = {size}\n\
          max_client_conn = 200\n\
          server_round_robin = {rr}\n\
-         ignore_startup_parameters = options,extra_float_digits\n\
+         ignore_startup_parameters = extra_float_digits\n\
          server_login_retry = 1\n",
         server_port = server.port,
         mode = o.pool_mode.name(),
