@@ -34,6 +34,8 @@ mod imp {
     use super::pg;
 
     const ROLE: &str = "FLOCKLEASE_BENCH_ROLE";
+    /// The application name of the idle holder's sessions.
+    const IDLE_APP: &str = "bench-idle-holder";
 
     pub fn main() {
         if let Ok(role) = std::env::var(ROLE) {
@@ -290,8 +292,18 @@ mod imp {
         let mut out = stdout.lock();
         // Kept alive until the process is killed.
         let _keep: Box<dyn std::any::Any> = match role {
-            "lease" => {
-                let leases = PgLease::connect(&url).unwrap();
+            "lease" | "lease-idle" => {
+                // "lease-idle": a holder whose pooled transition connection closes soon after
+                // its acquire (as with the default idle timeout, only sooner), killed while
+                // idle: its liveness session is its only one.
+                let leases = if role == "lease-idle" {
+                    PgLease::builder(&format!("{url} application_name={IDLE_APP}"))
+                        .idle_timeout(Some(Duration::from_millis(50)))
+                        .connect()
+                        .unwrap()
+                } else {
+                    PgLease::builder(&url).idle_timeout(None).connect().unwrap()
+                };
                 let id = SessionId::new("takeover").unwrap();
                 let lease = leases.acquire(&id, &Owner::new("child").unwrap()).unwrap();
                 assert!(lease.lease().is_some());
@@ -361,12 +373,26 @@ mod imp {
             (rt, c)
         };
         let mut lease_times = vec![];
+        let mut idle_times = vec![];
         let mut raw_on_lease = vec![];
         let mut bare_times = vec![];
         // One SIGKILL → granted measurement: `holder` is the child's role, `wait` blocks until
         // the lease (or lock) is ours and returns that instant.
         let measure = |holder: &str, wait: &(dyn Fn() -> Instant + Sync)| -> Duration {
             let mut child = spawn(url, holder);
+            if holder == "lease-idle" {
+                // Killed while idle: once its transition session is closed.
+                let sessions = || -> i64 {
+                    admin.query(
+                        "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+                        &[&IDLE_APP],
+                    )[0]
+                    .get(0)
+                };
+                while sessions() != 1 {
+                    std::thread::yield_now();
+                }
+            }
             let (tx, rx) = mpsc::channel();
             let d = std::thread::scope(|s| {
                 s.spawn(|| tx.send(wait()).unwrap());
@@ -382,6 +408,14 @@ mod imp {
         };
         for _ in 0..runs {
             lease_times.push(measure("lease", &|| {
+                let got = leases
+                    .acquire_wait(&id, &me, Duration::from_secs(30))
+                    .unwrap();
+                let at = Instant::now();
+                leases.release(&got.lease().unwrap()).unwrap();
+                at
+            }));
+            idle_times.push(measure("lease-idle", &|| {
                 let got = leases
                     .acquire_wait(&id, &me, Duration::from_secs(30))
                     .unwrap();
@@ -415,6 +449,7 @@ mod imp {
             }));
         }
         lease_times.sort();
+        idle_times.sort();
         raw_on_lease.sort();
         bare_times.sort();
         let pct = |v: &[Duration], p: f64| v[((v.len() - 1) as f64 * p).round() as usize];
@@ -425,8 +460,12 @@ mod imp {
         println!("| --- | --- | --- | --- | --- |");
         for (what, v) in [
             (
-                "`PgLease::acquire_wait` on a `PgLease` holder",
+                "`PgLease::acquire_wait` on a `PgLease` holder killed right after its acquire (2 sessions)",
                 &lease_times,
+            ),
+            (
+                "`PgLease::acquire_wait` on a `PgLease` holder killed while idle (1 session)",
+                &idle_times,
             ),
             (
                 "bare `pg_advisory_lock_shared` on a `PgLease` holder",
@@ -446,6 +485,14 @@ mod imp {
             );
         }
         let diff = pct(&lease_times, 0.5).saturating_sub(pct(&bare_times, 0.5));
-        println!("| difference of medians | | {} | | |", fmt(diff));
+        println!(
+            "| difference of medians, holder right after its acquire | | {} | | |",
+            fmt(diff)
+        );
+        let diff = pct(&idle_times, 0.5).saturating_sub(pct(&bare_times, 0.5));
+        println!(
+            "| difference of medians, idle holder | | {} | | |",
+            fmt(diff)
+        );
     }
 }

@@ -397,3 +397,36 @@ fn idle_connections_ended_by_the_server_are_replaced() {
         "the next call recovers"
     );
 }
+
+#[test]
+fn an_idle_holder_keeps_only_its_liveness_session_and_reconnects_to_renew() {
+    let Some((url, admin)) = fresh() else { return };
+    let leases = PgLease::builder(&url)
+        .idle_timeout(Some(Duration::from_millis(50)))
+        .connect()
+        .unwrap();
+    let lease = leases
+        .acquire(&id("job"), &owner("a"))
+        .unwrap()
+        .lease()
+        .unwrap();
+    let sessions = |app: &str| -> i64 {
+        admin.query(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND application_name = $1",
+            &[&app],
+        )[0]
+        .get(0)
+    };
+    // The pooled transition connection closes once idle; the held generation's stays.
+    until("the idle transition connection closes", || {
+        sessions("flocklease") == 0
+    });
+    assert_eq!(sessions("flocklease-liveness"), 1);
+    assert_eq!(admin.advisory_holders(admin.key("job"), 1).len(), 1);
+    // The next renew opens a connection again and keeps the lease.
+    let renewed = leases.renew(&lease).unwrap().lease().expect("still ours");
+    assert_eq!(renewed.token, lease.token);
+    let rival = PgLease::connect(&url).unwrap();
+    assert!(rival.acquire(&id("job"), &owner("b")).unwrap().is_held());
+}

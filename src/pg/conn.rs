@@ -88,6 +88,8 @@ pub(super) struct Conn {
     poisoned: AtomicBool,
     /// Its entry among the instance's open connections, removed when it is dropped.
     _open: Registered,
+    /// Since when it has been waiting in a pool (for closing idle connections).
+    pub(super) idle_since: std::time::Instant,
 }
 
 /// The server sessions (backend pids) of one instance's open connections.
@@ -323,6 +325,7 @@ pub(super) fn connect(
             stmts: stmts.map_err(Fail::Db)?,
             poisoned: AtomicBool::new(false),
             _open: registered,
+            idle_since: std::time::Instant::now(),
         })
     })
 }

@@ -161,7 +161,13 @@ pub struct PgLeaseBuilder {
     local_clock: Arc<dyn Clock>,
     faults: Faults,
     tls: Option<tls::PgTlsChoice>,
+    idle_timeout: Option<Duration>,
 }
+
+/// How long a pooled connection may stay idle by default before it is closed: 30 seconds
+/// (longer than the default renew interval, 10 s, so a kept-alive lease does not reconnect
+/// for every renew).
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl PgLease {
     /// Connects with the default options: TTL 30 s, the server's clock, a 5 s bound on row
@@ -185,6 +191,7 @@ impl PgLease {
             local_clock: Arc::new(SystemClock),
             faults: Faults::default(),
             tls: None,
+            idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
         }
     }
 
@@ -400,6 +407,16 @@ impl PgLeaseBuilder {
         self
     }
 
+    /// Closes pooled connections (transition connections, and liveness connections holding no
+    /// lock) idle for this long (default [`DEFAULT_IDLE_TIMEOUT`]); `None` keeps them open.
+    /// A holder idle for longer then keeps only one server session per held lease (fewer
+    /// connections across a fleet). The next transition after an idle spell opens a
+    /// connection again (a few round trips, more with TLS).
+    pub fn idle_timeout(mut self, idle: Option<Duration>) -> Self {
+        self.idle_timeout = idle.map(|d| d.max(Duration::from_millis(1)));
+        self
+    }
+
     /// Makes chosen statements fail, for tests. See [`PgStep`].
     #[cfg(feature = "fault-injection")]
     pub fn faults(mut self, hook: PgFaultHook) -> Self {
@@ -450,6 +467,14 @@ impl PgLeaseBuilder {
         // is refused here rather than at the first transition (see `conn::OpenSessions`).
         let first_tx = conn::connect(&rt, &configs.connector, &configs.transition, &open)
             .map_err(|e| e.into_error("connect", None))?;
+        let tx_pool = Arc::new(Mutex::new(vec![first_tx]));
+        let live_pool = Arc::new(Mutex::new(vec![first_live]));
+        if let Some(idle) = self.idle_timeout {
+            rt.spawn(pool::close_idle(
+                [Arc::downgrade(&tx_pool), Arc::downgrade(&live_pool)],
+                idle,
+            ));
+        }
         Ok(PgLease {
             inner: Inner {
                 rt,
@@ -460,8 +485,8 @@ impl PgLeaseBuilder {
                 local_clock: self.local_clock,
                 offset_nanos: Arc::default(),
                 faults: self.faults,
-                tx_pool: Mutex::new(vec![first_tx]),
-                live_pool: Mutex::new(vec![first_live]),
+                tx_pool,
+                live_pool,
                 open,
                 ids: Mutex::new(Ids {
                     map: HashMap::new(),
@@ -502,8 +527,8 @@ pub(crate) struct Inner {
     local_clock: Arc<dyn Clock>,
     offset_nanos: Arc<AtomicI64>,
     faults: Faults,
-    tx_pool: Mutex<Vec<Conn>>,
-    live_pool: Mutex<Vec<Conn>>,
+    tx_pool: Arc<Mutex<Vec<Conn>>>,
+    live_pool: Arc<Mutex<Vec<Conn>>>,
     /// The server sessions of every open connection, each a different one.
     open: Arc<OpenSessions>,
     ids: Mutex<Ids>,

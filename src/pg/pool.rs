@@ -2,6 +2,9 @@
 //! connections, locking and unlocking a generation's liveness lock, and ending a session
 //! whose locks are unknown.
 
+use std::sync::{Mutex, Weak};
+use std::time::{Duration, Instant};
+
 use super::Inner;
 use super::conn::{self, Conn, exec, lock};
 use super::fault::{Faults, PgStep};
@@ -38,6 +41,8 @@ impl Inner {
             }
             return;
         }
+        let mut conn = conn;
+        conn.idle_since = Instant::now();
         let mut pool = lock(&self.tx_pool);
         if pool.len() < POOL_MAX {
             pool.push(conn);
@@ -61,6 +66,8 @@ impl Inner {
     /// Keeps a liveness connection that holds no lock any more, forgetting its watchers.
     pub(super) fn give_back_live(&self, conn: Conn) {
         conn.ended.clear();
+        let mut conn = conn;
+        conn.idle_since = Instant::now();
         let mut pool = lock(&self.live_pool);
         if conn.reusable() && pool.len() < POOL_MAX {
             pool.push(conn);
@@ -164,4 +171,29 @@ fn pop_sound(pool: &std::sync::Mutex<Vec<Conn>>) -> Option<Conn> {
         }
     }
     None
+}
+
+/// Closes pooled connections idle for `idle_timeout` or longer, checking twice per timeout,
+/// until the pools are gone (the lease manager dropped). Runs on the private runtime.
+///
+/// An idle holder then keeps one server session per held lease (its liveness connection)
+/// instead of also its transition connections: fewer server connections across a fleet.
+pub(super) async fn close_idle(pools: [Weak<Mutex<Vec<Conn>>>; 2], idle_timeout: Duration) {
+    let every = (idle_timeout / 2).max(Duration::from_millis(10));
+    loop {
+        tokio::time::sleep(every).await;
+        for pool in &pools {
+            let Some(pool) = pool.upgrade() else { return };
+            let stale: Vec<Conn> = {
+                let mut idle = lock(&pool);
+                let (stale, keep): (Vec<Conn>, Vec<Conn>) = idle
+                    .drain(..)
+                    .partition(|c| c.idle_since.elapsed() >= idle_timeout);
+                *idle = keep;
+                stale
+            };
+            // Dropped outside the pool's lock: each ends its session.
+            drop(stale);
+        }
+    }
 }
