@@ -338,15 +338,7 @@ impl fmt::Display for Error {
                 if let Some(id) = id {
                     write!(f, " (session {id})")?;
                 }
-                write!(f, ": {source}")?;
-                // The driver's message is often only the step ("error performing TLS
-                // handshake"); its causes say why (an unknown certificate issuer).
-                let mut cause = source.source();
-                while let Some(c) = cause {
-                    write!(f, ": {c}")?;
-                    cause = c.source();
-                }
-                Ok(())
+                write!(f, ": {source}")
             }
             Error::RowLockTimeout { id, waited } => write!(
                 f,

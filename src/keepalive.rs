@@ -485,12 +485,14 @@ impl Shared {
         let loss = {
             let mut state = self.lock();
             loop {
-                if state.stop {
-                    return;
-                }
                 self.check_expiry(&mut state);
+                // A loss recorded before a stop is still reported (the caller may have seen it
+                // with `is_lost` and released at once).
                 if let Some(loss) = &state.lost {
                     break loss.clone();
+                }
+                if state.stop {
+                    return;
                 }
                 let nap = self.until_expiry(&state);
                 state = self

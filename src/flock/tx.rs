@@ -275,7 +275,9 @@ impl Transaction for FlockTx<'_> {
             return;
         };
         let prefix = self.paths.stem.as_bytes();
-        for entry in dir.iter().flatten() {
+        // Stops at the first error: a directory that keeps failing to list (an I/O error)
+        // would otherwise be asked again forever, under the transition lock.
+        for entry in dir.iter().map_while(Result::ok) {
             let name = entry.file_name();
             let Some(rest) = name
                 .to_bytes()

@@ -275,15 +275,21 @@ fn watch_holder(w: &DirWatch, name: &OsStr, file: &File, wake: Instant) -> io::R
             Err(e) => return Err(e.into()),
         }
         let events = w.ino.read_events().unwrap_or_default();
+        if events
+            .iter()
+            .any(|e| e.mask.contains(AddWatchFlags::IN_Q_OVERFLOW))
+        {
+            // Events were lost (the queue overflowed; its event names no watch): look again.
+            return Ok(());
+        }
         let (mut closed, mut looked) = (false, false);
         for e in events.iter().filter(|e| e.wd == w.wd) {
             if e.mask.intersects(
                 AddWatchFlags::IN_DELETE_SELF
                     | AddWatchFlags::IN_MOVE_SELF
-                    | AddWatchFlags::IN_IGNORED
-                    | AddWatchFlags::IN_Q_OVERFLOW,
+                    | AddWatchFlags::IN_IGNORED,
             ) {
-                // The directory itself changed, or events were lost: look again.
+                // The directory itself changed: look again.
                 return Ok(());
             }
             if e.name.as_deref() != Some(name) {

@@ -293,6 +293,27 @@ pub(super) fn connect(
     role: &Role,
     open: &Arc<OpenSessions>,
 ) -> Result<Conn, Fail> {
+    let conn = connect_unset(rt, connector, role, open)?;
+    apply(rt, &conn, role)?;
+    Ok(conn)
+}
+
+/// Applies `role`'s server-side settings to `conn` (one round trip). Only after the checks
+/// of [`connect_unset`] passed: through a transaction-mode pooler, settings sent earlier would
+/// stay on a server connection the pooler hands to other clients.
+pub(super) fn apply(rt: &Runtime, conn: &Conn, role: &Role) -> Result<(), Fail> {
+    rt.block_on(conn.client.simple_query(&role.settings))
+        .map(drop)
+        .map_err(Fail::Db)
+}
+
+/// Like [`connect`], without applying the role's server-side settings yet (see [`apply`]).
+pub(super) fn connect_unset(
+    rt: &Runtime,
+    connector: &Connector,
+    role: &Role,
+    open: &Arc<OpenSessions>,
+) -> Result<Conn, Fail> {
     rt.block_on(async {
         let (client, connection) = connector.connect(&role.config).await.map_err(Fail::Db)?;
         let ended = Arc::new(Ended::default());
@@ -303,8 +324,7 @@ pub(super) fn connect(
             let _ = connection.await;
             signal.fire();
         });
-        // The role's settings travel with the first read: one message, no round trip more.
-        let first = backend_pid(&client, &role.settings).await?;
+        let first = backend_pid(&client, "").await?;
         // The second read is polled first, so it is sent ahead of the preparations: the next
         // transaction of this client after the first read.
         let (again, stmts) = tokio::join!(backend_pid(&client, ""), prepare(&client));
@@ -427,7 +447,7 @@ pub(super) struct Configs {
 pub(super) struct Role {
     /// The client side: the caller's connection string, with TCP settings.
     pub(super) config: Config,
-    /// The server side, as `SET` statements sent with the connection's first statement (not
+    /// The server side, as `SET` statements sent once the connection passed its checks (not
     /// as the startup parameter `options`, which PgBouncer refuses or, told to ignore it,
     /// drops silently).
     pub(super) settings: String,

@@ -63,10 +63,13 @@
 //!   transaction-mode pooler that reuses its last idle server connection gives every client
 //!   the same one, one that rotates them moves a client between them). A liveness lock taken
 //!   in a server session other than its connection's is refused too.
-//! - The library's server-side settings per connection (`lock_timeout`, TCP keepalives, no
-//!   idle timeouts on liveness connections) are sent as `SET` statements with each
-//!   connection's first statement, not as the startup parameter `options` (which PgBouncer
-//!   refuses, or drops when told to ignore it), so they hold through a session-mode pooler.
+//! - The library's server-side settings per connection (`lock_timeout`, no idle timeouts on
+//!   liveness connections, TCP keepalives) are sent as `SET` statements once a connection
+//!   passed its checks, not as the startup parameter `options` (which PgBouncer refuses, or
+//!   drops when told to ignore it), so they hold through a session-mode pooler. Behind a
+//!   pooler the server-side TCP settings apply to the pooler's link, not to the holder's: a
+//!   dead holder host is noticed by the pooler's own `tcp_keepalive*` settings (set them
+//!   below the TTL), else only at the expiry.
 //! - Tokens survive a failover only with **synchronous replication**: with asynchronous
 //!   replication the last token bump can be lost and a token issued twice.
 //! - Each lease held costs one server connection for its lifetime and one lock-table entry
@@ -457,16 +460,18 @@ impl PgLeaseBuilder {
         schema::ensure(&rt, &connector, &base)?;
         let configs = Configs::new(connector, &base, self.lock_timeout, self.ttl);
         let open = Arc::new(OpenSessions::default());
-        // One liveness connection up front: the first acquire does not wait for a connect,
-        // and its descriptor is this instance's lowest, so when the process dies the kernel
-        // closes it first and the server hears of the crash before anything else.
-        let first_live = conn::connect(&rt, &configs.connector, &configs.liveness, &open)
+        // One liveness connection up front, so the first acquire does not wait for a connect
+        // (closed like any pooled connection after the idle timeout).
+        let first_live = conn::connect_unset(&rt, &configs.connector, &configs.liveness, &open)
             .map_err(|e| e.into_error("connect a liveness connection", None))?;
         // And one transition connection, opened while the liveness one is open: through a
         // transaction-mode pooler both would report the same server session, so such a pooler
         // is refused here rather than at the first transition (see `conn::OpenSessions`).
         let first_tx = conn::connect(&rt, &configs.connector, &configs.transition, &open)
             .map_err(|e| e.into_error("connect", None))?;
+        // Only now, with both checks passed, the liveness connection's settings.
+        conn::apply(&rt, &first_live, &configs.liveness)
+            .map_err(|e| e.into_error("connect a liveness connection", None))?;
         let tx_pool = Arc::new(Mutex::new(vec![first_tx]));
         let live_pool = Arc::new(Mutex::new(vec![first_live]));
         if let Some(idle) = self.idle_timeout {

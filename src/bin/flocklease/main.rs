@@ -71,3 +71,20 @@ fn main() -> ExitCode {
         Cmd::Watchdog(args) => watchdog::main(&args),
     })
 }
+
+/// An error as one line: its message, then each cause its message does not already say (the
+/// PostgreSQL driver's message is often only the step, "error performing TLS handshake", and
+/// its cause the reason, an unknown certificate issuer).
+pub(crate) fn describe(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let said = c.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        cause = c.source();
+    }
+    text
+}

@@ -132,9 +132,9 @@ fn run(a: RunArgs) -> Result<u8, String> {
     // First, before any thread exists: every thread inherits the blocked signals.
     let signals = Signals::start()?;
     job::become_subreaper()?;
-    let id = SessionId::new(a.id.as_str()).map_err(|e| e.to_string())?;
-    let owner =
-        Owner::new(a.owner.clone().unwrap_or_else(default_owner)).map_err(|e| e.to_string())?;
+    let id = SessionId::new(a.id.as_str()).map_err(|e| crate::describe(&e))?;
+    let owner = Owner::new(a.owner.clone().unwrap_or_else(default_owner))
+        .map_err(|e| crate::describe(&e))?;
     if let Some(url) = a.pg.clone() {
         return run_pg(&a, &url, &signals, &id, &owner);
     }
@@ -148,11 +148,11 @@ fn run(a: RunArgs) -> Result<u8, String> {
                 DurabilityArg::Nosync => Durability::NoSync,
             })
             .open()
-            .map_err(|e| e.to_string())?,
+            .map_err(|e| crate::describe(&e))?,
     );
     // `-w 0` is `-n`, as in flock(1).
     let wait = a.wait.filter(|w| !w.is_zero());
-    let Some(lease) = acquire(&leases, &id, &owner, wait).map_err(|e| e.to_string())? else {
+    let Some(lease) = acquire(&leases, &id, &owner, wait).map_err(|e| crate::describe(&e))? else {
         if !a.quiet {
             eprintln!("flocklease: {}", held_message(&dir, &id, wait));
         }
@@ -175,7 +175,7 @@ fn run(a: RunArgs) -> Result<u8, String> {
     };
     // Best effort: without it, `status` shows the stem only.
     let _ = flocklease::status::write_id(&dir, &id);
-    let live = || leases.liveness_fd(&lease).map_err(|e| e.to_string());
+    let live = || leases.liveness_fd(&lease).map_err(|e| crate::describe(&e));
     hold(&a, &signals, keep, (tx, rx), &owner, live, Some(&dir))
 }
 
@@ -260,7 +260,7 @@ pub(crate) fn pg_builder(
     };
     #[cfg(feature = "postgres-tls")]
     {
-        let tls = flocklease::pg::PgTls::ca_file(ca).map_err(|e| e.to_string())?;
+        let tls = flocklease::pg::PgTls::ca_file(ca).map_err(|e| crate::describe(&e))?;
         Ok(builder.tls(tls))
     }
     #[cfg(not(feature = "postgres-tls"))]
@@ -286,14 +286,14 @@ fn run_pg(
         pg_builder(url, a.pg_ca.as_deref())?
             .ttl(a.ttl)
             .connect()
-            .map_err(|e| e.to_string())?,
+            .map_err(|e| crate::describe(&e))?,
     );
     let wait = a.wait.filter(|w| !w.is_zero());
     let grant = match wait {
         None => leases.acquire(id, owner),
         Some(w) => leases.acquire_wait(id, owner, w),
     }
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| crate::describe(&e))?;
     let Some(lease) = grant.lease() else {
         if !a.quiet {
             let waited = wait.map_or(String::new(), |w| {

@@ -57,18 +57,18 @@ fn status(a: &StatusArgs) -> Result<u8, String> {
     let dir = a.dir.as_deref().unwrap_or_else(|| unreachable!());
     let now = SystemClock.now();
     let rows = match &a.id {
-        None => scan(dir, now).map_err(|e| e.to_string())?,
+        None => scan(dir, now).map_err(|e| crate::describe(&e))?,
         Some(id) => {
-            let id = SessionId::new(id.as_str()).map_err(|e| e.to_string())?;
+            let id = SessionId::new(id.as_str()).map_err(|e| crate::describe(&e))?;
             session(dir, &id, now)
-                .map_err(|e| e.to_string())?
+                .map_err(|e| crate::describe(&e))?
                 .into_iter()
                 .collect()
         }
     };
     if a.quiet {
     } else if a.json {
-        let json = serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?;
+        let json = serde_json::to_string_pretty(&rows).map_err(|e| crate::describe(&e))?;
         println!("{json}");
     } else {
         match (&a.id, rows.is_empty()) {
@@ -94,12 +94,14 @@ fn status(a: &StatusArgs) -> Result<u8, String> {
 fn status_pg(a: &StatusArgs, url: &str) -> Result<u8, String> {
     let leases = crate::run::pg_builder(url, a.pg_ca.as_deref())?
         .connect()
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| crate::describe(&e))?;
     let id = match &a.id {
-        Some(id) => Some(SessionId::new(id.as_str()).map_err(|e| e.to_string())?),
+        Some(id) => Some(SessionId::new(id.as_str()).map_err(|e| crate::describe(&e))?),
         None => None,
     };
-    let rows = leases.sessions(id.as_ref()).map_err(|e| e.to_string())?;
+    let rows = leases
+        .sessions(id.as_ref())
+        .map_err(|e| crate::describe(&e))?;
     if a.quiet {
     } else if a.json {
         let json: Vec<_> = rows
@@ -116,7 +118,7 @@ fn status_pg(a: &StatusArgs, url: &str) -> Result<u8, String> {
             .collect();
         println!(
             "{}",
-            serde_json::to_string_pretty(&json).map_err(|e| e.to_string())?
+            serde_json::to_string_pretty(&json).map_err(|e| crate::describe(&e))?
         );
     } else {
         let mut lines = vec![["ID", "OWNER", "TOKEN", "EXPIRY", "STATE"].map(String::from)];
