@@ -49,6 +49,20 @@ fn stuck_lock(dir: &std::path::Path, sid: &str) -> File {
     f
 }
 
+/// A fault hook that says on the returned channel each time a waiting acquire opens the
+/// holder's liveness file to wait on it (after an attempt answered held).
+fn parking_signal() -> (flocklease::fault::FaultHook, std::sync::mpsc::Receiver<()>) {
+    let (tx, parked) = std::sync::mpsc::channel();
+    let tx = Mutex::new(tx);
+    let hook: flocklease::fault::FaultHook = Arc::new(move |point, _| {
+        if point == flocklease::fault::FaultPoint::OpenWait {
+            let _ = tx.lock().unwrap().send(());
+        }
+        None
+    });
+    (hook, parked)
+}
+
 #[test]
 fn a_stuck_transition_lock_leaks_no_thread_and_no_descriptor() {
     let _g = counting();
@@ -162,14 +176,7 @@ fn a_concurrent_probe_or_waiter_never_makes_a_crashed_holder_look_alive() {
 fn a_parked_waiter_holds_no_lock_and_wakes_on_release() {
     let _g = counting();
     let dir = tempfile::tempdir().unwrap();
-    let (tx, parked) = std::sync::mpsc::channel();
-    let tx = Mutex::new(tx);
-    let hook: flocklease::fault::FaultHook = Arc::new(move |point, _| {
-        if point == flocklease::fault::FaultPoint::OpenWait {
-            let _ = tx.lock().unwrap().send(());
-        }
-        None
-    });
+    let (hook, parked) = parking_signal();
     let holder = open_real(dir.path(), Duration::from_secs(600));
     let lease = holder
         .acquire(&id("s"), &owner("a"))
@@ -207,14 +214,7 @@ fn a_parked_waiter_sleeps_through_other_ids_and_wakes_on_its_holder() {
     // holder's liveness file), and the holder's own release must.
     let _g = counting();
     let dir = tempfile::tempdir().unwrap();
-    let (tx, parked) = std::sync::mpsc::channel();
-    let tx = Mutex::new(tx);
-    let hook: flocklease::fault::FaultHook = Arc::new(move |point, _| {
-        if point == flocklease::fault::FaultPoint::OpenWait {
-            let _ = tx.lock().unwrap().send(());
-        }
-        None
-    });
+    let (hook, parked) = parking_signal();
     let holder = open_real(dir.path(), Duration::from_secs(600));
     let lease = holder
         .acquire(&id("s"), &owner("a"))

@@ -466,27 +466,25 @@ impl Configs {
         let interval = (ttl / 12).max(Duration::from_secs(1));
         let user_timeout = (ttl / 3).max(Duration::from_secs(1));
         let lock_ms = lock_timeout.as_millis().clamp(1, i32::MAX as u128);
-        let mut transition = base.clone();
+        // Both roles: TCP keepalives and a user timeout on this end.
+        let with_tcp = || {
+            let mut c = base.clone();
+            c.keepalives(true)
+                .keepalives_idle(idle)
+                .keepalives_interval(interval)
+                .keepalives_retries(2)
+                .tcp_user_timeout(user_timeout);
+            c
+        };
+        let mut transition = with_tcp();
         // A statement sent into a dead network fails within the user timeout instead of
         // TCP's ~15 minutes of retransmissions (a row-lock wait is not affected: the server
         // acknowledges the statement before it waits), and a pooled connection whose peer
         // vanished is found dead by keepalives.
-        transition
-            .keepalives(true)
-            .keepalives_idle(idle)
-            .keepalives_interval(interval)
-            .keepalives_retries(2)
-            .tcp_user_timeout(user_timeout);
         if base.get_application_name().is_none() {
             transition.application_name("flocklease");
         }
-        let mut liveness = base.clone();
-        liveness
-            .keepalives(true)
-            .keepalives_idle(idle)
-            .keepalives_interval(interval)
-            .keepalives_retries(2)
-            .tcp_user_timeout(user_timeout);
+        let mut liveness = with_tcp();
         if base.get_application_name().is_none() {
             liveness.application_name("flocklease-liveness");
         }
