@@ -3,12 +3,8 @@
 
 use std::fs::{self, File, TryLockError};
 use std::io::{self, Write};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
-
-use nix::dir::Dir;
-use nix::fcntl::OFlag;
-use nix::sys::stat::Mode;
-use nix::unistd::{UnlinkatFlags, unlinkat};
 
 use super::files::{Access, Paths, read_bounded};
 use super::{Durability, FlockLease};
@@ -264,23 +260,19 @@ impl Transaction for FlockTx<'_> {
         if self.check(FaultPoint::ReadDir, &self.paths.dir).is_err() {
             return;
         }
-        // Listed and unlinked relative to the directory's descriptor: no path walk per name.
-        let dir_file = &self.lease.dir_file;
-        let Ok(mut dir) = Dir::openat(
-            dir_file,
-            ".",
-            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        ) else {
+        // Listed with `std`'s directory reader: open, stat, `getdents64` until it returns
+        // nothing, close. (nix's reader, over `fdopendir`, adds two `fcntl` calls and a
+        // rewind on the takeover's path.) By path, like every other step of the transaction.
+        let Ok(entries) = fs::read_dir(&self.paths.dir) else {
             return;
         };
         let prefix = self.paths.stem.as_bytes();
         // Stops at the first error: a directory that keeps failing to list (an I/O error)
-        // would otherwise be asked again forever, under the transition lock.
-        for entry in dir.iter().map_while(Result::ok) {
+        // is not asked again and again under the transition lock.
+        for entry in entries.map_while(Result::ok) {
             let name = entry.file_name();
             let Some(rest) = name
-                .to_bytes()
+                .as_bytes()
                 .strip_prefix(prefix)
                 .and_then(|r| r.strip_prefix(b"."))
             else {
@@ -293,7 +285,7 @@ impl Transaction for FlockTx<'_> {
                     .and_then(|t| t.parse::<u64>().ok())
                     .is_some_and(|t| t < below);
             if stale {
-                let _ = unlinkat(dir_file, name, UnlinkatFlags::NoRemoveDir);
+                let _ = fs::remove_file(entry.path());
             }
         }
     }
