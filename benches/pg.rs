@@ -48,7 +48,7 @@ mod imp {
         };
         let db = server.fresh_db();
         let url = server.url(&db);
-        let (rounds, ops, runs) = if quick { (3, 200, 15) } else { (9, 500, 50) };
+        let (rounds, ops, runs) = if quick { (3, 200, 15) } else { (9, 500, 150) };
         println!(
             "### PostgreSQL (TCP on 127.0.0.1, fsync=off; medians of {rounds} rounds of {ops})\n"
         );
@@ -251,7 +251,8 @@ mod imp {
                 .unwrap();
         }
 
-        fn cycle(&self, key: i32) {
+        /// The acquire's SQL: returns the new token.
+        fn acquire(&self, key: i32) -> i64 {
             let token = self.lock(true) + 1;
             let gk = token as u32 as i32;
             let row = self
@@ -260,6 +261,12 @@ mod imp {
                 .unwrap();
             assert!(row.get::<_, bool>(0));
             self.write(key, "bench", token);
+            token
+        }
+
+        fn cycle(&self, key: i32) {
+            let token = self.acquire(key);
+            let gk = token as u32 as i32;
             let _ = self.lock(false);
             self.write(key, "", token);
             self.rt
@@ -308,6 +315,16 @@ mod imp {
                 let lease = leases.acquire(&id, &Owner::new("child").unwrap()).unwrap();
                 assert!(lease.lease().is_some());
                 Box::new(leases)
+            }
+            "raw" => {
+                // The floor of the lease holder: the same two sessions, driven by hand — the
+                // acquire's transaction on the transition connection, the generation's lock on
+                // the liveness connection.
+                let raw = Raw::connect(&url);
+                raw.own_row();
+                let key = raw.key("bench-raw");
+                raw.acquire(key);
+                Box::new(raw)
             }
             _ => {
                 let rt = tokio::runtime::Builder::new_multi_thread()
@@ -375,6 +392,7 @@ mod imp {
         let mut lease_times = vec![];
         let mut idle_times = vec![];
         let mut raw_on_lease = vec![];
+        let mut raw_times = vec![];
         let mut bare_times = vec![];
         // One SIGKILL → granted measurement: `holder` is the child's role, `wait` blocks until
         // the lease (or lock) is ours and returns that instant.
@@ -439,6 +457,23 @@ mod imp {
                     .unwrap();
                 at
             }));
+            // The floor of the first row: a bare waiter on a holder with the same two
+            // sessions, driven by hand.
+            raw_times.push(measure("raw", &|| {
+                let row = rt
+                    .block_on(bare.query_one(
+                        "SELECT key, token::int4 FROM flocklease_leases WHERE id = 'bench-raw'",
+                        &[],
+                    ))
+                    .unwrap();
+                let (k, t): (i32, i32) = (row.get(0), row.get(1));
+                rt.block_on(bare.execute("SELECT pg_advisory_lock($1, $2)", &[&k, &t]))
+                    .unwrap();
+                let at = Instant::now();
+                rt.block_on(bare.execute("SELECT pg_advisory_unlock($1, $2)", &[&k, &t]))
+                    .unwrap();
+                at
+            }));
             bare_times.push(measure("bare", &|| {
                 rt.block_on(bare.execute("SELECT pg_advisory_lock(7, 7)", &[]))
                     .unwrap();
@@ -451,6 +486,7 @@ mod imp {
         lease_times.sort();
         idle_times.sort();
         raw_on_lease.sort();
+        raw_times.sort();
         bare_times.sort();
         let pct = |v: &[Duration], p: f64| v[((v.len() - 1) as f64 * p).round() as usize];
         println!(
@@ -468,11 +504,15 @@ mod imp {
                 &idle_times,
             ),
             (
-                "bare `pg_advisory_lock_shared` on a `PgLease` holder",
+                "bare `pg_advisory_lock_shared` on a `PgLease` holder right after its acquire",
                 &raw_on_lease,
             ),
             (
-                "bare `pg_advisory_lock` on a bare holder (floor)",
+                "bare `pg_advisory_lock` on a holder of the same two sessions by hand, right after its acquire (floor of the first row)",
+                &raw_times,
+            ),
+            (
+                "bare `pg_advisory_lock` on a bare one-session holder (floor of the second row)",
                 &bare_times,
             ),
         ] {
@@ -484,15 +524,24 @@ mod imp {
                 fmt(v[v.len() - 1])
             );
         }
-        let diff = pct(&lease_times, 0.5).saturating_sub(pct(&bare_times, 0.5));
+        let diff = |a: &[Duration], b: &[Duration]| {
+            let (a, b) = (pct(a, 0.5), pct(b, 0.5));
+            match a.checked_sub(b) {
+                Some(d) => format!("+{}", fmt(d)),
+                None => format!("-{}", fmt(b - a)),
+            }
+        };
         println!(
-            "| difference of medians, holder right after its acquire | | {} | | |",
-            fmt(diff)
+            "| difference of medians, holder right after its acquire (first row − its floor) | | {} | | |",
+            diff(&lease_times, &raw_times)
         );
-        let diff = pct(&idle_times, 0.5).saturating_sub(pct(&bare_times, 0.5));
         println!(
-            "| difference of medians, idle holder | | {} | | |",
-            fmt(diff)
+            "| difference of medians, idle holder (second row − its floor) | | {} | | |",
+            diff(&idle_times, &bare_times)
+        );
+        println!(
+            "| the holder's second session: its floor − the one-session floor | | {} | | |",
+            diff(&raw_times, &bare_times)
         );
     }
 }
