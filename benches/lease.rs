@@ -83,7 +83,7 @@ fn main() {
     durable(disk.path(), rounds);
     scaling(shm.path(), rounds, quick);
     contention(shm.path(), quick);
-    takeover(shm.path(), if quick { 30 } else { 100 });
+    takeover(shm.path(), if quick { 30 } else { 200 });
 }
 
 fn scratch(parent: &Path) -> tempfile::TempDir {
