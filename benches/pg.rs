@@ -424,6 +424,21 @@ mod imp {
             child.wait().unwrap();
             d
         };
+        // A bare waiter with `lock` on the generation that `id`'s row names; returns when it
+        // holds it (and unlocks with `unlock`).
+        let bare_wait = |id: &str, lock: &str, unlock: &str| -> Instant {
+            let row = rt
+                .block_on(bare.query_one(
+                    "SELECT key, token::int4 FROM flocklease_leases WHERE id = $1",
+                    &[&id],
+                ))
+                .unwrap();
+            let (k, t): (i32, i32) = (row.get(0), row.get(1));
+            rt.block_on(bare.execute(lock, &[&k, &t])).unwrap();
+            let at = Instant::now();
+            rt.block_on(bare.execute(unlock, &[&k, &t])).unwrap();
+            at
+        };
         for _ in 0..runs {
             lease_times.push(measure("lease", &|| {
                 let got = leases
@@ -443,36 +458,20 @@ mod imp {
             }));
             // A bare waiter on a lease holder: when the server releases its liveness lock.
             raw_on_lease.push(measure("lease", &|| {
-                let row = rt
-                    .block_on(bare.query_one(
-                        "SELECT key, token::int4 FROM flocklease_leases WHERE id = 'takeover'",
-                        &[],
-                    ))
-                    .unwrap();
-                let (k, t): (i32, i32) = (row.get(0), row.get(1));
-                rt.block_on(bare.execute("SELECT pg_advisory_lock_shared($1, $2)", &[&k, &t]))
-                    .unwrap();
-                let at = Instant::now();
-                rt.block_on(bare.execute("SELECT pg_advisory_unlock_shared($1, $2)", &[&k, &t]))
-                    .unwrap();
-                at
+                bare_wait(
+                    "takeover",
+                    "SELECT pg_advisory_lock_shared($1, $2)",
+                    "SELECT pg_advisory_unlock_shared($1, $2)",
+                )
             }));
             // The floor of the first row: a bare waiter on a holder with the same two
             // sessions, driven by hand.
             raw_times.push(measure("raw", &|| {
-                let row = rt
-                    .block_on(bare.query_one(
-                        "SELECT key, token::int4 FROM flocklease_leases WHERE id = 'bench-raw'",
-                        &[],
-                    ))
-                    .unwrap();
-                let (k, t): (i32, i32) = (row.get(0), row.get(1));
-                rt.block_on(bare.execute("SELECT pg_advisory_lock($1, $2)", &[&k, &t]))
-                    .unwrap();
-                let at = Instant::now();
-                rt.block_on(bare.execute("SELECT pg_advisory_unlock($1, $2)", &[&k, &t]))
-                    .unwrap();
-                at
+                bare_wait(
+                    "bench-raw",
+                    "SELECT pg_advisory_lock($1, $2)",
+                    "SELECT pg_advisory_unlock($1, $2)",
+                )
             }));
             bare_times.push(measure("bare", &|| {
                 rt.block_on(bare.execute("SELECT pg_advisory_lock(7, 7)", &[]))
