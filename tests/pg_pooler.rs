@@ -14,7 +14,7 @@ mod pgbouncer;
 mod support;
 
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use flocklease::pg::PgLease;
 use flocklease::{Error, SessionLease};
@@ -27,12 +27,7 @@ const ENTRY: &str = "child_entry";
 #[test]
 fn child_entry() {
     let Some((_, args)) = role() else { return };
-    let leases = PgLease::connect(&args[0]).unwrap();
-    let lease = leases
-        .acquire(&id(&args[1]), &owner(&args[2]))
-        .unwrap()
-        .lease()
-        .expect("free");
+    let (_leases, lease) = pg::acquire_free(&args[0], &args[1], &args[2]);
     tell(&format!("token {}", lease.token));
     while hear().is_some() {}
 }
@@ -46,15 +41,6 @@ fn setup(options: &Options) -> Option<(String, pg::Admin, PgBouncer)> {
     eprintln!("{} on port {}", bouncer.version, bouncer.port);
     let db = server.fresh_db();
     Some((db.clone(), server.admin(&db), bouncer))
-}
-
-/// Waits (bounded) until `cond` holds on the server.
-fn until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        std::thread::yield_now();
-    }
 }
 
 /// `PgLease::connect` through `url` fails with `Error::SessionNotKept`, leaving no advisory
@@ -119,7 +105,7 @@ fn takeover(waiter: &PgLease, admin: &pg::Admin, held: u64, free: impl FnOnce())
             tx.send(got).unwrap();
         });
         // The waiter is blocked in the server on the holder's generation, not polling.
-        until("the waiter blocks on the holder's advisory lock", || {
+        pg::until("the waiter blocks on the holder's advisory lock", || {
             admin.advisory_waiters() == 1
         });
         free();

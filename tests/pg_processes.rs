@@ -25,12 +25,7 @@ const ENTRY: &str = "child_entry";
 #[test]
 fn child_entry() {
     let Some((_, args)) = role() else { return };
-    let leases = PgLease::connect(&args[0]).unwrap();
-    let lease = leases
-        .acquire(&id(&args[1]), &owner(&args[2]))
-        .unwrap()
-        .lease()
-        .expect("free");
+    let (_leases, lease) = pg::acquire_free(&args[0], &args[1], &args[2]);
     tell(&format!("token {}", lease.token));
     while hear().is_some() {}
 }
@@ -40,15 +35,6 @@ fn fresh() -> Option<(String, pg::Admin)> {
     let server = pg::server()?;
     let db = server.fresh_db();
     Some((server.url(&db), server.admin(&db)))
-}
-
-/// Waits (bounded) until `cond` holds on the server.
-fn until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        std::thread::yield_now();
-    }
 }
 
 #[test]
@@ -70,7 +56,7 @@ fn sigkilled_holder_process_is_replaced_by_a_waiter_within_milliseconds() {
             tx.send((got, Instant::now())).unwrap();
         });
         // The waiter is blocked in the server on the holder's generation, not polling.
-        until("the waiter blocks on the advisory lock", || {
+        pg::until("the waiter blocks on the advisory lock", || {
             admin.advisory_waiters() == 1
         });
         let killed = Instant::now();
@@ -419,7 +405,7 @@ fn an_idle_holder_keeps_only_its_liveness_session_and_reconnects_to_renew() {
         .get(0)
     };
     // The pooled transition connection closes once idle; the held generation's stays.
-    until("the idle transition connection closes", || {
+    pg::until("the idle transition connection closes", || {
         sessions("flocklease") == 0
     });
     assert_eq!(sessions("flocklease-liveness"), 1);

@@ -18,10 +18,33 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock, mpsc};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use flocklease::pg::PgLease;
+use flocklease::{Lease, Owner, SessionId, SessionLease};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, NoTls, Row};
+
+/// Waits (bounded: 10 s) until `cond` holds, typically a condition on the server's state read
+/// with SQL.
+pub fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        std::thread::yield_now();
+    }
+}
+
+/// Connects to `url` with the defaults and acquires `id` for `owner`, which must be free.
+pub fn acquire_free(url: &str, id: &str, owner: &str) -> (PgLease, Lease) {
+    let leases = PgLease::connect(url).unwrap();
+    let lease = leases
+        .acquire(&SessionId::new(id).unwrap(), &Owner::new(owner).unwrap())
+        .unwrap()
+        .lease()
+        .expect("free");
+    (leases, lease)
+}
 
 /// Set to `1` to make the PostgreSQL tests fail instead of skipping without a server.
 pub const REQUIRE: &str = "FLOCKLEASE_REQUIRE_PG";
