@@ -440,6 +440,7 @@ fn scaling(dir: &Path, rounds: usize, quick: bool) {
         &[10, 1_000, 100_000]
     };
     let mut base = (0.0, 0.0, 0.0);
+    let mut takeovers = vec![];
     for &count in counts {
         let sub = dir.join(format!("scale-{count}"));
         let leases = open(&sub, Durability::NoSync);
@@ -501,8 +502,49 @@ fn scaling(dir: &Path, rounds: usize, quick: bool) {
         );
         drop(held);
         drop(leases);
+        takeovers.push((count, takeovers_in(&sub, if quick { 5 } else { 20 })));
         let _ = fs::remove_dir_all(&sub);
     }
+    println!(
+        "\nCrash takeover (SIGKILL of a holder → `acquire_wait` holds) in the same directories, \
+         median of {} runs:\n",
+        if quick { 5 } else { 20 }
+    );
+    println!("| ids | takeover median | ratio to 10 ids |");
+    println!("| --- | --- | --- |");
+    for &(count, us) in &takeovers {
+        println!("| {count} | {us:.0} µs | {:.2}× |", us / takeovers[0].1);
+    }
+}
+
+/// The median time, over `runs` takeovers of the id `takeover` in `dir`, from the SIGKILL of a
+/// holder process to a waiting acquire's grant (released again after each run).
+fn takeovers_in(dir: &Path, runs: usize) -> f64 {
+    let leases = open(dir, Durability::NoSync);
+    let id = SessionId::new("takeover").unwrap();
+    let me = Owner::new("waiter").unwrap();
+    let mut us = vec![];
+    for _ in 0..runs {
+        let (mut child, _) = spawn_child(&["holder", dir.to_str().unwrap()]);
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| {
+                let l = leases
+                    .acquire_wait(&id, &me, Duration::from_secs(30))
+                    .unwrap()
+                    .lease()
+                    .unwrap();
+                (Instant::now(), l)
+            });
+            wait_watched(dir);
+            let t0 = Instant::now();
+            child.kill().unwrap();
+            let (t1, l) = waiter.join().unwrap();
+            us.push((t1 - t0).as_nanos() as f64 / 1000.0);
+            leases.release(&l).unwrap();
+        });
+        child.wait().unwrap();
+    }
+    percentile(&mut us, 0.5)
 }
 
 fn contention(dir: &Path, quick: bool) {

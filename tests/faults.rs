@@ -139,6 +139,7 @@ fn every_fault_point_of_every_transition() {
             ("takeover from a crashed holder", takeover_from_crashed),
             ("takeover from a tombstone", takeover_from_tombstone),
             ("renew", renew),
+            ("renew after a crash takeover", renew_after_takeover),
             ("release", release),
             ("refresh", refresh),
             (
@@ -205,9 +206,9 @@ fn takeover_from_crashed(arm: Arm) -> bool {
         assert_eq!(granted(r, &ctx).token, old.token + 1);
         return false;
     }
-    if point == FaultPoint::ReadDir {
-        // The sweep is cleanup after the commit: the takeover stands, the dead generation's
-        // file stays until a later sweep.
+    if point == FaultPoint::Unlink {
+        // Removing the dead generation's file is cleanup after the commit: the takeover
+        // stands, the file stays until the listing at the taker's next transition.
         assert_eq!(granted(r, &ctx).token, old.token + 1);
         h.assert_refused(&ctx);
         return true;
@@ -223,6 +224,35 @@ fn takeover_from_crashed(arm: Arm) -> bool {
     h.assert_no_leak(None, &ctx);
     let l = granted(b.acquire(&id("s"), &owner("b")), &ctx);
     assert!(l.token > old.token, "{ctx}: token went back");
+    true
+}
+
+/// The taker's first renew, which also lists the directory for the takeover's older
+/// leftovers: a failure of that listing is cleanup and loses nothing; any other failure is a
+/// renew's.
+fn renew_after_takeover(arm: Arm) -> bool {
+    let point = arm.0;
+    let h = Harness::new();
+    granted(h.instance().acquire(&id("s"), &owner("a")), "setup");
+    let b = h.instance();
+    let taken = granted(b.acquire(&id("s"), &owner("b")), "setup");
+    let before = h.record();
+    let (r, fired) = h.with_fault(arm, || b.renew(&taken));
+    let ctx = format!("renew after a crash takeover, {arm:?}");
+    if !fired {
+        assert_eq!(granted(r, &ctx).token, taken.token);
+        return false;
+    }
+    if point == FaultPoint::ReadDir {
+        assert_eq!(granted(r, &ctx).token, taken.token, "{ctx}");
+        h.assert_refused(&ctx);
+        return true;
+    }
+    assert_injected(&r.unwrap_err(), h.dir.path(), &ctx);
+    assert_eq!(h.record(), before, "{ctx}");
+    h.assert_no_leak(Some(taken.token), &ctx);
+    h.assert_refused(&ctx);
+    assert_eq!(granted(b.renew(&taken), &ctx).token, taken.token);
     true
 }
 

@@ -311,6 +311,7 @@ impl FlockLease {
             temp: None,
             unlocked: false,
         };
+        tx.run_pending_sweep();
         let outcome = driver::run(&mut tx, id, self.ttl, event);
         let unlocked = tx.unlocked;
         drop(tx);
@@ -353,7 +354,10 @@ impl FlockLease {
             slots.map.retain(|_, entry| {
                 let idle = Arc::strong_count(entry) == 1
                     && entry.gate.is_free()
-                    && entry.state.try_lock().is_ok_and(|s| s.local.is_none());
+                    && entry
+                        .state
+                        .try_lock()
+                        .is_ok_and(|s| s.local.is_none() && s.pending_sweep.is_none());
                 if idle {
                     let counted = lock(&entry.state).lock.as_ref().is_some_and(|l| l.counted);
                     self.uncount(counted);
