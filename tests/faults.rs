@@ -209,8 +209,22 @@ fn takeover_from_crashed(arm: Arm) -> bool {
     if point == FaultPoint::Unlink {
         // Removing the dead generation's file is cleanup after the commit: the takeover
         // stands, the file stays until the listing at the taker's next transition.
-        assert_eq!(granted(r, &ctx).token, old.token + 1);
+        let taken = granted(r, &ctx);
+        assert_eq!(taken.token, old.token + 1);
         h.assert_refused(&ctx);
+        let dead = h
+            .dir
+            .path()
+            .join(format!("{}.{}.live", id("s").stem(), old.token));
+        assert!(
+            dead.exists(),
+            "{ctx}: the dead generation's file went anyway"
+        );
+        assert!(!b.renew(&taken).unwrap().is_held(), "{ctx}");
+        assert!(
+            !dead.exists(),
+            "{ctx}: the next transition did not sweep it"
+        );
         return true;
     }
     assert_injected(&r.unwrap_err(), h.dir.path(), &ctx);

@@ -391,12 +391,44 @@ fn orphans_of_crashed_generations_are_swept_by_the_takers_next_transition() {
         ]
     );
     assert!(files_ending(dir.path(), ".tmp").is_empty());
-    // ...until the taker's next transition on the id, which sweeps it.
-    assert!(!b.renew(&taken).unwrap().is_held());
+    // ...until the taker's next transition on the id, which sweeps it, and a temporary record
+    // left meanwhile (a crash in the middle of some transition) too. That transition commits
+    // nothing here (another owner is answered held), so no write of its own replaces the
+    // temporary record: the listing removes it.
+    fs::write(dir.path().join(format!("{stem}.lease.json.tmp")), b"{").unwrap();
+    assert!(b.acquire(&id("s"), &owner("x")).unwrap().is_held());
+    assert!(files_ending(dir.path(), ".tmp").is_empty());
     assert_eq!(
         files_ending(dir.path(), ".live"),
         vec![format!("{other}.1.live"), format!("{stem}.2.live")]
     );
+}
+
+#[test]
+fn the_deferred_sweep_never_removes_a_generation_the_record_names_after_tokens_went_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(START);
+    drop(
+        open_manual(dir.path(), &clock)
+            .acquire(&id("s"), &owner("a"))
+            .unwrap(),
+    );
+    // A crash takeover leaves the listing below token 2 to the taker's next transition.
+    let b = open_manual(dir.path(), &clock);
+    let taken = b.acquire(&id("s"), &owner("b")).unwrap().lease().unwrap();
+    assert_eq!(taken.token, 2);
+    // Tokens go back: the record is deleted by hand, and another process starts over at 1.
+    fs::remove_file(record_path(dir.path(), "s")).unwrap();
+    let c = open_manual(dir.path(), &clock);
+    let fresh = c.acquire(&id("s"), &owner("c")).unwrap().lease().unwrap();
+    assert_eq!(fresh.token, 1);
+    // The taker's next transition runs the listing, capped by the record it reads: the new
+    // generation 1, below the takeover's 2, keeps its liveness file and stays alive to others.
+    assert!(b.renew(&taken).unwrap().is_held());
+    assert!(live_path(dir.path(), "s", 1).exists());
+    let d = open_manual(dir.path(), &clock);
+    assert!(d.acquire(&id("s"), &owner("d")).unwrap().is_held());
+    assert_eq!(read_record(dir.path(), "s").token, 1);
 }
 
 #[test]

@@ -303,6 +303,7 @@ impl FlockLease {
         };
         let mut slot = lock(&entry.state);
         let lock = self.lock_stable(&paths.lock, slot.lock.take(), deadline, started)?;
+        let carried_sweep = slot.pending_sweep.take();
         let mut tx = FlockTx {
             lease: self,
             paths,
@@ -310,9 +311,15 @@ impl FlockLease {
             stable: &lock.file,
             temp: None,
             unlocked: false,
+            carried_sweep,
+            seen_token: None,
         };
-        tx.run_pending_sweep();
         let outcome = driver::run(&mut tx, id, self.ttl, event);
+        // The driver ends every run by releasing the lock, which runs the carried listing; if
+        // it did not, the listing waits for the next transition.
+        if let Some(below) = tx.carried_sweep.take() {
+            tx.keep_sweep(below);
+        }
         let unlocked = tx.unlocked;
         drop(tx);
         slot.lock = self.keep_lock(lock, unlocked);

@@ -56,6 +56,12 @@ pub(super) struct FlockTx<'a> {
     pub(super) temp: Option<File>,
     /// Whether the driver released the transition lock (then the adapter need not again).
     pub(super) unlocked: bool,
+    /// The listing an earlier takeover left to this transition (see [`Transaction::sweep`]
+    /// below), run just before the transition lock is released.
+    pub(super) carried_sweep: Option<u64>,
+    /// The token of the record this transition read: `None` before the read, `Some(None)`
+    /// when there was no record.
+    pub(super) seen_token: Option<Option<u64>>,
 }
 
 impl FlockTx<'_> {
@@ -105,12 +111,28 @@ impl FlockTx<'_> {
 }
 
 impl FlockTx<'_> {
-    /// Runs the listing a takeover left to this transition, if any (see
+    /// Runs the listing an earlier takeover left to this transition, if any (see
     /// [`Transaction::sweep`]'s implementation below). Best effort, like all cleanup.
-    pub(super) fn run_pending_sweep(&mut self) {
-        if let Some(below) = self.slot.pending_sweep.take() {
-            self.sweep_listing(below);
+    ///
+    /// It never removes a generation at or above the token of the record this transition
+    /// read: tokens only grow, but if the record was deleted or restored by hand (or lost with
+    /// [`Durability::NoSync`]), a generation below the takeover's token may be live now. A
+    /// transition that did not get to read the record keeps the listing for the next one.
+    fn run_carried_sweep(&mut self) {
+        let Some(below) = self.carried_sweep.take() else {
+            return;
+        };
+        match self.seen_token {
+            Some(Some(token)) => self.sweep_listing(below.min(token)),
+            // No record: nothing is known to be superseded.
+            Some(None) => {}
+            None => self.keep_sweep(below),
         }
+    }
+
+    /// Leaves a listing below `below` to this id's next transition here.
+    pub(super) fn keep_sweep(&mut self, below: u64) {
+        self.slot.pending_sweep = Some(self.slot.pending_sweep.map_or(below, |b| b.max(below)));
     }
 
     /// Removes every liveness file of this id below `below` and a leftover temporary record:
@@ -156,6 +178,7 @@ impl Transaction for FlockTx<'_> {
     type Pending = PendingLive;
 
     fn unlock_stable(&mut self) {
+        self.run_carried_sweep();
         // If this fails, the adapter closes the descriptor, which releases the lock too.
         self.unlocked = self.stable.unlock().is_ok();
     }
@@ -168,7 +191,10 @@ impl Transaction for FlockTx<'_> {
         let path = &self.paths.record;
         let file = match self.open(path, Access::Read) {
             Ok(f) => f,
-            Err(e) if e.io_kind() == Some(io::ErrorKind::NotFound) => return Ok(None),
+            Err(e) if e.io_kind() == Some(io::ErrorKind::NotFound) => {
+                self.seen_token = Some(None);
+                return Ok(None);
+            }
             Err(e) => return Err(e),
         };
         self.check(FaultPoint::ReadRecord, path)?;
@@ -176,12 +202,12 @@ impl Transaction for FlockTx<'_> {
             Some(nix::libc::EISDIR) => Error::NotAFile { path: path.clone() },
             _ => Error::io("read", path, e),
         })?;
-        record::decode(&buf)
-            .map(Some)
-            .map_err(|source| Error::Corrupt {
-                path: path.clone(),
-                source,
-            })
+        let record = record::decode(&buf).map_err(|source| Error::Corrupt {
+            path: path.clone(),
+            source,
+        })?;
+        self.seen_token = Some(Some(record.token));
+        Ok(Some(record))
     }
 
     fn local(&self) -> Option<Local> {
@@ -310,14 +336,14 @@ impl Transaction for FlockTx<'_> {
     /// The takeover's sweep, in two parts. The dead generation's file (the record's, `below -
     /// 1`) goes at once, one call. The listing of the directory for older leftovers (SPEC
     /// §5.8), whose cost grows with the number of ids sharing the directory, is left to this
-    /// id's next transition here ([`FlockTx::run_pending_sweep`]), still under the transition
+    /// id's next transition here ([`FlockTx::run_carried_sweep`]), still under the transition
     /// lock, so that a crash takeover costs the same in a directory of 100 000 ids as in one of
     /// ten. (A leftover temporary record is replaced by the takeover's own write anyway.)
     fn sweep(&mut self, below: u64) {
         if let Some(dead) = below.checked_sub(1) {
             self.delete_live(dead);
         }
-        self.slot.pending_sweep = Some(self.slot.pending_sweep.map_or(below, |b| b.max(below)));
+        self.keep_sweep(below);
     }
 
     fn adopt(&mut self, pending: PendingLive, local: Local) {
