@@ -324,10 +324,10 @@ pub(super) fn connect_unset(
             let _ = connection.await;
             signal.fire();
         });
-        let first = backend_pid(&client, "").await?;
+        let first = backend_pid(&client).await?;
         // The second read is polled first, so it is sent ahead of the preparations: the next
         // transaction of this client after the first read.
-        let (again, stmts) = tokio::join!(backend_pid(&client, ""), prepare(&client));
+        let (again, stmts) = tokio::join!(backend_pid(&client), prepare(&client));
         let again = again?;
         if again != first {
             return Err(Fail::SessionNotKept(format!(
@@ -351,15 +351,12 @@ pub(super) fn connect_unset(
 }
 
 /// The server session's pid, by the simple protocol: one message, which a transaction-mode
-/// pooler runs on one server connection, and no statement left prepared on it; after
-/// `settings` (`SET` statements, or nothing), in the same message.
-async fn backend_pid(c: &Client, settings: &str) -> Result<i32, Fail> {
-    let sql = if settings.is_empty() {
-        "SELECT pg_backend_pid()".to_owned()
-    } else {
-        format!("{settings}; SELECT pg_backend_pid()")
-    };
-    let reply = c.simple_query(&sql).await.map_err(Fail::Db)?;
+/// pooler runs on one server connection, and no statement left prepared on it.
+async fn backend_pid(c: &Client) -> Result<i32, Fail> {
+    let reply = c
+        .simple_query("SELECT pg_backend_pid()")
+        .await
+        .map_err(Fail::Db)?;
     reply
         .iter()
         .find_map(|m| match m {

@@ -34,14 +34,13 @@ impl Inner {
     /// Keeps a sound transition connection for later; ends the session of one whose last
     /// outcome is unknown (it may still hold the row lock or a probe's lock), so that nothing
     /// it held outlives the call.
-    pub(super) fn give_back_tx(&self, conn: Conn) {
+    pub(super) fn give_back_tx(&self, mut conn: Conn) {
         if !conn.reusable() {
             if !conn.ended.is_ended() {
                 self.discard(conn);
             }
             return;
         }
-        let mut conn = conn;
         conn.idle_since = Instant::now();
         let mut pool = lock(&self.tx_pool);
         if pool.len() < POOL_MAX {
@@ -64,9 +63,8 @@ impl Inner {
     }
 
     /// Keeps a liveness connection that holds no lock any more, forgetting its watchers.
-    pub(super) fn give_back_live(&self, conn: Conn) {
+    pub(super) fn give_back_live(&self, mut conn: Conn) {
         conn.ended.clear();
-        let mut conn = conn;
         conn.idle_since = Instant::now();
         let mut pool = lock(&self.live_pool);
         if conn.reusable() && pool.len() < POOL_MAX {
