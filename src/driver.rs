@@ -129,8 +129,9 @@ pub trait Transaction {
     /// Deletes liveness files of generations below `below` and leftover temporary files:
     /// cleanup after the commit, best effort. An adapter may delete the dead generation's
     /// (`below - 1`) at once and leave the rest to its next transition on the id, still under
-    /// the transition lock and never at or above the token of the record that transition reads
-    /// (the flock adapter does, so a takeover never lists the directory).
+    /// the transition lock and within the bound [`machine::deferred_sweep_below`] gives for the
+    /// record that transition reads (the flock adapter does, so a takeover never lists the
+    /// directory).
     fn sweep(&mut self, below: u64);
 
     /// Makes `pending` the local generation `local`.

@@ -418,6 +418,64 @@ fn expired(rec: &Record, now: Timestamp) -> bool {
     is_expired(rec.expiry, now)
 }
 
+/// What an acquirer answered [`Outcome::Held`] waits for before it asks the machine again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Wait {
+    /// The recorded generation, whose liveness lock ends with its holder.
+    pub token: u64,
+    /// How long until its expiry, which ends the wait too.
+    pub until_expiry: Duration,
+}
+
+/// What to wait for, given the record read without the transition lock: the end of its
+/// generation or its expiry, whichever comes first. `None` when the record names no holder to
+/// wait for (released, or expired at `now`): ask again at once. Waiting decides nothing; the
+/// next [`step`] does.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use flocklease::machine::{wait_for, Wait};
+/// use flocklease::{Record, Timestamp};
+///
+/// let now = Timestamp::from_unix_secs(1_700_000_000).unwrap();
+/// let held = Record { owner: "a".into(), token: 7, expiry: now.checked_add(Duration::from_secs(5)).unwrap() };
+/// assert_eq!(wait_for(&held, now), Some(Wait { token: 7, until_expiry: Duration::from_secs(5) }));
+/// let released = Record { owner: String::new(), ..held };
+/// assert_eq!(wait_for(&released, now), None);
+/// ```
+pub fn wait_for(record: &Record, now: Timestamp) -> Option<Wait> {
+    if record.is_tombstone() || expired(record, now) {
+        return None;
+    }
+    Some(Wait {
+        token: record.token,
+        until_expiry: record.expiry.saturating_duration_since(now),
+    })
+}
+
+/// Where a deferred [`Cleanup::Sweep`] may run. An adapter may do a takeover's sweep in two
+/// parts (see [`Transaction::sweep`](crate::driver::Transaction::sweep)): the dead generation
+/// at once, the rest at its next transition on the id, under the transition lock. That later
+/// transition removes generations below the returned token: below the takeover's `below`,
+/// and never at or above the token of the record it read, because tokens go back when a
+/// record is deleted or restored by hand, and a generation below the takeover's token may then
+/// be live. `record_token` is the token of the record that transition read, `None` when it
+/// read no record: then nothing is known to be superseded, and the answer is `None`.
+///
+/// ```
+/// use flocklease::machine::deferred_sweep_below;
+///
+/// assert_eq!(deferred_sweep_below(9, Some(9)), Some(9));
+/// // The record was deleted and tokens restarted at 1: generation 1 may be live.
+/// assert_eq!(deferred_sweep_below(9, Some(1)), Some(1));
+/// assert_eq!(deferred_sweep_below(9, None), None);
+/// ```
+pub fn deferred_sweep_below(below: u64, record_token: Option<u64>) -> Option<u64> {
+    record_token.map(|token| below.min(token))
+}
+
 fn expiry(input: &Input) -> Result<Timestamp, StepError> {
     input
         .now
@@ -746,6 +804,35 @@ mod tests {
                 }
             );
         }
+    }
+
+    #[test]
+    fn a_waiter_waits_for_a_live_generation_until_its_expiry_and_never_at_or_past_it() {
+        let r = rec("a", 3, 10).unwrap();
+        assert_eq!(
+            wait_for(&r, t(4)),
+            Some(Wait {
+                token: 3,
+                until_expiry: Duration::from_secs(6)
+            })
+        );
+        // The expiry instant belongs to the next holder, as for `step`.
+        assert_eq!(wait_for(&r, t(10)), None);
+        assert_eq!(wait_for(&r, t(11)), None);
+        assert_eq!(wait_for(&rec("", 3, 10).unwrap(), t(4)), None);
+        // Whenever the waiter is told to ask again at once, `step` lets it acquire.
+        for (r, now) in [(rec("a", 3, 10), 10), (rec("", 3, 10), 4)] {
+            let p = plan(&input(r, None, now, acq("b")));
+            assert!(matches!(p.outcome, Outcome::Granted { token: 4, .. }));
+        }
+    }
+
+    #[test]
+    fn a_deferred_sweep_stays_below_the_takeover_and_the_record_read_later() {
+        assert_eq!(deferred_sweep_below(5, Some(9)), Some(5));
+        assert_eq!(deferred_sweep_below(5, Some(5)), Some(5));
+        assert_eq!(deferred_sweep_below(5, Some(2)), Some(2));
+        assert_eq!(deferred_sweep_below(5, None), None);
     }
 
     #[test]

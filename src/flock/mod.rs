@@ -25,7 +25,7 @@ use crate::driver;
 use crate::error::Error;
 use crate::fault::{FaultPoint, Faults};
 use crate::lease::{DEFAULT_TTL, Grant, Lease};
-use crate::machine::{Event, Outcome};
+use crate::machine::{self, Event, Outcome};
 use crate::name::{Owner, SessionId};
 use crate::record::{self, Record};
 
@@ -243,11 +243,18 @@ impl FlockLease {
             // let the machine decide again. Reading without the transition lock is safe: the
             // record is only ever replaced by an atomic rename.
             let started = Instant::now();
-            let Some(rec) = self.peek_record(&paths.record)? else {
+            let waiting = self
+                .peek_record(&paths.record)?
+                .and_then(|rec| machine::wait_for(&rec, self.clock.now()));
+            let Some(machine::Wait {
+                token,
+                until_expiry,
+            }) = waiting
+            else {
+                // No holder to wait for (no record, released or expired): ask again.
                 pause = next_pause(pause);
                 continue;
             };
-            let until_expiry = rec.expiry.saturating_duration_since(self.clock.now());
             let at_expiry = wait::deadline_after(until_expiry);
             let wake = match (deadline, at_expiry) {
                 (Some(d), Some(e)) => d.min(e),
@@ -255,7 +262,7 @@ impl FlockLease {
                 // Neither can be represented: look again in a while.
                 (None, None) => Instant::now() + Duration::from_secs(3600),
             };
-            let live = paths.live(rec.token);
+            let live = paths.live(token);
             match self.opener.open(&live, Access::Wait) {
                 Ok(file) => wait::wait_for_holder(&self.watches, &live, &file, wake)
                     .map_err(|e| Error::io("wait for", &live, e))?,

@@ -11,7 +11,7 @@ use super::{Durability, FlockLease};
 use crate::driver::Transaction;
 use crate::error::Error;
 use crate::fault::FaultPoint;
-use crate::machine::{Liveness, Local};
+use crate::machine::{self, Liveness, Local};
 use crate::record::{self, Record};
 
 /// What this instance holds for one id.
@@ -114,18 +114,20 @@ impl FlockTx<'_> {
     /// Runs the listing an earlier takeover left to this transition, if any (see
     /// [`Transaction::sweep`]'s implementation below). Best effort, like all cleanup.
     ///
-    /// It never removes a generation at or above the token of the record this transition
-    /// read: tokens only grow, but if the record was deleted or restored by hand (or lost with
-    /// [`Durability::NoSync`]), a generation below the takeover's token may be live now. A
-    /// transition that did not get to read the record keeps the listing for the next one.
+    /// The machine bounds it by the record this transition read
+    /// ([`machine::deferred_sweep_below`]); the record may have been deleted or restored by
+    /// hand (or lost with [`Durability::NoSync`]) since the takeover. A transition that did not
+    /// get to read the record keeps the listing for the next one.
     fn run_carried_sweep(&mut self) {
         let Some(below) = self.carried_sweep.take() else {
             return;
         };
         match self.seen_token {
-            Some(Some(token)) => self.sweep_listing(below.min(token)),
-            // No record: nothing is known to be superseded.
-            Some(None) => {}
+            Some(token) => {
+                if let Some(below) = machine::deferred_sweep_below(below, token) {
+                    self.sweep_listing(below);
+                }
+            }
             None => self.keep_sweep(below),
         }
     }

@@ -126,14 +126,18 @@ impl Inner {
             Ok((_, Some(row), clock)) => {
                 let (key, record) = row_record(id, &row)?;
                 let now = clock.get::<_, SqlTime>(0).to_timestamp();
-                match (record, now) {
-                    (Some(r), Some(now))
-                        if !r.is_tombstone() && !crate::machine::is_expired(r.expiry, now) =>
-                    {
-                        let to_expiry = r.expiry.saturating_duration_since(now);
-                        let wait = left.map_or(to_expiry, |l| l.min(to_expiry));
+                let waiting = match (record, now) {
+                    (Some(r), Some(now)) => crate::machine::wait_for(&r, now),
+                    _ => None,
+                };
+                match waiting {
+                    Some(crate::machine::Wait {
+                        token,
+                        until_expiry,
+                    }) => {
+                        let wait = left.map_or(until_expiry, |l| l.min(until_expiry));
                         let ms = format!("{}ms", wait.as_millis().clamp(1, i32::MAX as u128));
-                        let gk = gen_key(r.token);
+                        let gk = gen_key(token);
                         let p1: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&ms];
                         let p2: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&key, &gk];
                         // The ROLLBACK is pipelined too: it ends the wait's transaction (and
@@ -159,7 +163,7 @@ impl Inner {
                             }
                         }
                     }
-                    _ => Ok(()),
+                    None => Ok(()),
                 }
             }
         };
