@@ -85,16 +85,20 @@
 //!   ([`machine::DirSync::BestEffort`]): once the tombstone is renamed into place the release
 //!   succeeds. Lost to power loss, it only brings back the released (dead) generation.
 //! - A failed takeover leaves its new `<stem>.<token>.live` file, unlocked; the next takeover
-//!   reuses that name. Dead generations' files and leftover temporary files are swept when a
-//!   crashed or expired holder is taken over; a takeover from a tombstone deletes the released
-//!   generation's file (in case the release could not).
+//!   reuses that name. When a crashed or expired holder is taken over, its liveness file is
+//!   deleted at once; older dead generations' files and a leftover temporary file are swept by
+//!   the taker's next transition on the id through the same instance (so a takeover never
+//!   lists the directory). A takeover from a tombstone deletes the released generation's file
+//!   (in case the release could not).
 //! - The temporary record is created exclusively (`O_EXCL`): a file found at its name (a
 //!   crash leftover, or planted) is removed, never reused or followed.
 //! - Holders lock liveness files exclusively; probes and waiters use non-blocking *shared*
 //!   locks, dropped at once, so they never look like a holder to each other. A waiting
 //!   acquire watches the holder's liveness file with inotify (through a watch on the lease
-//!   directory) and wakes when the holder's descriptor closes (release or death); no thread is started and no lock is held while it
-//!   waits. The transition lock is taken with non-blocking attempts and a backoff
+//!   directory) and wakes when the holder's descriptor closes (release or death); no lock is
+//!   held while it waits, and no thread is started (but for
+//!   [`FlockLease::acquire_wait_async`], whose wait runs on a thread of its own until the
+//!   grant, the deadline, or the future is dropped). The transition lock is taken with non-blocking attempts and a backoff
 //!   (20 µs–1 ms) up to the lock timeout, which every caller has for itself. See
 //!   [`FlockLease::acquire_wait`].
 //! - Sharing a directory with the Go package: its holders lock exclusively, as ours do, so

@@ -207,6 +207,42 @@ fn a_parked_waiter_holds_no_lock_and_wakes_on_release() {
     });
 }
 
+/// Dropping an async wait parked on a live holder ends its thread at once, with the holder
+/// doing nothing, and the abandoned wait never takes the lease afterwards.
+#[test]
+fn a_dropped_async_wait_ends_its_thread_at_once_and_takes_nothing() {
+    let _g = counting();
+    let dir = tempfile::tempdir().unwrap();
+    let (hook, parked) = parking_signal();
+    let holder = open_real(dir.path(), Duration::from_secs(600));
+    let lease = holder
+        .acquire(&id("s"), &owner("a"))
+        .unwrap()
+        .lease()
+        .unwrap();
+    let waiter = Arc::new(FlockLease::builder(dir.path()).faults(hook).open().unwrap());
+    let t0 = threads();
+    let wait = waiter.acquire_wait_async(&id("s"), &owner("w"), Duration::from_secs(600));
+    // Its first attempt answered held and it went into the wait.
+    parked.recv().unwrap();
+    assert_eq!(threads(), t0 + 1);
+    drop(wait);
+    let bound = Instant::now() + Duration::from_secs(10);
+    while threads() > t0 {
+        assert!(
+            Instant::now() < bound,
+            "the abandoned wait's thread still waits for the holder"
+        );
+        thread::yield_now();
+    }
+    assert!(parked.try_recv().is_err(), "it made another attempt");
+    holder.release(&lease).unwrap();
+    let next = open_real(dir.path(), Duration::from_secs(600))
+        .acquire(&id("s"), &owner("c"))
+        .unwrap();
+    assert_eq!(next.lease().unwrap().token, lease.token + 1);
+}
+
 #[test]
 fn a_parked_waiter_sleeps_through_other_ids_and_wakes_on_its_holder() {
     // The wait watches the lease directory, whose events name every entry: the other ids'

@@ -8,7 +8,7 @@
 //! | `<stem>.<token>.live` | liveness lock of one generation, held by its process for its whole life |
 //! | `<stem>.lease.json` | the record, replaced atomically through `<stem>.lease.json.tmp` |
 //!
-//! This module only does file work; every decision comes from [`machine`](crate::machine)
+//! This module only does file work; every decision comes from [`machine`]
 //! through [`driver::run`].
 
 use std::collections::HashMap;
@@ -35,7 +35,7 @@ mod wait;
 
 use files::{Access, DEFAULT_FILE_MODE, Opener, Paths, read_bounded};
 use tx::{FlockTx, Slot};
-use wait::Gate;
+use wait::{Cancel, Gate};
 
 /// The default bound on waiting for an id's transition lock: 5 seconds.
 pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -201,7 +201,7 @@ impl FlockLease {
         owner: &Owner,
         timeout: Duration,
     ) -> Result<Grant, Error> {
-        self.acquire_until(id, owner, wait::deadline_after(timeout))
+        self.acquire_until(id, owner, wait::deadline_after(timeout), None)
     }
 
     /// Acquires the lease of `id` for `owner`, waiting as long as it takes (see
@@ -211,18 +211,21 @@ impl FlockLease {
     ///
     /// Any error of [`SessionLease::acquire`](crate::SessionLease::acquire).
     pub fn acquire_blocking(&self, id: &SessionId, owner: &Owner) -> Result<Lease, Error> {
-        match self.acquire_until(id, owner, None)? {
+        match self.acquire_until(id, owner, None, None)? {
             Grant::Granted(lease) => Ok(lease),
             // Without a deadline the loop only ends with a grant or an error.
             Grant::Held => unreachable!("a wait without a deadline answered held"),
         }
     }
 
+    /// The wait of [`FlockLease::acquire_wait`], which `cancel` (if any) ends early: it then
+    /// answers held, before any further attempt.
     fn acquire_until(
         &self,
         id: &SessionId,
         owner: &Owner,
         deadline: Option<Instant>,
+        cancel: Option<&Cancel>,
     ) -> Result<Grant, Error> {
         let entry = self.slot(id.stem());
         let paths = &entry.paths;
@@ -230,6 +233,9 @@ impl FlockLease {
         // missing): pause increasingly, so a loop that cannot block never spins.
         let mut pause = Duration::ZERO;
         loop {
+            if wait::cancelled(cancel) {
+                return Ok(Grant::Held);
+            }
             if let Grant::Granted(lease) = self.acquire(id, owner)? {
                 return Ok(Grant::Granted(lease));
             }
@@ -264,7 +270,7 @@ impl FlockLease {
             };
             let live = paths.live(token);
             match self.opener.open(&live, Access::Wait) {
-                Ok(file) => wait::wait_for_holder(&self.watches, &live, &file, wake)
+                Ok(file) => wait::wait_for_holder(&self.watches, &live, &file, wake, cancel)
                     .map_err(|e| Error::io("wait for", &live, e))?,
                 Err(e) if e.io_kind() == Some(io::ErrorKind::NotFound) => {
                     // No lock to wait on: the record's expiry decides, so look now and then.
@@ -634,8 +640,9 @@ impl FlockLease {
     /// wait runs on a thread of its own (started now, ended by the grant or the deadline), so
     /// no executor thread blocks, and that thread wakes the task. No runtime is required.
     ///
-    /// Dropping the future before it resolves abandons the wait: a lease granted afterwards is
-    /// released at once by the waiting thread.
+    /// Dropping the future before it resolves abandons the wait: the waiting thread stops
+    /// waiting at once and makes no further attempt; a lease it was granted in the meantime is
+    /// released at once.
     ///
     /// ```
     /// use std::{sync::Arc, time::Duration};
@@ -657,16 +664,29 @@ impl FlockLease {
         timeout: Duration,
     ) -> AcquireWait {
         let shared = Arc::new(Mutex::new(AsyncWait::default()));
-        let (leases, id, owner, state) = (
+        let cancel = match Cancel::new() {
+            Ok(c) => Arc::new(c),
+            Err(e) => {
+                lock(&shared).result = Some(Err(Error::io("start a wait in", &self.dir, e)));
+                return AcquireWait {
+                    shared,
+                    leases: Arc::clone(self),
+                    cancel: None,
+                };
+            }
+        };
+        let (leases, id, owner, state, stop) = (
             Arc::clone(self),
             id.clone(),
             owner.clone(),
             Arc::clone(&shared),
+            Arc::clone(&cancel),
         );
         let spawned = std::thread::Builder::new()
             .name("flocklease-acquire-wait".into())
             .spawn(move || {
-                let result = leases.acquire_wait(&id, &owner, timeout);
+                let deadline = wait::deadline_after(timeout);
+                let result = leases.acquire_until(&id, &owner, deadline, Some(&stop));
                 let mut st = lock(&state);
                 if st.abandoned {
                     // Nobody will take the lease: give it back.
@@ -687,6 +707,7 @@ impl FlockLease {
         AcquireWait {
             shared,
             leases: Arc::clone(self),
+            cancel: Some(cancel),
         }
     }
 }
@@ -697,6 +718,8 @@ impl FlockLease {
 pub struct AcquireWait {
     shared: Arc<Mutex<AsyncWait>>,
     leases: Arc<FlockLease>,
+    /// Ends the waiting thread's wait when the future is dropped.
+    cancel: Option<Arc<Cancel>>,
 }
 
 #[derive(Debug, Default)]
@@ -725,10 +748,14 @@ impl std::future::Future for AcquireWait {
 }
 
 impl Drop for AcquireWait {
-    /// Abandons the wait; a lease granted but never taken is released.
+    /// Abandons the wait: the waiting thread stops; a lease granted but never taken is
+    /// released.
     fn drop(&mut self) {
         let mut st = lock(&self.shared);
         st.abandoned = true;
+        if let Some(c) = &self.cancel {
+            c.cancel();
+        }
         if let Some(Ok(Grant::Granted(lease))) = st.result.take() {
             drop(st);
             let _ = self.leases.release(&lease);

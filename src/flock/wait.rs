@@ -15,9 +15,10 @@
 
 use std::ffi::OsStr;
 use std::fs::{File, TryLockError};
-use std::io;
+use std::io::{self, PipeReader, PipeWriter, Write};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -39,6 +40,47 @@ const SPIN: Duration = Duration::from_micros(100);
 /// After a wake-up, how long the holder's lock may still be seen: the kernel reports the close
 /// an instant before it drops the descriptor's locks.
 const SETTLE: Duration = Duration::from_millis(5);
+
+/// Ends a wait early, from another thread: the wait of an abandoned
+/// [`acquire_wait_async`](super::FlockLease::acquire_wait_async) future. A parked wait polls
+/// the read end of a pipe beside its inotify instance, so [`Cancel::cancel`] wakes it at once;
+/// the other pauses of a wait are at most [`MAX_POLL`] and check the flag after each.
+#[derive(Debug)]
+pub(super) struct Cancel {
+    flag: AtomicBool,
+    rx: PipeReader,
+    tx: Mutex<Option<PipeWriter>>,
+}
+
+impl Cancel {
+    pub(super) fn new() -> io::Result<Cancel> {
+        let (rx, tx) = io::pipe()?;
+        Ok(Cancel {
+            flag: AtomicBool::new(false),
+            rx,
+            tx: Mutex::new(Some(tx)),
+        })
+    }
+
+    /// Asks the wait to end; it answers "held" at its next look.
+    pub(super) fn cancel(&self) {
+        self.flag.store(true, Ordering::Release);
+        // A byte, then the write end closed: the read end polls readable (and at EOF), for
+        // good.
+        if let Some(mut tx) = lock(&self.tx).take() {
+            let _ = tx.write_all(&[1]);
+        }
+    }
+
+    pub(super) fn is_cancelled(&self) -> bool {
+        self.flag.load(Ordering::Acquire)
+    }
+}
+
+/// Whether `cancel` asks the wait to end.
+pub(super) fn cancelled(cancel: Option<&Cancel>) -> bool {
+    cancel.is_some_and(Cancel::is_cancelled)
+}
 
 /// One id's in-process turn: at most one caller of an instance runs a transition on an id.
 #[derive(Debug, Default)]
@@ -224,25 +266,32 @@ impl Watches {
 }
 
 /// Waits until the holder of the liveness lock at `path` (opened as `file`) releases it or
-/// dies, or until `wake`. Returns early on any change of the file (it may have been deleted or
-/// replaced); the caller then looks again.
+/// dies, until `wake`, or until `cancel` is cancelled. Returns early on any change of the file
+/// (it may have been deleted or replaced); the caller then looks again.
 pub(super) fn wait_for_holder(
     watches: &Watches,
     path: &Path,
     file: &File,
     wake: Instant,
+    cancel: Option<&Cancel>,
 ) -> io::Result<()> {
     let (Ok(w), Some(name)) = (watches.take(), path.file_name()) else {
         // No inotify instance (the per-user limit, 128 by default, is reached), or the
         // directory cannot be watched: poll instead.
-        return poll_for_holder(file, wake);
+        return poll_for_holder(file, wake, cancel);
     };
-    let result = watch_holder(&w, name, file, wake);
+    let result = watch_holder(&w, name, file, wake, cancel);
     watches.give(w);
     result
 }
 
-fn watch_holder(w: &DirWatch, name: &OsStr, file: &File, wake: Instant) -> io::Result<()> {
+fn watch_holder(
+    w: &DirWatch,
+    name: &OsStr,
+    file: &File,
+    wake: Instant,
+    cancel: Option<&Cancel>,
+) -> io::Result<()> {
     // Checked after the watch reports the directory's entries, so a release between the two
     // is not missed.
     if holder_gone(file)? {
@@ -250,10 +299,13 @@ fn watch_holder(w: &DirWatch, name: &OsStr, file: &File, wake: Instant) -> io::R
     }
     loop {
         let left = wake.saturating_duration_since(Instant::now());
-        if left.is_zero() {
+        if left.is_zero() || cancelled(cancel) {
             return Ok(());
         }
-        let mut fds = [PollFd::new(w.ino.as_fd(), PollFlags::POLLIN)];
+        let mut fds = vec![PollFd::new(w.ino.as_fd(), PollFlags::POLLIN)];
+        if let Some(c) = cancel {
+            fds.push(PollFd::new(c.rx.as_fd(), PollFlags::POLLIN));
+        }
         // Whole milliseconds, rounded up, so the wait never ends before `wake`; and a look at
         // the lock now and then, in case it was dropped without any close (an explicit unlock
         // by another implementation).
@@ -270,6 +322,7 @@ fn watch_holder(w: &DirWatch, name: &OsStr, file: &File, wake: Instant) -> io::R
                 continue;
             }
             Ok(0) => return Ok(()),
+            Ok(_) if cancelled(cancel) => return Ok(()),
             Ok(_) => {}
             Err(nix::errno::Errno::EINTR) => continue,
             Err(e) => return Err(e.into()),
@@ -328,18 +381,19 @@ fn watch_holder(w: &DirWatch, name: &OsStr, file: &File, wake: Instant) -> io::R
             thread::yield_now();
         }
         let settle = Instant::now() + SETTLE;
-        poll_for_holder(file, settle.min(wake))?;
+        poll_for_holder(file, settle.min(wake), cancel)?;
         if holder_gone(file)? {
             return Ok(());
         }
     }
 }
 
-/// Checks `file`'s lock with a growing pause until the holder is gone or `until` passes.
-fn poll_for_holder(file: &File, until: Instant) -> io::Result<()> {
+/// Checks `file`'s lock with a growing pause until the holder is gone, `until` passes or
+/// `cancel` is cancelled.
+fn poll_for_holder(file: &File, until: Instant, cancel: Option<&Cancel>) -> io::Result<()> {
     let mut pause = FIRST_BACKOFF;
     loop {
-        if holder_gone(file)? {
+        if cancelled(cancel) || holder_gone(file)? {
             return Ok(());
         }
         if !sleep_before(Some(until), pause) {
