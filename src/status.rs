@@ -58,8 +58,9 @@ pub struct SessionStatus {
     pub expiry: String,
     /// `live` (unexpired, its holder's lock is held), `dead` (unexpired, but its holder is
     /// gone), `unknown` (unexpired, its liveness file is missing or unusable), `expired`,
-    /// `released`, `corrupt` (the record does not decode) or `unreadable` (the record is not a
-    /// regular file, or cannot be opened or read).
+    /// `released`, `corrupt` (the record does not decode), `unreadable` (the record is not a
+    /// regular file, or cannot be opened or read) or `exhausted` (a takeover is due, but the
+    /// token is `u64::MAX`: tokens never wrap, so every acquire fails).
     pub state: &'static str,
     /// Whether an acquire by another owner would be granted now (the machine's answer).
     pub acquirable: bool,
@@ -76,10 +77,10 @@ impl SessionStatus {
         !self.acquirable && !self.is_broken()
     }
 
-    /// Whether the record is `corrupt` or `unreadable`: every acquire of this id fails until an
-    /// operator repairs it.
+    /// Whether the record is `corrupt`, `unreadable` or `exhausted`: every acquire of this id
+    /// fails until an operator repairs it.
     pub fn is_broken(&self) -> bool {
-        matches!(self.state, "corrupt" | "unreadable")
+        matches!(self.state, "corrupt" | "unreadable" | "exhausted")
     }
 }
 
@@ -218,10 +219,25 @@ fn status_of(dir: &Path, stem: &str, id: Option<String>, now: Timestamp) -> Sess
         ttl: std::time::Duration::from_secs(1),
         event: Event::Acquire { owner: stranger },
     };
-    let acquirable = matches!(
-        machine::step(&input),
-        Ok(Decision::Plan(p)) if matches!(p.outcome, Outcome::Granted { .. })
-    );
+    let (acquirable, state, error) = match machine::step(&input) {
+        Ok(Decision::Plan(p)) => (
+            matches!(p.outcome, Outcome::Granted { .. }),
+            state,
+            probe_error.filter(|_| state == "unknown"),
+        ),
+        Err(machine::StepError::TokenExhausted) => (
+            false,
+            "exhausted",
+            Some(format!(
+                "a takeover is due but the fencing token is exhausted (u64::MAX); every \
+                 acquire fails until {} is repaired",
+                record_path(dir, stem).display()
+            )),
+        ),
+        // With liveness known the machine always plans; a TTL of one second cannot push the
+        // expiry out of range but at the very end of time.
+        Ok(Decision::Probe { .. }) | Err(_) => (false, state, None),
+    };
     SessionStatus {
         stem: stem.to_owned(),
         id,
@@ -230,7 +246,7 @@ fn status_of(dir: &Path, stem: &str, id: Option<String>, now: Timestamp) -> Sess
         expiry: rec.expiry.to_string(),
         state,
         acquirable,
-        error: probe_error.filter(|_| state == "unknown"),
+        error,
     }
 }
 

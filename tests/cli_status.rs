@@ -194,6 +194,8 @@ fn status_id_answers_0_when_held_1_when_free_and_70_when_broken() {
     }
     plant(d, "expired", &past("old", 3));
     std::fs::write(record_path(d, "corrupt"), b"[]").unwrap();
+    // Expired at the last token: no acquire can succeed, so it is neither held nor free.
+    plant(d, "exhausted", &past("old", u64::MAX));
     let code = |args: &[&str]| status(d, args).status.code();
     for (id, expected) in [
         ("held", 0),
@@ -202,12 +204,30 @@ fn status_id_answers_0_when_held_1_when_free_and_70_when_broken() {
         ("expired", 1),
         ("never-granted", 1),
         ("corrupt", 70),
+        ("exhausted", 70),
     ] {
         assert_eq!(code(&["--id", id]), Some(expected), "{id}");
         let out = status(d, &["--id", id, "-q"]);
         assert_eq!(out.status.code(), Some(expected), "{id} -q");
         assert!(out.stdout.is_empty(), "{id} -q printed");
     }
+    let out = status(d, &["--id", "exhausted"]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("exhausted"),
+        "{}",
+        describe(&out)
+    );
+    let rows = json_rows(&status(d, &["--json"]));
+    let row = row_of(&rows, "exhausted");
+    assert_eq!(row["state"], "exhausted");
+    assert_eq!(row["acquirable"], false);
+    assert_eq!(
+        leases
+            .acquire(&id("exhausted"), &o)
+            .unwrap_err()
+            .to_string(),
+        "fencing token of session exhausted is exhausted (u64::MAX)"
+    );
     let out = status(d, &["--id", "never-granted"]);
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),

@@ -480,7 +480,12 @@ fn prepare_dir(dir: &Path) -> Result<PathBuf, String> {
                 Err(e) => return Err(format!("stat {}: {e}", parent.display())),
             }
             match DirBuilder::new().mode(0o700).create(dir) {
-                Ok(()) => {}
+                // The new entry synced into its parent, as the library does for the
+                // directories it creates: else power loss could take the directory, and the
+                // tokens granted in it, away.
+                Ok(()) => fs::File::open(parent)
+                    .and_then(|p| p.sync_all())
+                    .map_err(|e| format!("sync directory {}: {e}", parent.display()))?,
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
                 Err(e) => return Err(format!("create directory {}: {e}", dir.display())),
             }

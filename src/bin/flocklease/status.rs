@@ -198,7 +198,7 @@ fn print_table(rows: &[SessionStatus], now: Timestamp) {
             (None, true) => format!("{} (free to acquire)", r.state),
             (None, false) => r.state.to_owned(),
         };
-        let token = if r.is_broken() {
+        let token = if matches!(r.state, "corrupt" | "unreadable") {
             "-".to_owned()
         } else {
             r.token.to_string()
