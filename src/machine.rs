@@ -418,6 +418,46 @@ fn expired(rec: &Record, now: Timestamp) -> bool {
     is_expired(rec.expiry, now)
 }
 
+/// Whether an acquire by an owner this instance holds nothing for would be granted now, given
+/// the record and its generation's liveness: what status reports call free (`Ok(true)`) or
+/// held (`Ok(false)`). [`StepError::TokenExhausted`] when a takeover is due but impossible.
+///
+/// ```
+/// use std::time::Duration;
+/// use flocklease::machine::{free_for_others, Liveness};
+/// use flocklease::{Record, Timestamp};
+///
+/// let now = Timestamp::from_unix_secs(1_700_000_000).unwrap();
+/// let rec = Record { owner: "a".into(), token: 7, expiry: now.checked_add(Duration::from_secs(5)).unwrap() };
+/// assert_eq!(free_for_others(Some(&rec), Liveness::Live, now), Ok(false));
+/// assert_eq!(free_for_others(Some(&rec), Liveness::Dead, now), Ok(true));
+/// assert_eq!(free_for_others(None, Liveness::Missing, now), Ok(true));
+/// ```
+///
+/// # Errors
+///
+/// [`StepError`], as [`step`] would answer the acquire.
+pub fn free_for_others(
+    record: Option<&Record>,
+    liveness: Liveness,
+    now: Timestamp,
+) -> Result<bool, StepError> {
+    let stranger = Owner::new("\u{fffd}status").unwrap_or_else(|_| unreachable!("valid owner"));
+    let input = Input {
+        record: record.cloned(),
+        liveness: Some(liveness),
+        local: None,
+        now,
+        // Any TTL that keeps the new expiry in range: only the outcome is looked at.
+        ttl: Duration::ZERO,
+        event: Event::Acquire { owner: stranger },
+    };
+    match step(&input)? {
+        Decision::Plan(p) => Ok(matches!(p.outcome, Outcome::Granted { .. })),
+        Decision::Probe { .. } => unreachable!("the machine asked for a liveness it was given"),
+    }
+}
+
 /// What an acquirer answered [`Outcome::Held`] waits for before it asks the machine again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Wait {

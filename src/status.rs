@@ -32,8 +32,8 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::error::Error;
-use crate::machine::{self, Decision, Event, Input, Liveness, Outcome};
-use crate::name::{MAX_ID_BYTES, Owner, SessionId};
+use crate::machine::{self, Liveness};
+use crate::name::{MAX_ID_BYTES, SessionId};
 use crate::record::{self, MAX_RECORD_BYTES};
 use crate::timestamp::Timestamp;
 
@@ -210,21 +210,8 @@ fn status_of(dir: &Path, stem: &str, id: Option<String>, now: Timestamp) -> Sess
         }
     };
     // Ask the machine whether a stranger's acquire would be granted.
-    let stranger = Owner::new("\u{fffd}status").unwrap_or_else(|_| unreachable!("valid owner"));
-    let input = Input {
-        record: Some(rec.clone()),
-        liveness: Some(liveness),
-        local: None,
-        now,
-        ttl: std::time::Duration::from_secs(1),
-        event: Event::Acquire { owner: stranger },
-    };
-    let (acquirable, state, error) = match machine::step(&input) {
-        Ok(Decision::Plan(p)) => (
-            matches!(p.outcome, Outcome::Granted { .. }),
-            state,
-            probe_error.filter(|_| state == "unknown"),
-        ),
+    let (acquirable, state, error) = match machine::free_for_others(Some(&rec), liveness, now) {
+        Ok(free) => (free, state, probe_error.filter(|_| state == "unknown")),
         Err(machine::StepError::TokenExhausted) => (
             false,
             "exhausted",
@@ -234,9 +221,8 @@ fn status_of(dir: &Path, stem: &str, id: Option<String>, now: Timestamp) -> Sess
                 record_path(dir, stem).display()
             )),
         ),
-        // With liveness known the machine always plans; a TTL of one second cannot push the
-        // expiry out of range but at the very end of time.
-        Ok(Decision::Probe { .. }) | Err(_) => (false, state, None),
+        // The expiry out of range: only at the very end of time.
+        Err(_) => (false, state, None),
     };
     SessionStatus {
         stem: stem.to_owned(),

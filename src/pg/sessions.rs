@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use super::tx::record_of;
 use super::{PgLease, schema};
 use crate::error::Error;
-use crate::machine::is_expired;
+use crate::machine::{self, Liveness, is_expired};
 use crate::name::SessionId;
 use crate::record::Record;
 use crate::timestamp::Timestamp;
@@ -25,12 +25,16 @@ pub struct PgSession {
 }
 
 impl PgSession {
-    /// Whether the lease is held: a holder is recorded, unexpired, and its liveness lock is
-    /// held.
+    /// Whether the lease is held: another owner's acquire would be refused (the machine's
+    /// answer), as when a holder is recorded, unexpired, and its liveness lock is held. Not at
+    /// an exhausted token, where every acquire fails.
     pub fn is_held(&self) -> bool {
-        self.record
-            .as_ref()
-            .is_some_and(|r| !r.is_tombstone() && !is_expired(r.expiry, self.now) && self.live)
+        let liveness = if self.live {
+            Liveness::Live
+        } else {
+            Liveness::Dead
+        };
+        machine::free_for_others(self.record.as_ref(), liveness, self.now) == Ok(false)
     }
 
     /// `held`, `dead` (holder gone before its expiry), `expired`, `released` or `free`.
