@@ -94,7 +94,8 @@ pub trait SessionLease: Send + Sync {
     ///
     /// Returns [`Grant::Granted`] with a fresh expiry when the id is free, released, expired,
     /// held by a crashed process, or already held by this instance for `owner` (then with the
-    /// same token); [`Grant::Held`] when another live owner holds it.
+    /// same token, unless it had expired: then the next one); [`Grant::Held`] when another live
+    /// owner holds it.
     ///
     /// # Errors
     ///
