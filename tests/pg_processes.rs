@@ -416,3 +416,75 @@ fn an_idle_holder_keeps_only_its_liveness_session_and_reconnects_to_renew() {
     let rival = PgLease::connect(&url).unwrap();
     assert!(rival.acquire(&id("job"), &owner("b")).unwrap().is_held());
 }
+
+/// A server session that stops answering (its backend SIGSTOPped: the server's kernel still
+/// acknowledges every packet and keepalive) fails the call after the reply bound — the row
+/// lock's `lock_timeout` plus a third of the TTL — instead of blocking it, nothing stays locked,
+/// and once the backend runs again the lease is renewed as if nothing had happened.
+#[test]
+fn a_stopped_server_session_fails_the_call_instead_of_blocking_it() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let Some((url, admin)) = fresh() else { return };
+    let leases = PgLease::builder(&url)
+        .ttl(Duration::from_secs(3))
+        .lock_timeout(Duration::from_millis(200))
+        .connect()
+        .unwrap();
+    let lease = leases
+        .acquire(&id("job"), &owner("me"))
+        .unwrap()
+        .lease()
+        .unwrap();
+    // The transition session the renew will use (the instance's only one), not its liveness
+    // session.
+    let stopped: Vec<Pid> = admin
+        .query(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() \
+             AND application_name = 'flocklease'",
+            &[],
+        )
+        .iter()
+        .map(|r| Pid::from_raw(r.get(0)))
+        .collect();
+    assert_eq!(stopped.len(), 1);
+    for &p in &stopped {
+        kill(p, Signal::SIGSTOP).unwrap();
+    }
+    let (tx, rx) = mpsc::channel();
+    let got = std::thread::scope(|s| {
+        s.spawn(|| tx.send(leases.renew(&lease)).unwrap());
+        // Generous: the bound is 1.2 s, and ending the stopped session may wait 2 s more.
+        let got = rx.recv_timeout(Duration::from_secs(60));
+        for &p in &stopped {
+            kill(p, Signal::SIGCONT).unwrap();
+        }
+        got
+    });
+    let err = got
+        .expect("the renew still waits for the stopped session")
+        .unwrap_err();
+    assert!(matches!(err, Error::Database { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains("no reply from the server"),
+        "{err}"
+    );
+    // The stopped session was told to end; once it runs again, it does.
+    pg::until("the stopped session to end", || {
+        admin.query(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
+            &[&stopped[0].as_raw()],
+        )[0]
+        .get::<_, i64>(0)
+            == 0
+    });
+    // Nothing was left locked and the generation is intact: renewed, and refused to a rival.
+    assert!(leases.renew(&lease).unwrap().lease().is_some());
+    let rival = PgLease::connect(&url).unwrap();
+    assert!(
+        rival
+            .acquire(&id("job"), &owner("rival"))
+            .unwrap()
+            .is_held()
+    );
+}

@@ -90,6 +90,8 @@ pub(super) struct Conn {
     _open: Registered,
     /// Since when it has been waiting in a pool (for closing idle connections).
     pub(super) idle_since: std::time::Instant,
+    /// The longest wait for a reply that is not a lock wait's (see [`Role::reply_bound`]).
+    pub(super) reply_bound: Duration,
 }
 
 /// The server sessions (backend pids) of one instance's open connections.
@@ -161,6 +163,8 @@ pub(super) enum Fail {
     LostReply,
     /// The connection does not keep one server session of its own (what was seen).
     SessionNotKept(String),
+    /// No reply within this bound: the server (or the network to it) is stuck.
+    NoReply(Duration),
 }
 
 impl Fail {
@@ -173,7 +177,7 @@ impl Fail {
     pub(super) fn outcome_unknown(&self) -> bool {
         match self {
             Fail::Db(e) => e.as_db_error().is_none(),
-            Fail::LostReply => true,
+            Fail::LostReply | Fail::NoReply(_) => true,
             Fail::SessionNotKept(_) => false,
         }
     }
@@ -183,6 +187,12 @@ impl Fail {
         let source: Box<dyn std::error::Error + Send + Sync> = match self {
             Fail::Db(e) => Box::new(e),
             Fail::LostReply => "injected fault: the reply was lost".into(),
+            Fail::NoReply(bound) => format!(
+                "no reply from the server within {} ms (stuck, or unreachable); the connection \
+                 was given up and its server session ended",
+                bound.as_millis()
+            )
+            .into(),
             Fail::SessionNotKept(detail) => return Error::SessionNotKept { detail },
         };
         Error::Database {
@@ -193,7 +203,22 @@ impl Fail {
     }
 }
 
-/// Runs the future `f` (a statement on `conn`) as step `step`, through the fault seam.
+/// Runs `f` on `rt`, giving up after `bound`: a server that stops answering (a stopped or
+/// stuck backend, a network that drops everything while TCP keepalives are still answered by
+/// the peer's kernel) never blocks a caller for longer.
+pub(super) fn within<T>(
+    rt: &Runtime,
+    bound: Duration,
+    f: impl Future<Output = T>,
+) -> Result<T, Fail> {
+    // The timer is made inside the runtime, whose time driver it needs.
+    rt.block_on(async { tokio::time::timeout(bound, f).await })
+        .map_err(|_| Fail::NoReply(bound))
+}
+
+/// Runs the future `f` (a statement on `conn`) as step `step`, through the fault seam, within
+/// the connection's reply bound (see [`within`]; on expiry the connection is poisoned, its
+/// outcome unknown).
 pub(super) fn exec<'c, T, F>(
     rt: &Runtime,
     faults: &Faults,
@@ -219,7 +244,7 @@ where
             return Err(Fail::LostReply);
         }
     }
-    let out = rt.block_on(f(conn)).map_err(Fail::Db);
+    let out = within(rt, conn.reply_bound, f(conn)).and_then(|r| r.map_err(Fail::Db));
     if let Err(e) = &out
         && e.outcome_unknown()
     {
@@ -302,9 +327,13 @@ pub(super) fn connect(
 /// of [`connect_unset`] passed: through a transaction-mode pooler, settings sent earlier would
 /// stay on a server connection the pooler hands to other clients.
 pub(super) fn apply(rt: &Runtime, conn: &Conn, role: &Role) -> Result<(), Fail> {
-    rt.block_on(conn.client.simple_query(&role.settings))
-        .map(drop)
-        .map_err(Fail::Db)
+    within(
+        rt,
+        role.reply_bound,
+        conn.client.simple_query(&role.settings),
+    )?
+    .map(drop)
+    .map_err(Fail::Db)
 }
 
 /// Like [`connect`], without applying the role's server-side settings yet (see [`apply`]).
@@ -314,7 +343,7 @@ pub(super) fn connect_unset(
     role: &Role,
     open: &Arc<OpenSessions>,
 ) -> Result<Conn, Fail> {
-    rt.block_on(async {
+    within(rt, role.reply_bound, async {
         let (client, connection) = connector.connect(&role.config).await.map_err(Fail::Db)?;
         let ended = Arc::new(Ended::default());
         let signal = Arc::clone(&ended);
@@ -346,8 +375,9 @@ pub(super) fn connect_unset(
             poisoned: AtomicBool::new(false),
             _open: registered,
             idle_since: std::time::Instant::now(),
+            reply_bound: role.reply_bound,
         })
-    })
+    })?
 }
 
 /// The server session's pid, by the simple protocol: one message, which a transaction-mode
@@ -448,6 +478,10 @@ pub(super) struct Role {
     /// as the startup parameter `options`, which PgBouncer refuses or, told to ignore it,
     /// drops silently).
     pub(super) settings: String,
+    /// How long a round trip (or a connect) may go unanswered before the connection is given
+    /// up: the row lock's `lock_timeout` plus a third of the TTL (at least 1 s), the time the
+    /// TCP settings give a dead network. Waits for a holder add their own length.
+    pub(super) reply_bound: Duration,
 }
 
 impl Configs {
@@ -463,6 +497,7 @@ impl Configs {
         let interval = (ttl / 12).max(Duration::from_secs(1));
         let user_timeout = (ttl / 3).max(Duration::from_secs(1));
         let lock_ms = lock_timeout.as_millis().clamp(1, i32::MAX as u128);
+        let reply_bound = lock_timeout.saturating_add(user_timeout);
         // Both roles: TCP keepalives and a user timeout on this end.
         let with_tcp = || {
             let mut c = base.clone();
@@ -490,6 +525,7 @@ impl Configs {
             transition: Role {
                 config: transition,
                 settings: format!("SET lock_timeout = {lock_ms}"),
+                reply_bound,
             },
             liveness: Role {
                 config: liveness,
@@ -502,6 +538,7 @@ impl Configs {
                     interval.as_secs(),
                     user_timeout.as_millis()
                 ),
+                reply_bound,
             },
         }
     }

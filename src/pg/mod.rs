@@ -45,7 +45,13 @@
 //!   only if the row still names it (then nobody took over);
 //! - host death (no FIN reaches the server) is noticed by TCP keepalives and
 //!   `tcp_user_timeout` set on both ends of each liveness connection to about a third of the
-//!   TTL.
+//!   TTL;
+//! - a server that stops answering while its kernel still acknowledges every packet (a
+//!   stopped or stuck backend) never blocks a call for long: every round trip and connect is
+//!   given up after the row lock's `lock_timeout` plus a third of the TTL (at least 1 s), and
+//!   a wait for a holder after its own length plus that. The call then fails with
+//!   [`Error::Database`] ("no reply from the server"), and the connection's server session is
+//!   ended (`pg_terminate_backend`) so that nothing it might hold outlives the call.
 //!
 //! Every other guarantee is unchanged: monotone tokens (the row is never deleted; durable
 //! with the server's `synchronous_commit`), crash takeover at once, expiry as good as death,
@@ -379,7 +385,9 @@ impl PgLeaseBuilder {
     }
 
     /// How long a transition waits for a lease row locked by another transition before
-    /// [`Error::RowLockTimeout`] (default 5 s); enforced by the server (`lock_timeout`).
+    /// [`Error::RowLockTimeout`] (default 5 s); enforced by the server (`lock_timeout`). A
+    /// reply that has not come a third of the TTL (at least 1 s) after that is given up on (see
+    /// the [module documentation](self)).
     pub fn lock_timeout(mut self, timeout: Duration) -> Self {
         self.lock_timeout = timeout.max(Duration::from_millis(1));
         self
@@ -457,8 +465,13 @@ impl PgLeaseBuilder {
             .build()
             .map_err(|e| db("start the runtime")(Box::new(e)))?;
         let connector = tls::Connector::choose(self.tls.as_ref(), &mut base)?;
-        schema::ensure(&rt, &connector, &base)?;
         let configs = Configs::new(connector, &base, self.lock_timeout, self.ttl);
+        schema::ensure(
+            &rt,
+            &configs.connector,
+            &base,
+            configs.transition.reply_bound,
+        )?;
         let open = Arc::new(OpenSessions::default());
         // One liveness connection up front, so the first acquire does not wait for a connect
         // (closed like any pooled connection after the idle timeout).

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::conn::{self, Conn, Fail, exec};
+use super::conn::{self, Conn, Fail, exec, within};
 use super::fault::PgStep;
 use super::sqltime::SqlTime;
 use super::tx::gen_key;
@@ -86,10 +86,12 @@ impl Inner {
     /// connection if it is sound.
     pub(super) fn end_tx(&self, conn: Conn, finished: bool) {
         if !finished && conn.reusable() {
-            let rolled_back = self
-                .rt
-                .block_on(conn.client.execute(&conn.stmts.rollback, &[]))
-                .is_ok();
+            let rolled_back = within(
+                &self.rt,
+                conn.reply_bound,
+                conn.client.execute(&conn.stmts.rollback, &[]),
+            )
+            .is_ok_and(|r| r.is_ok());
             if !rolled_back {
                 conn.poison();
             }
@@ -112,7 +114,7 @@ impl Inner {
         );
         let idp = id.as_str();
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&idp];
-        let peek = self.rt.block_on(async {
+        let peek = within(&self.rt, conn.reply_bound, async {
             tokio::try_join!(
                 conn.client.execute(&conn.stmts.begin, &[]),
                 conn.client.query_opt(&peek_sql, &params),
@@ -121,9 +123,13 @@ impl Inner {
         });
         let mut finished = false;
         let result = match peek {
-            Err(e) => Err(db(e)),
-            Ok((_, None, _)) => Ok(()),
-            Ok((_, Some(row), clock)) => {
+            Err(fail) => {
+                conn.poison();
+                Err(fail.into_error("wait for the holder", Some(id)))
+            }
+            Ok(Err(e)) => Err(db(e)),
+            Ok(Ok((_, None, _))) => Ok(()),
+            Ok(Ok((_, Some(row), clock))) => {
                 let (key, record) = row_record(id, &row)?;
                 let now = clock.get::<_, SqlTime>(0).to_timestamp();
                 let waiting = match (record, now) {
@@ -142,13 +148,23 @@ impl Inner {
                         let p2: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&key, &gk];
                         // The ROLLBACK is pipelined too: it ends the wait's transaction (and
                         // drops its shared lock) as soon as the wait returns.
-                        let waited = self.rt.block_on(async {
+                        // The server ends the wait at `wait`; a server that does not is stuck.
+                        let bound = wait.saturating_add(conn.reply_bound);
+                        let waited = within(&self.rt, bound, async {
                             tokio::join!(
                                 conn.client.query_one(&conn.stmts.wait_timeout, &p1),
                                 conn.client.execute(&conn.stmts.wait, &p2),
                                 conn.client.execute(&conn.stmts.rollback, &[]),
                             )
                         });
+                        let waited = match waited {
+                            Ok(w) => w,
+                            Err(fail) => {
+                                conn.poison();
+                                self.end_tx(conn, false);
+                                return Err(fail.into_error("wait for the holder", Some(id)));
+                            }
+                        };
                         finished = waited.2.is_ok();
                         match (waited.0, waited.1) {
                             (Ok(_), Ok(_)) => Ok(()),

@@ -19,9 +19,12 @@
 //! `(key, token mod 2^32)` in the two-`int4` key space, which is disjoint from the `bigint`
 //! keys that migration tools take.
 
+use std::time::Duration;
+
 use tokio::runtime::Runtime;
 use tokio_postgres::Config;
 
+use super::conn::within;
 use super::tls::Connector;
 
 use crate::error::Error;
@@ -37,8 +40,14 @@ pub const VERSION: i32 = 1;
 /// "flocklea" in ASCII).
 const CREATE_LOCK: i64 = 0x666c_6f63_6b6c_6561;
 
-/// Creates the tables if missing and checks their version.
-pub(super) fn ensure(rt: &Runtime, connector: &Connector, config: &Config) -> Result<(), Error> {
+/// Creates the tables if missing and checks their version, giving up after `bound` (see
+/// [`within`]).
+pub(super) fn ensure(
+    rt: &Runtime,
+    connector: &Connector,
+    config: &Config,
+    bound: Duration,
+) -> Result<(), Error> {
     let db = |op| {
         move |e: tokio_postgres::Error| Error::Database {
             op,
@@ -46,7 +55,7 @@ pub(super) fn ensure(rt: &Runtime, connector: &Connector, config: &Config) -> Re
             source: Box::new(e),
         }
     };
-    rt.block_on(async {
+    within(rt, bound, async {
         let (mut client, connection) = connector.connect(config).await.map_err(db("connect"))?;
         let task = tokio::spawn(connection);
         let tx = client
@@ -103,4 +112,5 @@ pub(super) fn ensure(rt: &Runtime, connector: &Connector, config: &Config) -> Re
         }
         Ok(())
     })
+    .map_err(|fail| fail.into_error("create the lease tables", None))?
 }

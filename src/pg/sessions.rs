@@ -3,6 +3,7 @@
 
 use std::sync::atomic::Ordering;
 
+use super::conn::{Fail, within};
 use super::tx::record_of;
 use super::{PgLease, schema};
 use crate::error::Error;
@@ -72,19 +73,25 @@ impl PgLease {
         let wanted = id.map(SessionId::as_str);
         let clock_sql = "SELECT clock_timestamp()";
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&wanted];
-        let read = inner.rt.block_on(async {
+        let read = within(&inner.rt, conn.reply_bound, async {
             tokio::try_join!(
                 conn.client.query(&sql, &params),
                 conn.client.query_one(clock_sql, &[])
             )
-        });
+        })
+        .and_then(|r| r.map_err(Fail::Db));
         let (rows, clock) = match read {
             Ok(read) => {
                 inner.give_back_tx(conn);
                 read
             }
-            Err(e) => {
-                return Err(super::conn::Fail::Db(e).into_error("list the leases", id));
+            Err(fail) => {
+                if fail.outcome_unknown() {
+                    // Its session ended rather than kept half-way through a read.
+                    conn.poison();
+                    inner.give_back_tx(conn);
+                }
+                return Err(fail.into_error("list the leases", id));
             }
         };
         let now = clock
