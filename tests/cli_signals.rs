@@ -295,3 +295,37 @@ fn an_interactive_job_reads_the_terminal_and_ctrl_z_suspends_run() {
     drop(master);
     reader.join().unwrap();
 }
+
+/// Signals that ask a job for something other than stopping (a reload, a thread dump, a log
+/// reopen, a resized terminal) reach its group, and a job that survives them keeps running:
+/// with a grace period of zero, a signal taken for a stop would have killed it at once.
+#[test]
+fn other_signals_are_forwarded_and_start_no_grace_period() {
+    let s = Scene::new();
+    let names = ["HUP", "QUIT", "USR1", "USR2", "WINCH"];
+    let mut script = String::from("D=$1\n");
+    for n in names {
+        script.push_str(&format!("trap 'echo > \"$D/got.{n}\"' {n}\n"));
+    }
+    script
+        .push_str("echo $$ > \"$D/pid\"\nuntil [ -e \"$D/done\" ]; do sleep 0.01; done\nexit 7\n");
+    let job = s.script("others.sh", &script);
+    let d = s.tmp.path().to_str().unwrap().to_owned();
+    let mut run = s.start("others", &["--grace", "0"], &["sh", &job, &d]);
+    let leader = s.pid("pid");
+    for (n, sig) in names.iter().zip([
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+        Signal::SIGUSR1,
+        Signal::SIGUSR2,
+        Signal::SIGWINCH,
+    ]) {
+        signal(run.id() as i32, sig);
+        s.wait_file(&format!("got.{n}"));
+        assert!(pid_alive(leader), "{n} stopped the job");
+        assert_eq!(s.rival("others"), None, "{n}: granted while the job runs");
+    }
+    s.touch("done");
+    assert_eq!(wait_exit(&mut run).code(), Some(7));
+    assert_eq!(s.rival("others"), Some(2));
+}

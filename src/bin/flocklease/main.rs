@@ -47,8 +47,9 @@ enum Cmd {
     /// The command gets FLOCKLEASE_TOKEN, FLOCKLEASE_ID, FLOCKLEASE_OWNER, FLOCKLEASE_EXPIRY
     /// and FLOCKLEASE_DIR (absolute) in its environment and runs in its own process group. The
     /// lease is renewed every TTL/3 and released once every process of the group has exited.
-    /// SIGTERM, SIGINT, SIGHUP and SIGQUIT are forwarded to the group (SIGKILL after the grace
-    /// period). If the lease is lost, or run is killed, the group gets SIGTERM, then SIGKILL.
+    /// SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2 and SIGWINCH are forwarded to the
+    /// group (after SIGTERM or SIGINT, SIGKILL follows the grace period). If the lease is lost,
+    /// or run is killed, the group gets SIGTERM, then SIGKILL.
     Run(run::RunArgs),
     /// Show the sessions of a lease directory (or one, with --id) without taking any lock.
     Status(status::StatusArgs),

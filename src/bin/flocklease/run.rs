@@ -3,9 +3,11 @@
 //! The promise: **while any process of the job may still run, no other `run` is granted the
 //! lease before it expires.** How it is kept:
 //!
-//! - the job runs in its own process group; SIGTERM, SIGINT, SIGHUP and SIGQUIT received by
-//!   `run` are forwarded to the group; `run` keeps renewing while the job drains, sends
-//!   SIGKILL to the group after `--grace`, and releases only once the group is empty;
+//! - the job runs in its own process group; SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2
+//!   and SIGWINCH received by `run` are forwarded to the group; after SIGTERM or SIGINT `run`
+//!   keeps renewing while the job drains, sends SIGKILL to the group after `--grace`, and
+//!   releases only once the group is empty (the others start no grace period: a job may
+//!   survive a reload or a log-reopen request);
 //! - when the command exits, processes it left in its group get SIGTERM, then SIGKILL after
 //!   `--grace`, before the release;
 //! - when the lease is lost, the whole group gets SIGTERM, then SIGKILL after `--grace`;
@@ -30,7 +32,7 @@ use flocklease::{
 use nix::sys::signal::Signal;
 
 use crate::job::{self, Job};
-use crate::signals::{Event, Route, Signals};
+use crate::signals::{self, Event, Route, Signals};
 use crate::watchdog::Watchdog;
 use crate::{EXIT_ERROR, EXIT_HELD, EXIT_LOST, duration, status};
 
@@ -406,7 +408,9 @@ fn supervise<L: SessionLease + 'static>(
         match events.recv_timeout(wake) {
             Ok(Event::Signal(sig)) => {
                 job.signal(sig);
-                stop_by(&mut kill_at);
+                if signals::stops(sig) {
+                    stop_by(&mut kill_at);
+                }
             }
             // Handled at the top of the loop.
             Ok(Event::Child | Event::Lost) | Err(RecvTimeoutError::Timeout) => {}

@@ -2,9 +2,10 @@
 //!
 //! The signals are blocked in every thread (the mask is set before any thread exists, and
 //! threads inherit it) and taken by one thread with `sigwait`, so no handler runs at an
-//! arbitrary point. Before the job exists, a stop signal ends `run` at once with 128 + the
-//! signal number (nothing to forward yet; the kernel drops our locks with the process); from
-//! the moment the job is spawned, signals are routed to the main loop, which forwards them.
+//! arbitrary point. Before the job exists, a forwarded signal whose default action ends a
+//! process ends `run` at once with 128 + the signal number (nothing to forward yet; the kernel
+//! drops our locks with the process); from the moment the job is spawned, signals are routed
+//! to the main loop, which forwards them.
 
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -12,12 +13,22 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use nix::sys::signal::{SigSet, Signal};
 
 /// The signals `run` forwards to the job's process group.
-pub const FORWARDED: [Signal; 4] = [
+pub const FORWARDED: [Signal; 7] = [
     Signal::SIGTERM,
     Signal::SIGINT,
     Signal::SIGHUP,
     Signal::SIGQUIT,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+    Signal::SIGWINCH,
 ];
+
+/// Whether a forwarded signal asks the job to stop, so that the grace period starts (SIGKILL
+/// after it). The others ask for something else as often as not (SIGHUP: reload; SIGQUIT: a
+/// thread dump; SIGUSR1/2: reopen logs), and a job that survives them keeps running.
+pub fn stops(sig: Signal) -> bool {
+    matches!(sig, Signal::SIGTERM | Signal::SIGINT)
+}
 
 /// What wakes the main loop of `run`.
 pub enum Event {
@@ -80,7 +91,8 @@ fn receive(set: &SigSet, route: &Mutex<Route>) {
         let Ok(sig) = set.wait() else { continue };
         let route = route.lock().unwrap_or_else(PoisonError::into_inner);
         match &*route {
-            Route::Exit if sig == Signal::SIGCHLD => {}
+            // A child's or a window's change: nothing to do before the job exists.
+            Route::Exit if matches!(sig, Signal::SIGCHLD | Signal::SIGWINCH) => {}
             Route::Exit => {
                 eprintln!(
                     "flocklease: received {} before the command started; exiting",
