@@ -188,8 +188,12 @@ pub enum Io {
     /// [`Transaction::now`], [`Transaction::read`] and [`Transaction::local`], then the
     /// machine's decision.
     Read,
-    /// [`Transaction::probe`] of the recorded generation, then the machine's decision.
-    Probe,
+    /// [`Transaction::probe`] of the generation the machine named
+    /// ([`Decision::Probe`]), then the machine's decision.
+    Probe {
+        /// The generation to probe.
+        token: u64,
+    },
     /// The plan's preparation step of this index ([`Transaction::lock_live`] or
     /// [`Transaction::ensure_live`]).
     Prepare(u8),
@@ -262,7 +266,9 @@ impl<P> Run<P> {
     /// Whether the next step can fail (a fault injected there is seen by the driver).
     pub fn next_can_fail(&self) -> bool {
         match self.peek() {
-            Some(Io::Read | Io::Probe | Io::Prepare(_) | Io::WriteTemp | Io::SyncTemp) => true,
+            Some(Io::Read | Io::Probe { .. } | Io::Prepare(_) | Io::WriteTemp | Io::SyncTemp) => {
+                true
+            }
             Some(Io::Rename) => true,
             // A best-effort sync's failure is ignored: as good as no failure.
             Some(Io::SyncDir) => self
@@ -374,11 +380,10 @@ impl<P> Run<P> {
                 });
                 self.decide(id)?;
             }
-            Io::Probe => {
+            Io::Probe { token } => {
                 let input = self.input.as_mut().expect("probe after read");
                 // The machine asks at most once: with liveness known it always plans.
                 assert!(input.liveness.is_none(), "machine asked to probe twice");
-                let token = input.record.as_ref().map_or(0, |r| r.token);
                 input.liveness = Some(tx.probe(token)?);
                 self.decide(id)?;
             }
@@ -437,7 +442,7 @@ impl<P> Run<P> {
     fn decide(&mut self, id: &SessionId) -> Result<(), Error> {
         let input = self.input.as_ref().expect("a decision after the read");
         match machine::step(input).map_err(|e| step_error(e, id))? {
-            Decision::Probe { .. } => self.schedule.push(Io::Probe),
+            Decision::Probe { token } => self.schedule.push(Io::Probe { token }),
             Decision::Plan(plan) => {
                 self.schedule.extend(Run::<P>::schedule(&plan));
                 self.plan = Some(plan);

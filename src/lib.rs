@@ -80,7 +80,9 @@
 //! - A failed directory fsync after the rename of a new owner or token is reported as an error
 //!   (the token is not durable yet) and the new generation's lock is dropped: the record then
 //!   names a dead generation, which the next acquire replaces at once with a greater token. It
-//!   is the one failure after which the visible record has changed.
+//!   is the one failure after which the visible record has changed. The plan's cleanup is
+//!   skipped then too: a generation this instance held before stays locked until its next
+//!   call on the id, which closes it (the record no longer names it).
 //! - A release's tombstone keeps the token, so its directory fsync is best effort
 //!   ([`machine::DirSync::BestEffort`]): once the tombstone is renamed into place the release
 //!   succeeds. Lost to power loss, it only brings back the released (dead) generation.

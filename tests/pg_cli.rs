@@ -92,3 +92,61 @@ fn run_and_status_go_cluster_wide() {
     ]);
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "token=3");
 }
+
+/// Rows edited by hand into something unusable (an id that is no session id, an infinite
+/// expiry) are listed as `corrupt` with the reason, beside the sound rows, and `status --id`
+/// on one exits 70: never a failed listing, never "free".
+#[test]
+fn status_lists_rows_edited_by_hand_as_corrupt_and_the_rest_as_usual() {
+    let Some(server) = pg::server() else { return };
+    let db = server.fresh_db();
+    let url = server.url(&db);
+    let leases = PgLease::connect(&url).unwrap();
+    let _held = leases
+        .acquire(
+            &SessionId::new("sound").unwrap(),
+            &Owner::new("host-a").unwrap(),
+        )
+        .unwrap()
+        .lease()
+        .unwrap();
+    server.admin(&db).query(
+        "INSERT INTO flocklease_leases (id, owner, token, expiry) VALUES \
+         ('', 'x', 1, now()), ('forever', 'x', 1, 'infinity')",
+        &[],
+    );
+    let rows = leases.sessions(None).unwrap();
+    let state = |id: &str| {
+        let r = rows.iter().find(|r| r.id == id).unwrap();
+        (
+            r.state(),
+            r.problem.clone().unwrap_or_default(),
+            r.is_held(),
+        )
+    };
+    assert_eq!(state("sound"), ("held", String::new(), true));
+    let (s, why, held) = state("forever");
+    assert_eq!((s, held), ("corrupt", false));
+    assert!(why.contains("infinite"), "{why}");
+    assert_eq!(state("").0, "corrupt");
+    let out = flocklease(&["status", "--pg", &url]);
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("corrupt (") && text.contains("held"),
+        "{text}"
+    );
+    let out = flocklease(&["status", "--pg", &url, "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let forever = json
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == "forever")
+        .unwrap();
+    assert_eq!(forever["state"], "corrupt");
+    assert!(forever["error"].as_str().unwrap().contains("infinite"));
+    let out = flocklease(&["status", "--pg", &url, "--id", "forever"]);
+    assert_eq!(out.status.code(), Some(70), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("infinite"));
+}

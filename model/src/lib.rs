@@ -669,7 +669,7 @@ pub fn io_label(io: Io) -> String {
     match io {
         Io::LockStable => "locks the transition lock".into(),
         Io::Read => "reads the record".into(),
-        Io::Probe => "probes the recorded generation".into(),
+        Io::Probe { token } => format!("probes generation {token}"),
         Io::Prepare(i) => format!("prepares (step {i}: lock or check its liveness file)"),
         Io::WriteTemp => "writes the temporary file".into(),
         Io::SyncTemp => "fsyncs the temporary file".into(),

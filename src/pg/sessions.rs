@@ -23,6 +23,9 @@ pub struct PgSession {
     pub live: bool,
     /// The server's clock when the table was read.
     pub now: Timestamp,
+    /// Why the row is unusable, for a row edited by hand: an id that is no valid session id,
+    /// an expiry out of range. Its `record` is `None` then; every transition on it fails.
+    pub problem: Option<String>,
 }
 
 impl PgSession {
@@ -30,6 +33,9 @@ impl PgSession {
     /// answer), as when a holder is recorded, unexpired, and its liveness lock is held. Not at
     /// an exhausted token, where every acquire fails.
     pub fn is_held(&self) -> bool {
+        if self.problem.is_some() {
+            return false;
+        }
         let liveness = if self.live {
             Liveness::Live
         } else {
@@ -38,8 +44,12 @@ impl PgSession {
         machine::free_for_others(self.record.as_ref(), liveness, self.now) == Ok(false)
     }
 
-    /// `held`, `dead` (holder gone before its expiry), `expired`, `released` or `free`.
+    /// `held`, `dead` (holder gone before its expiry), `expired`, `released`, `free` (never
+    /// granted) or `corrupt` (see [`PgSession::problem`]).
     pub fn state(&self) -> &'static str {
+        if self.problem.is_some() {
+            return "corrupt";
+        }
         match &self.record {
             None => "free",
             Some(r) if r.is_tombstone() => "released",
@@ -53,11 +63,12 @@ impl PgSession {
 impl PgLease {
     /// Every lease row (or only `id`'s), in id order, with its liveness read from `pg_locks`
     /// and the server's clock. Takes no lock: a status reader never makes a dead holder look
-    /// alive nor blocks a holder. Also refreshes [`PgLease::clock`]'s offset.
+    /// alive nor blocks a holder. Also refreshes [`PgLease::clock`]'s offset. A row edited by
+    /// hand into something unusable is listed with its [`PgSession::problem`].
     ///
     /// # Errors
     ///
-    /// [`Error::Database`] when the table cannot be read; [`Error::CorruptRow`].
+    /// [`Error::Database`] when the table cannot be read.
     pub fn sessions(&self, id: Option<&SessionId>) -> Result<Vec<PgSession>, Error> {
         let inner = &self.inner;
         let conn = inner.tx_conn(id)?;
@@ -103,17 +114,28 @@ impl PgLease {
             let offset = offset.clamp(i64::MIN.into(), i64::MAX.into()) as i64;
             inner.offset_nanos.store(offset, Ordering::Relaxed);
         }
-        rows.iter()
+        // A row edited by hand is reported as such; the others are listed all the same.
+        Ok(rows
+            .iter()
             .map(|r| {
                 let name: String = r.get(0);
-                let sid = SessionId::new(name.clone())?;
-                Ok(PgSession {
-                    record: record_of(&sid, r.get(1), r.get(2), r.get(3))?,
+                let read = SessionId::new(name.clone())
+                    .map_err(|e| e.to_string())
+                    .and_then(|sid| {
+                        record_of(&sid, r.get(1), r.get(2), r.get(3)).map_err(|e| e.to_string())
+                    });
+                let (record, problem) = match read {
+                    Ok(record) => (record, None),
+                    Err(problem) => (None, Some(problem)),
+                };
+                PgSession {
+                    record,
                     id: name,
                     live: r.get(4),
                     now,
-                })
+                    problem,
+                }
             })
-            .collect()
+            .collect())
     }
 }

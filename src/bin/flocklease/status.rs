@@ -113,6 +113,7 @@ fn status_pg(a: &StatusArgs, url: &str) -> Result<u8, String> {
                     "token": r.record.as_ref().map(|r| r.token),
                     "expiry": r.record.as_ref().map(|r| r.expiry.to_string()),
                     "state": r.state(),
+                    "error": r.problem,
                 })
             })
             .collect();
@@ -139,7 +140,11 @@ fn status_pg(a: &StatusArgs, url: &str) -> Result<u8, String> {
                 ),
                 None => ("-".into(), "-".into(), "-".into()),
             };
-            lines.push([r.id.clone(), owner, token, expiry, r.state().to_owned()]);
+            let state = match &r.problem {
+                Some(why) => format!("{} ({why})", r.state()),
+                None => r.state().to_owned(),
+            };
+            lines.push([r.id.clone(), owner, token, expiry, state]);
         }
         let w: Vec<usize> = (0..5)
             .map(|c| {
@@ -167,6 +172,13 @@ fn status_pg(a: &StatusArgs, url: &str) -> Result<u8, String> {
     }
     Ok(match (&a.id, rows.first()) {
         (None, _) => 0,
+        (Some(_), Some(r)) if r.problem.is_some() => {
+            eprintln!(
+                "flocklease: {}",
+                r.problem.as_deref().unwrap_or("corrupt row")
+            );
+            EXIT_ERROR
+        }
         (Some(_), Some(r)) if r.is_held() => 0,
         (Some(_), _) => 1,
     })
