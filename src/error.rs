@@ -213,6 +213,21 @@ pub enum Error {
         /// What is missing.
         detail: String,
     },
+    /// A PostgreSQL `COMMIT` got no reply and its outcome could not be settled: the server
+    /// stopped answering and its session could not be confirmed ended, or the row could not be
+    /// re-read after that. The row may name the new generation (whose liveness lock this
+    /// instance then does not hold: it looks dead, and the next acquire replaces it with a
+    /// greater token) or still the old one. Never reported for a commit known to have
+    /// happened.
+    ///
+    /// Remedy: call again once the server answers; the next call settles it. Fence only with
+    /// the token of a lease actually granted.
+    CommitUnknown {
+        /// The session id.
+        id: SessionId,
+        /// Why the outcome could not be settled.
+        detail: String,
+    },
     /// The liveness lock of the generation about to be granted or restored is held by another
     /// session: the row was moved back (restored from a backup, edited) under a live holder,
     /// or this holder's previous session is still ending on the server.
@@ -241,6 +256,7 @@ impl Error {
             | Error::ForeignOwner { path, .. }
             | Error::LiveLockBusy { path } => Some(path),
             Error::TokenExhausted { .. }
+            | Error::CommitUnknown { .. }
             | Error::ExpiryOutOfRange { .. }
             | Error::InvalidFileMode { .. }
             | Error::InvalidInterval { .. }
@@ -364,6 +380,11 @@ impl fmt::Display for Error {
                 f,
                 "the postgresql connection does not keep its session ({detail}): a \
                  transaction-mode pooler? connect directly or through a session-mode pooler"
+            ),
+            Error::CommitUnknown { id, detail } => write!(
+                f,
+                "postgresql: the commit of session {id} got no reply and its outcome is unknown \
+                 ({detail}); the next call settles it"
             ),
             Error::AdvisoryLockBusy { id, token } => write!(
                 f,

@@ -112,7 +112,7 @@ fn status_lists_rows_edited_by_hand_as_corrupt_and_the_rest_as_usual() {
         .unwrap();
     server.admin(&db).query(
         "INSERT INTO flocklease_leases (id, owner, token, expiry) VALUES \
-         ('', 'x', 1, now()), ('forever', 'x', 1, 'infinity')",
+         ('', 'x', 1, now()), ('forever', 'x', 1, 'infinity'), ('last', 'x', -1, now())",
         &[],
     );
     let rows = leases.sessions(None).unwrap();
@@ -129,6 +129,10 @@ fn status_lists_rows_edited_by_hand_as_corrupt_and_the_rest_as_usual() {
     assert_eq!((s, held), ("corrupt", false));
     assert!(why.contains("infinite"), "{why}");
     assert_eq!(state("").0, "corrupt");
+    // Expired at the last token (u64::MAX, stored as -1): every acquire fails.
+    assert_eq!(state("last"), ("exhausted", String::new(), false));
+    let out = flocklease(&["status", "--pg", &url, "--id", "last"]);
+    assert_eq!(out.status.code(), Some(70), "{out:?}");
     let out = flocklease(&["status", "--pg", &url]);
     assert!(out.status.success(), "{out:?}");
     let text = String::from_utf8_lossy(&out.stdout);

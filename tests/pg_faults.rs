@@ -313,3 +313,71 @@ fn a_commit_whose_reply_is_lost_is_resolved_by_rereading_the_row() {
         "the new generation's lock was dropped"
     );
 }
+
+/// The server stops answering just as a first acquire's `COMMIT` goes out (the hook SIGSTOPs
+/// that session's backend): the call fails with `Error::CommitUnknown` after the reply bound —
+/// never a hang, never `RowLockTimeout` from re-reading a row the stopped session still locks —
+/// and once the backend runs again the next acquire settles it with a new generation.
+#[test]
+fn a_commit_the_server_never_answers_is_unknown_and_the_next_call_settles_it() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let Some(server) = pg::server() else { return };
+    let db = server.fresh_db();
+    let url = server.url(&db);
+    let admin = server.admin(&db);
+    let stopped: Arc<Mutex<Option<i32>>> = Arc::default();
+    let seen = Arc::clone(&stopped);
+    let hook: PgFaultHook = Arc::new(move |step, pid| {
+        let mut seen = seen.lock().unwrap();
+        if step == PgStep::Commit && seen.is_none() {
+            kill(Pid::from_raw(pid), Signal::SIGSTOP).unwrap();
+            *seen = Some(pid);
+        }
+        None
+    });
+    let leases = PgLease::builder(&url)
+        .ttl(Duration::from_secs(3))
+        .lock_timeout(Duration::from_millis(200))
+        .faults(hook)
+        .connect()
+        .unwrap();
+    let (id, me) = (SessionId::new("job").unwrap(), Owner::new("me").unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let got = std::thread::scope(|s| {
+        s.spawn(|| tx.send(leases.acquire(&id, &me)).unwrap());
+        let got = rx.recv_timeout(Duration::from_secs(60));
+        if let Some(pid) = *stopped.lock().unwrap() {
+            kill(Pid::from_raw(pid), Signal::SIGCONT).unwrap();
+        }
+        got
+    });
+    let err = got
+        .expect("the acquire still waits for the stopped session")
+        .unwrap_err();
+    assert!(
+        matches!(err, flocklease::Error::CommitUnknown { .. }),
+        "{err:?}"
+    );
+    // Once running again, the stopped session ends (it was told to) and its row lock goes.
+    let pid = stopped.lock().unwrap().unwrap();
+    pg::until("the stopped session to end", || {
+        admin.query(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
+            &[&pid],
+        )[0]
+        .get::<_, i64>(0)
+            == 0
+    });
+    // Its COMMIT may or may not have landed: token 1 (never committed) or 2 (committed, its
+    // generation dead: replaced at once).
+    let lease = leases.acquire(&id, &me).unwrap().lease().unwrap();
+    assert!(matches!(lease.token, 1 | 2), "{}", lease.token);
+    assert!(
+        PgLease::connect(&url)
+            .unwrap()
+            .acquire(&id, &Owner::new("rival").unwrap())
+            .unwrap()
+            .is_held()
+    );
+}

@@ -32,6 +32,29 @@ fn threads() -> usize {
         .count()
 }
 
+/// Whether the thread of an async wait is blocked in `poll(2)` (or `ppoll`), as the kernel
+/// reports its current system call.
+fn waiting_thread_polls() -> bool {
+    let polls: &[&str] = if cfg!(target_arch = "x86_64") {
+        &["7", "271"]
+    } else if cfg!(target_arch = "aarch64") {
+        &["73"]
+    } else {
+        &[]
+    };
+    fs::read_dir("/proc/self/task").unwrap().flatten().any(|t| {
+        let comm = fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        let call = fs::read_to_string(t.path().join("syscall")).unwrap_or_default();
+        let wchan = fs::read_to_string(t.path().join("wchan")).unwrap_or_default();
+        comm.starts_with("flocklease-acqu")
+            && (call
+                .split_whitespace()
+                .next()
+                .is_some_and(|n| polls.contains(&n))
+                || wchan.contains("poll"))
+    })
+}
+
 fn descriptors() -> usize {
     fs::read_dir("/proc/self/fd").unwrap().count()
 }
@@ -223,11 +246,19 @@ fn a_dropped_async_wait_ends_its_thread_at_once_and_takes_nothing() {
     let waiter = Arc::new(FlockLease::builder(dir.path()).faults(hook).open().unwrap());
     let t0 = threads();
     let wait = waiter.acquire_wait_async(&id("s"), &owner("w"), Duration::from_secs(600));
-    // Its first attempt answered held and it went into the wait.
+    // Its first attempt answered held and it went into the wait: blocked in `poll` on its
+    // inotify instance.
     parked.recv().unwrap();
     assert_eq!(threads(), t0 + 1);
-    drop(wait);
     let bound = Instant::now() + Duration::from_secs(10);
+    while !waiting_thread_polls() {
+        assert!(Instant::now() < bound, "the wait never blocked in poll");
+        thread::yield_now();
+    }
+    drop(wait);
+    // "At once": well within the wait's periodic look at the lock (every second), which
+    // would end it too, a little later, if the drop did not wake it.
+    let bound = Instant::now() + Duration::from_millis(500);
     while threads() > t0 {
         assert!(
             Instant::now() < bound,

@@ -641,8 +641,8 @@ impl FlockLease {
     /// no executor thread blocks, and that thread wakes the task. No runtime is required.
     ///
     /// Dropping the future before it resolves abandons the wait: the waiting thread stops
-    /// waiting at once and makes no further attempt; a lease it was granted in the meantime is
-    /// released at once.
+    /// waiting at once and makes no further attempt (one already under way finishes first); a
+    /// lease it was granted in the meantime is released at once.
     ///
     /// ```
     /// use std::{sync::Arc, time::Duration};

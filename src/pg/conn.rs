@@ -92,6 +92,8 @@ pub(super) struct Conn {
     pub(super) idle_since: std::time::Instant,
     /// The longest wait for a reply that is not a lock wait's (see [`Role::reply_bound`]).
     pub(super) reply_bound: Duration,
+    /// The task driving the connection (see [`Conn::close_now`]).
+    task: tokio::task::AbortHandle,
 }
 
 /// The server sessions (backend pids) of one instance's open connections.
@@ -152,6 +154,14 @@ impl Conn {
     pub(super) fn poison(&self) {
         self.poisoned.store(true, Ordering::Relaxed);
     }
+
+    /// Closes the socket now, even with replies outstanding (a dropped client keeps its
+    /// connection open until the server has answered everything sent), and reports the
+    /// session ended to whoever watches it.
+    pub(super) fn close_now(self) {
+        self.task.abort();
+        self.ended.fire();
+    }
 }
 
 /// Why a step failed.
@@ -189,7 +199,7 @@ impl Fail {
             Fail::LostReply => "injected fault: the reply was lost".into(),
             Fail::NoReply(bound) => format!(
                 "no reply from the server within {} ms (stuck, or unreachable); the connection \
-                 was given up and its server session ended",
+                 was given up and its server session told to end",
                 bound.as_millis()
             )
             .into(),
@@ -347,12 +357,13 @@ pub(super) fn connect_unset(
         let (client, connection) = connector.connect(&role.config).await.map_err(Fail::Db)?;
         let ended = Arc::new(Ended::default());
         let signal = Arc::clone(&ended);
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             // Resolves when the session ends, for whatever reason (the server's 57P01, EOF,
             // a TCP timeout, or the client dropped).
             let _ = connection.await;
             signal.fire();
-        });
+        })
+        .abort_handle();
         let first = backend_pid(&client).await?;
         // The second read is polled first, so it is sent ahead of the preparations: the next
         // transaction of this client after the first read.
@@ -376,6 +387,7 @@ pub(super) fn connect_unset(
             _open: registered,
             idle_since: std::time::Instant::now(),
             reply_bound: role.reply_bound,
+            task,
         })
     })?
 }

@@ -50,13 +50,16 @@
 //!   stopped or stuck backend) never blocks a call for long: every round trip and connect is
 //!   given up after the row lock's `lock_timeout` plus a third of the TTL (at least 1 s), and
 //!   a wait for a holder after its own length plus that. The call then fails with
-//!   [`Error::Database`] ("no reply from the server"), and the connection's server session is
-//!   ended (`pg_terminate_backend`) so that nothing it might hold outlives the call.
+//!   [`Error::Database`] ("no reply from the server"), or [`Error::CommitUnknown`] when it was
+//!   the commit and its outcome cannot be settled, and the connection's server session is told
+//!   to end (`pg_terminate_backend`): a stopped backend keeps what it holds until it runs
+//!   again.
 //!
 //! Every other guarantee is unchanged: monotone tokens (the row is never deleted; durable
 //! with the server's `synchronous_commit`), crash takeover at once, expiry as good as death,
 //! harmless stale calls, renew after suspension, errors never reported after a commit (a
-//! `COMMIT` whose reply is lost is resolved by re-reading the row).
+//! `COMMIT` whose reply is lost is resolved by re-reading the row; when that cannot be done,
+//! [`Error::CommitUnknown`] says the outcome is unknown rather than failed).
 //!
 //! # Deployment requirements
 //!

@@ -76,21 +76,45 @@ impl Inner {
     /// session (so its locks are gone) before returning, as far as it can.
     pub(super) fn discard(&self, conn: Conn) {
         let pid = conn.pid;
-        drop(conn);
-        if let Ok(admin) = self.tx_conn(None) {
-            let done = exec(
-                &self.rt,
-                &Faults::default(),
-                PgStep::Unlock,
-                &admin,
-                |c| async move {
-                    c.client
-                        .execute("SELECT pg_terminate_backend($1::int4, 2000)", &[&pid])
-                        .await
-                },
-            );
-            if done.is_ok() {
+        conn.close_now();
+        self.terminate(pid);
+    }
+
+    /// Ends server session `pid` (`pg_terminate_backend`) from another connection, and says
+    /// whether the server confirmed it gone: it waits for the session's exit up to half the
+    /// reply bound (at most 2 s). A stopped or stuck backend exits only once it runs again, so
+    /// `false` then: whatever it holds is still held.
+    pub(super) fn terminate(&self, pid: i32) -> bool {
+        let Ok(admin) = self.tx_conn(None) else {
+            return false;
+        };
+        let wait_ms = i64::try_from((admin.reply_bound / 2).as_millis())
+            .unwrap_or(i64::MAX)
+            .min(2000);
+        let done = exec(
+            &self.rt,
+            &Faults::default(),
+            PgStep::Unlock,
+            &admin,
+            |c| async move {
+                c.client
+                    .query_one(
+                        "SELECT pg_terminate_backend($1::int4, $2::int8)",
+                        &[&pid, &wait_ms],
+                    )
+                    .await
+            },
+        );
+        match done {
+            Ok(row) => {
                 self.give_back_tx(admin);
+                row.get::<_, bool>(0)
+            }
+            Err(_) => {
+                // Not given back: discarding it would end another session the same way, and
+                // the server that did not answer this one would not answer that either.
+                admin.close_now();
+                false
             }
         }
     }

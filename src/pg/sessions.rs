@@ -33,22 +33,32 @@ impl PgSession {
     /// answer), as when a holder is recorded, unexpired, and its liveness lock is held. Not at
     /// an exhausted token, where every acquire fails.
     pub fn is_held(&self) -> bool {
-        if self.problem.is_some() {
-            return false;
-        }
+        self.problem.is_none() && self.free_for_others() == Ok(false)
+    }
+
+    /// Whether the row is unusable: `corrupt` or `exhausted` (see [`PgSession::state`]).
+    pub fn is_broken(&self) -> bool {
+        matches!(self.state(), "corrupt" | "exhausted")
+    }
+
+    fn free_for_others(&self) -> Result<bool, machine::StepError> {
         let liveness = if self.live {
             Liveness::Live
         } else {
             Liveness::Dead
         };
-        machine::free_for_others(self.record.as_ref(), liveness, self.now) == Ok(false)
+        machine::free_for_others(self.record.as_ref(), liveness, self.now)
     }
 
     /// `held`, `dead` (holder gone before its expiry), `expired`, `released`, `free` (never
-    /// granted) or `corrupt` (see [`PgSession::problem`]).
+    /// granted), `corrupt` (see [`PgSession::problem`]) or `exhausted` (a takeover is due but
+    /// the token is `u64::MAX`: every acquire fails).
     pub fn state(&self) -> &'static str {
         if self.problem.is_some() {
             return "corrupt";
+        }
+        if self.free_for_others() == Err(machine::StepError::TokenExhausted) {
+            return "exhausted";
         }
         match &self.record {
             None => "free",

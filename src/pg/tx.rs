@@ -2,7 +2,7 @@
 //! done while the row is locked, for [`driver::run`](crate::driver::run).
 
 use super::Inner;
-use super::conn::{Conn, exec};
+use super::conn::{Conn, Fail, exec};
 use super::fault::PgStep;
 use super::sqltime::SqlTime;
 use crate::driver::Transaction;
@@ -70,9 +70,25 @@ pub(super) struct PgTx<'a> {
 
 impl PgTx<'_> {
     /// After a `COMMIT` whose reply never came: re-reads the row under its lock on another
-    /// connection and says whether it holds `record` (then the commit happened).
-    fn committed_anyway(&self, record: &Record) -> Result<bool, Error> {
-        let conn = self.inner.tx_conn(Some(self.id))?;
+    /// connection and says whether it holds `record` (then the commit happened). The session
+    /// that sent the `COMMIT` must be gone first, or the re-read would wait for its row lock:
+    /// if it broke, the server ends it; if it only stopped answering (`stuck`), it is ended
+    /// here, and the outcome stays unknown unless the server confirms that.
+    fn committed_anyway(&self, record: &Record, stuck: bool) -> Result<bool, Error> {
+        let unknown = |detail: String| Error::CommitUnknown {
+            id: self.id.clone(),
+            detail,
+        };
+        if stuck && !self.inner.terminate(self.conn.pid) {
+            return Err(unknown(format!(
+                "the server did not answer, and its session {} could not be confirmed ended",
+                self.conn.pid
+            )));
+        }
+        let conn = self
+            .inner
+            .tx_conn(Some(self.id))
+            .map_err(|e| unknown(format!("no connection to re-read the row: {e}")))?;
         let id = self.id;
         let read = exec(
             &self.inner.rt,
@@ -94,14 +110,14 @@ impl PgTx<'_> {
                 self.inner.give_back_tx(conn);
                 row
             }
-            Err(e) if e.is_lock_timeout() => {
-                return Err(Error::RowLockTimeout {
-                    id: self.id.clone(),
-                    waited: self.inner.lock_timeout,
-                });
-            }
             Err(e) => {
-                return Err(e.into_error("re-read the row after a lost commit", Some(self.id)));
+                // A commit may have happened: never reported as contention or a plain failure.
+                let detail = format!(
+                    "the re-read of the row failed: {}",
+                    e.into_error("re-read the row", Some(self.id))
+                );
+                self.inner.end_tx(conn, false);
+                return Err(unknown(detail));
             }
         };
         let Some(row) = row else { return Ok(false) };
@@ -237,10 +253,12 @@ impl<'a> Transaction for PgTx<'a> {
                 Ok(())
             }
             Err(e) if e.outcome_unknown() => {
-                // The connection broke during COMMIT: it may have committed. Report an error
-                // only if the row does not hold what we committed.
+                // The connection broke, or the server stopped answering, during COMMIT: it may
+                // have committed. Report an error only if the row does not hold what we
+                // committed.
                 self.finished = true;
-                if self.committed_anyway(record)? {
+                let stuck = matches!(e, Fail::NoReply(_));
+                if self.committed_anyway(record, stuck)? {
                     Ok(())
                 } else {
                     Err(e.into_error("commit", Some(self.id)))

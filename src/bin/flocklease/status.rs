@@ -172,10 +172,13 @@ fn status_pg(a: &StatusArgs, url: &str) -> Result<u8, String> {
     }
     Ok(match (&a.id, rows.first()) {
         (None, _) => 0,
-        (Some(_), Some(r)) if r.problem.is_some() => {
+        (Some(_), Some(r)) if r.is_broken() => {
             eprintln!(
-                "flocklease: {}",
-                r.problem.as_deref().unwrap_or("corrupt row")
+                "flocklease: session {}: {}",
+                r.id,
+                r.problem
+                    .as_deref()
+                    .unwrap_or("the fencing token is exhausted (u64::MAX): every acquire fails")
             );
             EXIT_ERROR
         }
