@@ -360,15 +360,7 @@ fn a_commit_the_server_never_answers_is_unknown_and_the_next_call_settles_it() {
         "{err:?}"
     );
     // Once running again, the stopped session ends (it was told to) and its row lock goes.
-    let pid = stopped.lock().unwrap().unwrap();
-    pg::until("the stopped session to end", || {
-        admin.query(
-            "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
-            &[&pid],
-        )[0]
-        .get::<_, i64>(0)
-            == 0
-    });
+    admin.until_ended(stopped.lock().unwrap().unwrap());
     // Its COMMIT may or may not have landed: token 1 (never committed) or 2 (committed, its
     // generation dead: replaced at once).
     let lease = leases.acquire(&id, &me).unwrap().lease().unwrap();

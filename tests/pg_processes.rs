@@ -470,14 +470,7 @@ fn a_stopped_server_session_fails_the_call_instead_of_blocking_it() {
         "{err}"
     );
     // The stopped session was told to end; once it runs again, it does.
-    pg::until("the stopped session to end", || {
-        admin.query(
-            "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
-            &[&stopped[0].as_raw()],
-        )[0]
-        .get::<_, i64>(0)
-            == 0
-    });
+    admin.until_ended(stopped[0].as_raw());
     // Nothing was left locked and the generation is intact: renewed, and refused to a rival.
     assert!(leases.renew(&lease).unwrap().lease().is_some());
     let rival = PgLease::connect(&url).unwrap();

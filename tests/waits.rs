@@ -86,6 +86,35 @@ fn parking_signal() -> (flocklease::fault::FaultHook, std::sync::mpsc::Receiver<
     (hook, parked)
 }
 
+/// A holder of `s` (TTL 600 s), and another instance whose waits say on `parked` each time
+/// they open the holder's liveness file to wait on it.
+struct Parked {
+    dir: tempfile::TempDir,
+    parked: std::sync::mpsc::Receiver<()>,
+    holder: FlockLease,
+    lease: flocklease::Lease,
+    waiter: FlockLease,
+}
+
+fn parked_scene() -> Parked {
+    let dir = tempfile::tempdir().unwrap();
+    let (hook, parked) = parking_signal();
+    let holder = open_real(dir.path(), Duration::from_secs(600));
+    let lease = holder
+        .acquire(&id("s"), &owner("a"))
+        .unwrap()
+        .lease()
+        .unwrap();
+    let waiter = FlockLease::builder(dir.path()).faults(hook).open().unwrap();
+    Parked {
+        dir,
+        parked,
+        holder,
+        lease,
+        waiter,
+    }
+}
+
 #[test]
 fn a_stuck_transition_lock_leaks_no_thread_and_no_descriptor() {
     let _g = counting();
@@ -198,15 +227,13 @@ fn a_concurrent_probe_or_waiter_never_makes_a_crashed_holder_look_alive() {
 #[test]
 fn a_parked_waiter_holds_no_lock_and_wakes_on_release() {
     let _g = counting();
-    let dir = tempfile::tempdir().unwrap();
-    let (hook, parked) = parking_signal();
-    let holder = open_real(dir.path(), Duration::from_secs(600));
-    let lease = holder
-        .acquire(&id("s"), &owner("a"))
-        .unwrap()
-        .lease()
-        .unwrap();
-    let waiter = FlockLease::builder(dir.path()).faults(hook).open().unwrap();
+    let Parked {
+        dir,
+        parked,
+        holder,
+        lease,
+        waiter,
+    } = parked_scene();
     thread::scope(|s| {
         let waiting =
             s.spawn(|| waiter.acquire_wait(&id("s"), &owner("w"), Duration::from_secs(60)));
@@ -235,15 +262,14 @@ fn a_parked_waiter_holds_no_lock_and_wakes_on_release() {
 #[test]
 fn a_dropped_async_wait_ends_its_thread_at_once_and_takes_nothing() {
     let _g = counting();
-    let dir = tempfile::tempdir().unwrap();
-    let (hook, parked) = parking_signal();
-    let holder = open_real(dir.path(), Duration::from_secs(600));
-    let lease = holder
-        .acquire(&id("s"), &owner("a"))
-        .unwrap()
-        .lease()
-        .unwrap();
-    let waiter = Arc::new(FlockLease::builder(dir.path()).faults(hook).open().unwrap());
+    let Parked {
+        dir,
+        parked,
+        holder,
+        lease,
+        waiter,
+    } = parked_scene();
+    let waiter = Arc::new(waiter);
     let t0 = threads();
     let wait = waiter.acquire_wait_async(&id("s"), &owner("w"), Duration::from_secs(600));
     // Its first attempt answered held and it went into the wait: blocked in `poll` on its
@@ -280,15 +306,13 @@ fn a_parked_waiter_sleeps_through_other_ids_and_wakes_on_its_holder() {
     // transitions must not end it (each end would be another attempt and another open of the
     // holder's liveness file), and the holder's own release must.
     let _g = counting();
-    let dir = tempfile::tempdir().unwrap();
-    let (hook, parked) = parking_signal();
-    let holder = open_real(dir.path(), Duration::from_secs(600));
-    let lease = holder
-        .acquire(&id("s"), &owner("a"))
-        .unwrap()
-        .lease()
-        .unwrap();
-    let waiter = FlockLease::builder(dir.path()).faults(hook).open().unwrap();
+    let Parked {
+        dir,
+        parked,
+        holder,
+        lease,
+        waiter,
+    } = parked_scene();
     let busy = open_real(dir.path(), Duration::from_secs(600));
     thread::scope(|s| {
         let waiting =

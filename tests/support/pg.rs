@@ -128,6 +128,18 @@ impl Admin {
             .unwrap_or_else(|e| panic!("{sql}: {e}"))
     }
 
+    /// Waits (bounded, see [`until`]) until server session `pid` has ended.
+    pub fn until_ended(&self, pid: i32) {
+        until("a server session to end", || {
+            self.query(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
+                &[&pid],
+            )[0]
+            .get::<_, i64>(0)
+                == 0
+        });
+    }
+
     pub fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> u64 {
         self.rt
             .block_on(self.client.execute(sql, params))
