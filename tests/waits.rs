@@ -86,15 +86,15 @@ fn parking_signal() -> (flocklease::fault::FaultHook, std::sync::mpsc::Receiver<
     (hook, parked)
 }
 
-/// A holder of `s` (TTL 600 s), and another instance whose waits say on `parked` each time
-/// they open the holder's liveness file to wait on it.
-struct Parked {
-    dir: tempfile::TempDir,
-    parked: std::sync::mpsc::Receiver<()>,
-    holder: FlockLease,
-    lease: flocklease::Lease,
-    waiter: FlockLease,
-}
+/// A holder of `s` (TTL 600 s) and its lease, and another instance whose waits say on the
+/// receiver each time they open the holder's liveness file to wait on it.
+type Parked = (
+    tempfile::TempDir,
+    std::sync::mpsc::Receiver<()>,
+    FlockLease,
+    flocklease::Lease,
+    FlockLease,
+);
 
 fn parked_scene() -> Parked {
     let dir = tempfile::tempdir().unwrap();
@@ -106,13 +106,7 @@ fn parked_scene() -> Parked {
         .lease()
         .unwrap();
     let waiter = FlockLease::builder(dir.path()).faults(hook).open().unwrap();
-    Parked {
-        dir,
-        parked,
-        holder,
-        lease,
-        waiter,
-    }
+    (dir, parked, holder, lease, waiter)
 }
 
 #[test]
@@ -227,13 +221,7 @@ fn a_concurrent_probe_or_waiter_never_makes_a_crashed_holder_look_alive() {
 #[test]
 fn a_parked_waiter_holds_no_lock_and_wakes_on_release() {
     let _g = counting();
-    let Parked {
-        dir,
-        parked,
-        holder,
-        lease,
-        waiter,
-    } = parked_scene();
+    let (dir, parked, holder, lease, waiter) = parked_scene();
     thread::scope(|s| {
         let waiting =
             s.spawn(|| waiter.acquire_wait(&id("s"), &owner("w"), Duration::from_secs(60)));
@@ -262,13 +250,7 @@ fn a_parked_waiter_holds_no_lock_and_wakes_on_release() {
 #[test]
 fn a_dropped_async_wait_ends_its_thread_at_once_and_takes_nothing() {
     let _g = counting();
-    let Parked {
-        dir,
-        parked,
-        holder,
-        lease,
-        waiter,
-    } = parked_scene();
+    let (dir, parked, holder, lease, waiter) = parked_scene();
     let waiter = Arc::new(waiter);
     let t0 = threads();
     let wait = waiter.acquire_wait_async(&id("s"), &owner("w"), Duration::from_secs(600));
@@ -306,13 +288,7 @@ fn a_parked_waiter_sleeps_through_other_ids_and_wakes_on_its_holder() {
     // transitions must not end it (each end would be another attempt and another open of the
     // holder's liveness file), and the holder's own release must.
     let _g = counting();
-    let Parked {
-        dir,
-        parked,
-        holder,
-        lease,
-        waiter,
-    } = parked_scene();
+    let (dir, parked, holder, lease, waiter) = parked_scene();
     let busy = open_real(dir.path(), Duration::from_secs(600));
     thread::scope(|s| {
         let waiting =
