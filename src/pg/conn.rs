@@ -199,7 +199,7 @@ impl Fail {
             Fail::LostReply => "injected fault: the reply was lost".into(),
             Fail::NoReply(bound) => format!(
                 "no reply from the server within {} ms (stuck, or unreachable); the connection \
-                 was given up and its server session told to end",
+                 was given up",
                 bound.as_millis()
             )
             .into(),

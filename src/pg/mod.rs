@@ -51,9 +51,9 @@
 //!   given up after the row lock's `lock_timeout` plus a third of the TTL (at least 1 s), and
 //!   a wait for a holder after its own length plus that. The call then fails with
 //!   [`Error::Database`] ("no reply from the server"), or [`Error::CommitUnknown`] when it was
-//!   the commit and its outcome cannot be settled, and the connection's server session is told
-//!   to end (`pg_terminate_backend`): a stopped backend keeps what it holds until it runs
-//!   again.
+//!   the commit and its outcome cannot be settled; after a statement, the connection's server
+//!   session is told to end (`pg_terminate_backend`): a stopped backend keeps what it holds
+//!   until it runs again.
 //!
 //! Every other guarantee is unchanged: monotone tokens (the row is never deleted; durable
 //! with the server's `synchronous_commit`), crash takeover at once, expiry as good as death,
