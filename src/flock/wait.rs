@@ -15,7 +15,7 @@
 
 use std::ffi::OsStr;
 use std::fs::{File, TryLockError};
-use std::io::{self, PipeReader, PipeWriter, Write};
+use std::io::{self, PipeReader, PipeWriter};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -65,11 +65,8 @@ impl Cancel {
     /// Asks the wait to end; it answers "held" at its next look.
     pub(super) fn cancel(&self) {
         self.flag.store(true, Ordering::Release);
-        // A byte, then the write end closed: the read end polls readable (and at EOF), for
-        // good.
-        if let Some(mut tx) = lock(&self.tx).take() {
-            let _ = tx.write_all(&[1]);
-        }
+        // The write end closed: the read end polls as hung up, for good.
+        drop(lock(&self.tx).take());
     }
 
     pub(super) fn is_cancelled(&self) -> bool {

@@ -157,24 +157,25 @@ impl Inner {
                                 conn.client.execute(&conn.stmts.rollback, &[]),
                             )
                         });
-                        let waited = match waited {
-                            Ok(w) => w,
+                        match waited {
                             Err(fail) => {
                                 conn.poison();
-                                self.end_tx(conn, false);
-                                return Err(fail.into_error("wait for the holder", Some(id)));
+                                Err(fail.into_error("wait for the holder", Some(id)))
                             }
-                        };
-                        finished = waited.2.is_ok();
-                        match (waited.0, waited.1) {
-                            (Ok(_), Ok(_)) => Ok(()),
-                            (Err(e), _) | (_, Err(e)) => {
-                                // The holder's expiry (or the caller's deadline) came first.
-                                let fail = Fail::Db(e);
-                                if fail.is_lock_timeout() {
-                                    Ok(())
-                                } else {
-                                    Err(fail.into_error("wait for the holder", Some(id)))
+                            Ok((timeout_set, lock, rollback)) => {
+                                finished = rollback.is_ok();
+                                match (timeout_set, lock) {
+                                    (Ok(_), Ok(_)) => Ok(()),
+                                    (Err(e), _) | (_, Err(e)) => {
+                                        // The holder's expiry (or the caller's deadline) came
+                                        // first.
+                                        let fail = Fail::Db(e);
+                                        if fail.is_lock_timeout() {
+                                            Ok(())
+                                        } else {
+                                            Err(fail.into_error("wait for the holder", Some(id)))
+                                        }
+                                    }
                                 }
                             }
                         }

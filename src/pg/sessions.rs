@@ -110,8 +110,8 @@ impl PgLease {
                 if fail.outcome_unknown() {
                     // Its session ended rather than kept half-way through a read.
                     conn.poison();
-                    inner.give_back_tx(conn);
                 }
+                inner.give_back_tx(conn);
                 return Err(fail.into_error("list the leases", id));
             }
         };
