@@ -142,19 +142,61 @@ mod imp {
     }
 
     /// The floor: a transition connection and a liveness connection, driven by hand with the
-    /// very statements `PgLease` sends, pipelined the same way.
+    /// very statements `PgLease` sends, pipelined the same way: an acquire's transaction on the
+    /// liveness connection (its commit statement takes the generation's lock), a release's on
+    /// the transition connection, then the unlock on the liveness connection.
     struct Raw {
         rt: tokio::runtime::Runtime,
-        tx: Client,
-        live: Client,
+        tx: Side,
+        live: Side,
+    }
+
+    /// One connection and its prepared statements.
+    struct Side {
+        client: Client,
         begin: Statement,
         commit: Statement,
         lock_row: Statement,
         clock: Statement,
         probe_row: Statement,
         update: Statement,
-        lock_live: Statement,
+        commit_live: Statement,
         unlock: Statement,
+    }
+
+    impl Side {
+        fn connect(rt: &tokio::runtime::Runtime, url: &str) -> Side {
+            let client = rt.block_on(async {
+                let (c, conn) = tokio_postgres::connect(url, NoTls).await.unwrap();
+                tokio::spawn(conn);
+                c
+            });
+            let p = |sql: &str| rt.block_on(client.prepare(sql)).unwrap();
+            Side {
+                begin: p("BEGIN"),
+                commit: p("COMMIT"),
+                lock_row: p(
+                    "SELECT key, owner, token, expiry FROM flocklease_leases WHERE id = $1 FOR UPDATE",
+                ),
+                clock: p("SELECT clock_timestamp(), pg_backend_pid()"),
+                probe_row: p(
+                    "SELECT ((token << 32) >> 32)::int4, pg_try_advisory_xact_lock_shared(key, \
+                     ((token << 32) >> 32)::int4) FROM flocklease_leases WHERE id = $1 \
+                     AND token IS DISTINCT FROM $2::int8",
+                ),
+                update: p("UPDATE flocklease_leases SET owner = $2, token = $3, \
+                     expiry = clock_timestamp() + interval '30 s' WHERE key = $1"),
+                commit_live: p(
+                    "WITH live AS MATERIALIZED (SELECT pg_try_advisory_lock($1::int4, $4::int4) \
+                     AS got), upd AS (UPDATE flocklease_leases SET owner = $2, token = $3, \
+                     expiry = clock_timestamp() + interval '30 s' FROM live \
+                     WHERE key = $1 AND live.got RETURNING 1) \
+                     SELECT got, (SELECT count(*) FROM upd) FROM live",
+                ),
+                unlock: p("SELECT pg_advisory_unlock($1::int4, $2::int4)"),
+                client,
+            }
+        }
     }
 
     impl Raw {
@@ -164,63 +206,32 @@ mod imp {
                 .enable_all()
                 .build()
                 .unwrap();
-            let (tx, live) = rt.block_on(async {
-                let (a, c) = tokio_postgres::connect(url, NoTls).await.unwrap();
-                tokio::spawn(c);
-                let (b, c) = tokio_postgres::connect(url, NoTls).await.unwrap();
-                tokio::spawn(c);
-                (a, b)
-            });
-            let p = |c: &Client, sql: &str| rt.block_on(c.prepare(sql)).unwrap();
-            Raw {
-                begin: p(&tx, "BEGIN"),
-                commit: p(&tx, "COMMIT"),
-                lock_row: p(
-                    &tx,
-                    "SELECT key, owner, token, expiry FROM flocklease_leases WHERE id = $1 FOR UPDATE",
-                ),
-                clock: p(&tx, "SELECT clock_timestamp()"),
-                probe_row: p(
-                    &tx,
-                    "SELECT ((token << 32) >> 32)::int4, pg_try_advisory_xact_lock_shared(key, \
-                     ((token << 32) >> 32)::int4) FROM flocklease_leases WHERE id = $1 \
-                     AND token IS DISTINCT FROM $2::int8",
-                ),
-                update: p(
-                    &tx,
-                    "UPDATE flocklease_leases SET owner = $2, token = $3, \
-                     expiry = clock_timestamp() + interval '30 s' WHERE key = $1",
-                ),
-                lock_live: p(
-                    &live,
-                    "SELECT pg_try_advisory_lock($1::int4, $2::int4), pg_backend_pid()",
-                ),
-                unlock: p(&live, "SELECT pg_advisory_unlock($1::int4, $2::int4)"),
-                rt,
-                tx,
-                live,
-            }
+            let tx = Side::connect(&rt, url);
+            let live = Side::connect(&rt, url);
+            Raw { rt, tx, live }
         }
 
         fn key(&self, id: &str) -> i32 {
             self.rt
                 .block_on(
                     self.tx
+                        .client
                         .query_one("SELECT key FROM flocklease_leases WHERE id = $1", &[&id]),
                 )
                 .unwrap()
                 .get(0)
         }
 
-        /// First round trip: BEGIN, lock and read the row, the clock, the speculative probe.
-        fn lock(&self, probe: bool) -> i64 {
+        /// First round trip on `c`: BEGIN, lock and read the row, the clock, the speculative
+        /// probe.
+        fn lock(&self, c: &Side, probe: bool) -> i64 {
             let id = "bench-raw";
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&id];
             let none: Option<i64> = None;
             let probe_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&id, &none];
             let speculate = async {
                 match probe {
-                    true => self.tx.query_opt(&self.probe_row, &probe_params).await,
+                    true => c.client.query_opt(&c.probe_row, &probe_params).await,
                     false => Ok(None),
                 }
             };
@@ -228,9 +239,9 @@ mod imp {
                 .rt
                 .block_on(async {
                     tokio::try_join!(
-                        self.tx.execute(&self.begin, &[]),
-                        self.tx.query_opt(&self.lock_row, &params),
-                        self.tx.query_one(&self.clock, &[]),
+                        c.client.execute(&c.begin, &[]),
+                        c.client.query_opt(&c.lock_row, &params),
+                        c.client.query_one(&c.clock, &[]),
                         speculate,
                     )
                 })
@@ -238,51 +249,62 @@ mod imp {
             row.map_or(0, |r| r.get(2))
         }
 
-        /// UPDATE and COMMIT, pipelined (one round trip), as `PgLease` sends them.
+        /// UPDATE and COMMIT on the transition connection, pipelined (one round trip), as
+        /// `PgLease` sends them.
         fn write(&self, key: i32, owner: &str, token: i64) {
+            let c = &self.tx;
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&key, &owner, &token];
             self.rt
                 .block_on(async {
                     tokio::try_join!(
-                        self.tx.execute(&self.update, &params),
-                        self.tx.execute(&self.commit, &[]),
+                        c.client.execute(&c.update, &params),
+                        c.client.execute(&c.commit, &[]),
                     )
                 })
                 .unwrap();
         }
 
-        /// The acquire's SQL: returns the new token.
+        /// The acquire's SQL, on the liveness connection: returns the new token.
         fn acquire(&self, key: i32) -> i64 {
-            let token = self.lock(true) + 1;
+            let c = &self.live;
+            let token = self.lock(c, true) + 1;
             let gk = token as u32 as i32;
-            let row = self
+            let owner = "bench";
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+                [&key, &owner, &token, &gk];
+            let (row, _) = self
                 .rt
-                .block_on(self.live.query_one(&self.lock_live, &[&key, &gk]))
+                .block_on(async {
+                    tokio::try_join!(
+                        c.client.query_one(&c.commit_live, &params),
+                        c.client.execute(&c.commit, &[]),
+                    )
+                })
                 .unwrap();
             assert!(row.get::<_, bool>(0));
-            self.write(key, "bench", token);
             token
         }
 
         fn cycle(&self, key: i32) {
             let token = self.acquire(key);
             let gk = token as u32 as i32;
-            let _ = self.lock(false);
+            let _ = self.lock(&self.tx, false);
             self.write(key, "", token);
+            let c = &self.live;
             self.rt
-                .block_on(self.live.query_one(&self.unlock, &[&key, &gk]))
+                .block_on(c.client.query_one(&c.unlock, &[&key, &gk]))
                 .unwrap();
         }
 
         fn renew(&self, key: i32) {
-            let token = self.lock(false);
+            let token = self.lock(&self.tx, false);
             self.write(key, "bench", token);
         }
 
         /// Gives the raw floor its own row (so it does not disturb the lease's).
         fn own_row(&self) {
             self.rt
-                .block_on(self.tx.execute(
+                .block_on(self.tx.client.execute(
                     "INSERT INTO flocklease_leases (id, owner, token, expiry) \
                      VALUES ('bench-raw', '', 1, 'epoch') ON CONFLICT DO NOTHING",
                     &[],

@@ -373,3 +373,47 @@ fn a_commit_the_server_never_answers_is_unknown_and_the_next_call_settles_it() {
             .is_held()
     );
 }
+
+/// A takeover whose new generation's lock is held by another session (one of an earlier,
+/// failed takeover that is still ending; here, taken by hand) commits nothing: the lock is
+/// tried by the commit statement itself, which changes the row only if it was granted. So the
+/// row never names a generation whose lock is someone else's, and nothing leaks.
+#[test]
+fn a_takeover_whose_generation_lock_is_taken_commits_nothing() {
+    let Some(server) = pg::server() else { return };
+    let db = server.fresh_db();
+    let url = server.url(&db);
+    let admin = server.admin(&db);
+    let id = sid("planted");
+    // A holder that crashed (its instance dropped: its liveness lock is gone, its row stays).
+    let gone = PgLease::connect(&url).unwrap();
+    assert_eq!(
+        gone.acquire(&id, &who("a")).unwrap().lease().unwrap().token,
+        1
+    );
+    drop(gone);
+    let key = admin.key("planted");
+    admin.query("SELECT pg_advisory_lock($1::int4, 2)", &[&key]);
+    let me = admin.query("SELECT pg_backend_pid()", &[])[0].get::<_, i32>(0);
+    let leases = PgLease::connect(&url).unwrap();
+    let err = leases.acquire(&id, &who("b")).unwrap_err();
+    assert!(
+        matches!(err, flocklease::Error::AdvisoryLockBusy { token: 2, .. }),
+        "{err:?}"
+    );
+    let (owner, token, _) = admin.row("planted").unwrap();
+    assert_eq!((owner.as_str(), token), ("a", 1), "the row changed");
+    assert_eq!(admin.advisory_holders(key, 2), vec![me], "a lock leaked");
+    assert!(admin.advisory_holders(key, 1).is_empty());
+    // Once it is free, the takeover goes through, and the lease is really held.
+    admin.query("SELECT pg_advisory_unlock($1::int4, 2)", &[&key]);
+    let lease = leases.acquire(&id, &who("b")).unwrap().lease().unwrap();
+    assert_eq!(lease.token, 2);
+    assert!(
+        PgLease::connect(&url)
+            .unwrap()
+            .acquire(&id, &who("r"))
+            .unwrap()
+            .is_held()
+    );
+}

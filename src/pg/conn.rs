@@ -75,6 +75,7 @@ pub(super) struct Stmts {
     pub(super) wait_timeout: Statement,
     pub(super) wait: Statement,
     pub(super) lock_live: Statement,
+    pub(super) commit_live: Statement,
     pub(super) unlock: Statement,
 }
 
@@ -94,6 +95,8 @@ pub(super) struct Conn {
     pub(super) reply_bound: Duration,
     /// The task driving the connection (see [`Conn::close_now`]).
     task: tokio::task::AbortHandle,
+    /// Whether it is a liveness connection (its pool, and its settings: see [`Configs`]).
+    pub(super) liveness: bool,
 }
 
 /// The server sessions (backend pids) of one instance's open connections.
@@ -239,20 +242,8 @@ pub(super) fn exec<'c, T, F>(
 where
     F: Future<Output = Result<T, tokio_postgres::Error>>,
 {
-    match faults.check(step, conn.pid) {
-        None => {}
-        Some(PgFault::Fail) => {
-            let err = rt.block_on(conn.client.simple_query("SELECT 1/0"));
-            return Err(match err {
-                Err(e) => Fail::Db(e),
-                Ok(_) => Fail::LostReply,
-            });
-        }
-        Some(PgFault::LoseReply) => {
-            let _ = rt.block_on(f(conn));
-            conn.poison();
-            return Err(Fail::LostReply);
-        }
+    if let Some(fault) = faults.check(step, conn.pid) {
+        return Err(inject(rt, fault, conn, f));
     }
     let out = within(rt, conn.reply_bound, f(conn)).and_then(|r| r.map_err(Fail::Db));
     if let Err(e) = &out
@@ -261,6 +252,31 @@ where
         conn.poison();
     }
     out
+}
+
+/// Makes the statement `f` on `conn` fail as `fault` says, and returns the failure: the server
+/// answers an error (`SELECT 1/0` is sent instead), or it runs `f` and the reply is lost (the
+/// connection is poisoned).
+pub(super) fn inject<'c, T, F>(
+    rt: &Runtime,
+    fault: PgFault,
+    conn: &'c Conn,
+    f: impl FnOnce(&'c Conn) -> F,
+) -> Fail
+where
+    F: Future<Output = Result<T, tokio_postgres::Error>>,
+{
+    match fault {
+        PgFault::Fail => match rt.block_on(conn.client.simple_query("SELECT 1/0")) {
+            Err(e) => Fail::Db(e),
+            Ok(_) => Fail::LostReply,
+        },
+        PgFault::LoseReply => {
+            let _ = rt.block_on(f(conn));
+            conn.poison();
+            Fail::LostReply
+        }
+    }
 }
 
 /// What the first round trip of a transition reads.
@@ -388,6 +404,7 @@ pub(super) fn connect_unset(
             idle_since: std::time::Instant::now(),
             reply_bound: role.reply_bound,
             task,
+            liveness: role.liveness,
         })
     })?
 }
@@ -422,6 +439,15 @@ async fn prepare(c: &Client) -> Result<Stmts, tokio_postgres::Error> {
          FROM {t} WHERE id = $1 AND token IS DISTINCT FROM $2::int8"
     );
     let update = format!("UPDATE {t} SET owner = $2, token = $3, expiry = $4 WHERE key = $1");
+    // An acquire's commit on the liveness connection that is to hold the new generation: the
+    // generation's session lock is tried first (the CTE is evaluated once), and the row is
+    // updated only if it was granted. Returns whether it was, and the rows updated.
+    let commit_live = format!(
+        "WITH live AS MATERIALIZED (SELECT pg_try_advisory_lock($1::int4, $5::int4) AS got), \
+         upd AS (UPDATE {t} SET owner = $2, token = $3, expiry = $4 FROM live \
+         WHERE key = $1 AND live.got RETURNING 1) \
+         SELECT got, (SELECT count(*) FROM upd) FROM live"
+    );
     // One pipeline: a single round trip.
     let (
         begin,
@@ -436,6 +462,7 @@ async fn prepare(c: &Client) -> Result<Stmts, tokio_postgres::Error> {
         wait_timeout,
         wait,
         lock_live,
+        commit_live,
         unlock,
     ) = tokio::try_join!(
         c.prepare("BEGIN"),
@@ -443,13 +470,14 @@ async fn prepare(c: &Client) -> Result<Stmts, tokio_postgres::Error> {
         c.prepare("ROLLBACK"),
         c.prepare(&lock_row),
         c.prepare(&insert_row),
-        c.prepare("SELECT clock_timestamp()"),
+        c.prepare("SELECT clock_timestamp(), pg_backend_pid()"),
         c.prepare("SELECT pg_try_advisory_xact_lock_shared($1::int4, $2::int4)"),
         c.prepare(&probe_row),
         c.prepare(&update),
         c.prepare("SELECT set_config('lock_timeout', $1, true)"),
         c.prepare("SELECT pg_advisory_xact_lock_shared($1::int4, $2::int4)"),
         c.prepare("SELECT pg_try_advisory_lock($1::int4, $2::int4), pg_backend_pid()"),
+        c.prepare(&commit_live),
         c.prepare("SELECT pg_advisory_unlock($1::int4, $2::int4)"),
     )?;
     Ok(Stmts {
@@ -465,6 +493,7 @@ async fn prepare(c: &Client) -> Result<Stmts, tokio_postgres::Error> {
         wait_timeout,
         wait,
         lock_live,
+        commit_live,
         unlock,
     })
 }
@@ -477,7 +506,8 @@ pub(super) struct Configs {
     /// Transition connections: the row lock is bounded by the server's `lock_timeout`.
     pub(super) transition: Role,
     /// Liveness connections: never ended for idleness; host death noticed well within the TTL
-    /// by TCP keepalives and `tcp_user_timeout`, on both ends.
+    /// by TCP keepalives and `tcp_user_timeout`, on both ends. An acquire's transaction runs
+    /// on the one that is to hold its new generation, so they bound the row lock the same way.
     pub(super) liveness: Role,
 }
 
@@ -494,6 +524,8 @@ pub(super) struct Role {
     /// up: the row lock's `lock_timeout` plus a third of the TTL (at least 1 s), the time the
     /// TCP settings give a dead network. Waits for a holder add their own length.
     pub(super) reply_bound: Duration,
+    /// Whether its connections are liveness connections.
+    pub(super) liveness: bool,
 }
 
 impl Configs {
@@ -538,11 +570,13 @@ impl Configs {
                 config: transition,
                 settings: format!("SET lock_timeout = {lock_ms}"),
                 reply_bound,
+                liveness: false,
             },
             liveness: Role {
                 config: liveness,
                 settings: format!(
-                    "SET idle_session_timeout = 0; SET idle_in_transaction_session_timeout = 0; \
+                    "SET lock_timeout = {lock_ms}; SET idle_session_timeout = 0; \
+                     SET idle_in_transaction_session_timeout = 0; \
                      SET statement_timeout = 0; SET tcp_keepalives_idle = {}; \
                      SET tcp_keepalives_interval = {}; SET tcp_keepalives_count = 2; \
                      SET tcp_user_timeout = {}",
@@ -551,6 +585,7 @@ impl Configs {
                     user_timeout.as_millis()
                 ),
                 reply_bound,
+                liveness: true,
             },
         }
     }

@@ -262,11 +262,17 @@ impl PgLease {
         let entry = inner.id_state(id);
         // In-process serialization of one id; across processes the row lock does it.
         let mut state = lock(&entry);
-        let mut conn = inner.tx_conn(Some(id))?;
+        let acquire = matches!(event, Event::Acquire { .. });
+        // An acquire runs on an idle liveness connection, which keeps the new generation's
+        // lock if one is taken: the lock goes with the commit statement (see `PgTx::rename`).
+        let mut conn = if acquire {
+            inner.live_conn(id)?
+        } else {
+            inner.tx_conn(Some(id))?
+        };
         // An acquire may need a probe: send it speculatively in the first round trip, except
         // for the generation this instance holds (which it may have to lock again).
-        let probe = matches!(event, Event::Acquire { .. })
-            .then(|| state.local.as_ref().map(|g| g.local.token as i64));
+        let probe = acquire.then(|| state.local.as_ref().map(|g| g.local.token as i64));
         let (key, record, server_now, probed) = match inner.begin(id, &conn, probe) {
             Ok(read) => read,
             Err(e) => {
@@ -295,10 +301,17 @@ impl PgLease {
             finished: false,
             now,
             staged: None,
+            live: tx::LiveLock::None,
+            adopt_here: None,
+            relocked: None,
         };
         let outcome = driver::run(&mut tx, id, inner.ttl, event);
-        let finished = tx.finished;
-        inner.end_tx(conn, finished);
+        let (finished, adopted) = (tx.finished, tx.adopt_here.take());
+        match adopted {
+            // The connection holds the new generation's lock: it is its liveness connection.
+            Some(local) => state.local = Some(tx::LiveGen { local, key, conn }),
+            None => inner.end_tx(conn, finished),
+        }
         outcome
     }
 }

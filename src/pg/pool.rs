@@ -31,10 +31,12 @@ impl Inner {
         .map_err(|e| e.into_error("connect", id))
     }
 
-    /// Keeps a sound transition connection for later; ends the session of one whose last
-    /// outcome is unknown (it may still hold the row lock or a probe's lock), so that nothing
-    /// it held outlives the call.
-    pub(super) fn give_back_tx(&self, mut conn: Conn) {
+    /// Keeps a sound connection for later, in its role's pool (a liveness connection holds no
+    /// lock any more when it comes back; its watchers are forgotten). Ends the session of one
+    /// whose last outcome is unknown (it may still hold the row lock, a probe's lock or a
+    /// generation's lock), so that nothing it held outlives the call.
+    pub(super) fn give_back(&self, mut conn: Conn) {
+        conn.ended.clear();
         if !conn.reusable() {
             if !conn.ended.is_ended() {
                 self.discard(conn);
@@ -42,7 +44,11 @@ impl Inner {
             return;
         }
         conn.idle_since = Instant::now();
-        let mut pool = lock(&self.tx_pool);
+        let mut pool = lock(if conn.liveness {
+            &self.live_pool
+        } else {
+            &self.tx_pool
+        });
         if pool.len() < POOL_MAX {
             pool.push(conn);
         }
@@ -60,16 +66,6 @@ impl Inner {
             &self.open,
         )
         .map_err(|e| e.into_error("connect a liveness connection", Some(id)))
-    }
-
-    /// Keeps a liveness connection that holds no lock any more, forgetting its watchers.
-    pub(super) fn give_back_live(&self, mut conn: Conn) {
-        conn.ended.clear();
-        conn.idle_since = Instant::now();
-        let mut pool = lock(&self.live_pool);
-        if conn.reusable() && pool.len() < POOL_MAX {
-            pool.push(conn);
-        }
     }
 
     /// Ends a connection whose locks are unknown, and makes sure the server has ended its
@@ -107,7 +103,7 @@ impl Inner {
         );
         match done {
             Ok(row) => {
-                self.give_back_tx(admin);
+                self.give_back(admin);
                 row.get::<_, bool>(0)
             }
             Err(_) => {
@@ -140,7 +136,7 @@ impl Inner {
                 if unknown {
                     self.discard(conn);
                 } else {
-                    self.give_back_live(conn);
+                    self.give_back(conn);
                 }
                 return Err(e.into_error("lock the generation's liveness lock", Some(id)));
             }
@@ -157,7 +153,7 @@ impl Inner {
             });
         }
         if !locked {
-            self.give_back_live(conn);
+            self.give_back(conn);
             return Err(Error::AdvisoryLockBusy {
                 id: id.clone(),
                 token,
@@ -178,7 +174,7 @@ impl Inner {
             |c| async move { c.client.query_one(&c.stmts.unlock, &[&key, &gk]).await },
         );
         match done {
-            Ok(row) if row.get::<_, bool>(0) => self.give_back_live(conn),
+            Ok(row) if row.get::<_, bool>(0) => self.give_back(conn),
             _ => self.discard(conn),
         }
     }

@@ -14,7 +14,8 @@ use crate::timestamp::Timestamp;
 
 impl Inner {
     /// The transition's first round trip: `BEGIN`, the row locked and read, the server's
-    /// clock read after the lock. Inserts the row first if missing.
+    /// clock read after the lock (with the server session's pid, checked against the
+    /// connection's). Inserts the row first if missing.
     #[allow(clippy::type_complexity)]
     pub(super) fn begin(
         &self,
@@ -71,6 +72,19 @@ impl Inner {
                 }
             }
         };
+        // The transaction's server session must be the connection's own: through a
+        // transaction-mode pooler an acquire's generation lock, taken in this transaction,
+        // would stay with a server connection that the pooler hands to other clients.
+        let pid: i32 = clock.get(1);
+        if pid != conn.pid {
+            return Err(Error::SessionNotKept {
+                detail: format!(
+                    "a transaction ran in server session {pid}, the connection opened in \
+                     session {}",
+                    conn.pid
+                ),
+            });
+        }
         let (key, record) = row_record(id, &row)?;
         let now = clock
             .get::<_, SqlTime>(0)
@@ -96,7 +110,7 @@ impl Inner {
                 conn.poison();
             }
         }
-        self.give_back_tx(conn);
+        self.give_back(conn);
     }
 
     /// Waits until the holder of `id`'s recorded generation is gone, its expiry passes, or

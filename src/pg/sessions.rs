@@ -103,7 +103,7 @@ impl PgLease {
         .and_then(|r| r.map_err(Fail::Db));
         let (rows, clock) = match read {
             Ok(read) => {
-                inner.give_back_tx(conn);
+                inner.give_back(conn);
                 read
             }
             Err(fail) => {
@@ -111,7 +111,7 @@ impl PgLease {
                     // Its session ended rather than kept half-way through a read.
                     conn.poison();
                 }
-                inner.give_back_tx(conn);
+                inner.give_back(conn);
                 return Err(fail.into_error("list the leases", id));
             }
         };

@@ -2,7 +2,7 @@
 //! done while the row is locked, for [`driver::run`](crate::driver::run).
 
 use super::Inner;
-use super::conn::{Conn, Fail, exec};
+use super::conn::{self, Conn, Fail, exec};
 use super::fault::PgStep;
 use super::sqltime::SqlTime;
 use crate::driver::Transaction;
@@ -32,21 +32,26 @@ pub(super) fn gen_key(token: u64) -> i32 {
     token as u32 as i32
 }
 
-/// A new generation's liveness lock, not yet adopted. Dropping it un-adopted (the commit
-/// failed) unlocks it at once, so the next takeover can lock the same generation.
-pub(super) struct PendingLive<'a> {
-    inner: &'a Inner,
-    conn: Option<Conn>,
-    key: i32,
-    token: u64,
+/// A new generation's liveness lock, planned and not yet adopted. It is taken by the commit
+/// statement itself (see [`PgTx::rename`]), on the transaction's own connection: an acquire's
+/// transaction runs on the idle liveness connection that is to hold its new generation. So the
+/// lock is held before the commit, as the driver's schedule requires, without a round trip of
+/// its own.
+pub(super) struct PendingLive {
+    _token: u64,
 }
 
-impl Drop for PendingLive<'_> {
-    fn drop(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            self.inner.unlock_and_pool(conn, self.key, self.token);
-        }
-    }
+/// Where a planned generation lock stands on the transaction's connection.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum LiveLock {
+    /// None planned, or the commit statement found it busy.
+    None,
+    /// Planned: the commit statement will take it.
+    Planned(u64),
+    /// Taken by the commit statement: the transaction's session holds it.
+    Held(u64),
+    /// The commit statement may have taken it (it failed, or its reply never came).
+    Unknown(u64),
 }
 
 /// One transition's transaction: the row is locked (and was read) on `conn`.
@@ -66,6 +71,14 @@ pub(super) struct PgTx<'a> {
     /// The record to commit, staged by `write_temp` (the database has no temporary file: the
     /// UPDATE and COMMIT go out together at `rename`, the commit step).
     pub(super) staged: Option<Record>,
+    /// The new generation's lock on `conn`, if one is planned.
+    pub(super) live: LiveLock,
+    /// The adopted generation, when `conn` holds its lock: the caller keeps `conn` as its
+    /// liveness connection once the transaction is over.
+    pub(super) adopt_here: Option<Local>,
+    /// A fresh liveness connection holding the new generation, when the lock taken by a
+    /// commit whose reply was lost had to be taken again (see [`PgTx::restore_live`]).
+    pub(super) relocked: Option<Conn>,
 }
 
 impl PgTx<'_> {
@@ -107,7 +120,7 @@ impl PgTx<'_> {
         );
         let row = match read {
             Ok(row) => {
-                self.inner.give_back_tx(conn);
+                self.inner.give_back(conn);
                 row
             }
             Err(e) => {
@@ -124,10 +137,27 @@ impl PgTx<'_> {
         let now = super::row_record(self.id, &row)?;
         Ok(now.1.as_ref() == Some(record))
     }
+
+    /// After a commit whose reply never came but which did commit generation `token`: its
+    /// lock, taken by that commit statement, is in a session whose connection was given up.
+    /// Ends that session and locks the generation again on a fresh liveness connection. If
+    /// that fails, the generation is adopted with the dead connection: its holder is told of
+    /// the loss at once, and its next renew locks it again ([`Transaction::ensure_live`]).
+    fn restore_live(&mut self, token: u64) {
+        // Whether or not the server confirms the end (the session may be gone already), the
+        // lock attempt below says whether the old session still holds the generation.
+        self.inner.terminate(self.conn.pid);
+        if let Ok(conn) = self
+            .inner
+            .lock_generation(self.id, self.key, token, PgStep::RelockLive)
+        {
+            self.relocked = Some(conn);
+        }
+    }
 }
 
 impl<'a> Transaction for PgTx<'a> {
-    type Pending = PendingLive<'a>;
+    type Pending = PendingLive;
 
     fn now(&self) -> crate::Timestamp {
         self.now
@@ -169,16 +199,18 @@ impl<'a> Transaction for PgTx<'a> {
         })
     }
 
-    fn lock_live(&mut self, token: u64) -> Result<PendingLive<'a>, Error> {
-        let conn = self
-            .inner
-            .lock_generation(self.id, self.key, token, PgStep::LockLive)?;
-        Ok(PendingLive {
-            inner: self.inner,
-            conn: Some(conn),
-            key: self.key,
-            token,
-        })
+    fn lock_live(&mut self, token: u64) -> Result<PendingLive, Error> {
+        // Taken by the commit statement (see `rename`). A fault injected at this step is that
+        // lock failing: an error from the server, or the lock taken and its reply lost.
+        let (key, gk) = (self.key, gen_key(token));
+        if let Some(fault) = self.inner.faults.check(PgStep::LockLive, self.conn.pid) {
+            let fail = conn::inject(&self.inner.rt, fault, self.conn, |c| async move {
+                c.client.query_one(&c.stmts.lock_live, &[&key, &gk]).await
+            });
+            return Err(fail.into_error("lock the generation's liveness lock", Some(self.id)));
+        }
+        self.live = LiveLock::Planned(token);
+        Ok(PendingLive { _token: token })
     }
 
     fn ensure_live(&mut self, token: u64) -> Result<(), Error> {
@@ -199,9 +231,13 @@ impl<'a> Transaction for PgTx<'a> {
         Ok(())
     }
 
-    fn abandon(&mut self, pending: PendingLive<'a>) {
-        // Dropping it unlocks the generation and returns its connection to the pool.
-        drop(pending);
+    fn abandon(&mut self, _pending: PendingLive) {
+        if matches!(self.live, LiveLock::Held(_) | LiveLock::Unknown(_)) {
+            // The transaction's session may hold it: the connection is ended, not pooled, at
+            // the end of the transition, and the lock with it.
+            self.conn.poison();
+        }
+        self.live = LiveLock::None;
     }
 
     fn write_temp(&mut self, record: &Record) -> Result<(), Error> {
@@ -227,44 +263,94 @@ impl<'a> Transaction for PgTx<'a> {
         let expiry = SqlTime::from_timestamp(record.expiry);
         let key = self.key;
         let (rt, faults) = (&self.inner.rt, &self.inner.faults);
-        // UPDATE and COMMIT pipelined: one round trip. If the UPDATE fails, the server turns
-        // the COMMIT into a rollback, and the UPDATE's error is the one reported.
+        let live = match self.live {
+            LiveLock::Planned(t) => Some(t),
+            _ => None,
+        };
+        // UPDATE (with the new generation's lock, if planned) and COMMIT pipelined: one round
+        // trip. If the UPDATE fails, the server turns the COMMIT into a rollback, and the
+        // UPDATE's error is the one reported. With a lock, the statement updates the row only
+        // if the lock was granted; then the transaction commits nothing else.
         let done = exec(rt, faults, PgStep::Commit, self.conn, |c| async move {
-            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
-                [&key, &record.owner, &token, &expiry];
-            let (updated, committed) = tokio::join!(
-                c.client.execute(&c.stmts.update, &params),
-                c.client.execute(&c.stmts.commit, &[]),
-            );
-            let rows = updated?;
-            committed?;
-            Ok(rows)
+            match live {
+                None => {
+                    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+                        [&key, &record.owner, &token, &expiry];
+                    let (updated, committed) = tokio::join!(
+                        c.client.execute(&c.stmts.update, &params),
+                        c.client.execute(&c.stmts.commit, &[]),
+                    );
+                    let rows = updated?;
+                    committed?;
+                    Ok((true, rows))
+                }
+                Some(t) => {
+                    let gk = gen_key(t);
+                    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
+                        [&key, &record.owner, &token, &expiry, &gk];
+                    let (updated, committed) = tokio::join!(
+                        c.client.query_one(&c.stmts.commit_live, &params),
+                        c.client.execute(&c.stmts.commit, &[]),
+                    );
+                    let row = updated?;
+                    committed?;
+                    Ok((row.get::<_, bool>(0), row.get::<_, i64>(1) as u64))
+                }
+            }
         });
         match done {
-            Ok(0) => {
+            Ok((got, rows)) => {
                 self.finished = true;
-                Err(Error::CorruptRow {
-                    id: self.id.clone(),
-                    reason: "the locked row vanished (deleted by hand?)".into(),
-                })
-            }
-            Ok(_) => {
-                self.finished = true;
-                Ok(())
+                if let Some(t) = live {
+                    self.live = if got {
+                        LiveLock::Held(t)
+                    } else {
+                        LiveLock::None
+                    };
+                    if !got {
+                        // Held by a session of an earlier, failed takeover (still ending), or
+                        // taken by hand: nothing was committed.
+                        return Err(Error::AdvisoryLockBusy {
+                            id: self.id.clone(),
+                            token: t,
+                        });
+                    }
+                }
+                if rows == 0 {
+                    Err(Error::CorruptRow {
+                        id: self.id.clone(),
+                        reason: "the locked row vanished (deleted by hand?)".into(),
+                    })
+                } else {
+                    Ok(())
+                }
             }
             Err(e) if e.outcome_unknown() => {
                 // The connection broke, or the server stopped answering, during COMMIT: it may
                 // have committed. Report an error only if the row does not hold what we
                 // committed.
                 self.finished = true;
+                if let Some(t) = live {
+                    self.live = LiveLock::Unknown(t);
+                }
                 let stuck = matches!(e, Fail::NoReply(_));
                 if self.committed_anyway(record, stuck)? {
+                    if let Some(t) = live {
+                        self.restore_live(t);
+                    }
                     Ok(())
                 } else {
                     Err(e.into_error("commit", Some(self.id)))
                 }
             }
-            Err(e) => Err(e.into_error("commit", Some(self.id))),
+            Err(e) => {
+                if let Some(t) = live {
+                    // The server answered an error, possibly after the lock was granted (a
+                    // session lock outlives its transaction's rollback).
+                    self.live = LiveLock::Unknown(t);
+                }
+                Err(e.into_error("commit", Some(self.id)))
+            }
         }
     }
 
@@ -295,14 +381,20 @@ impl<'a> Transaction for PgTx<'a> {
         // Nothing accumulates: a dead session's locks vanish with it.
     }
 
-    fn adopt(&mut self, mut pending: PendingLive<'a>, local: Local) {
-        if let Some(conn) = pending.conn.take() {
-            self.state.local = Some(LiveGen {
-                local,
-                key: pending.key,
-                conn,
-            });
+    fn adopt(&mut self, _pending: PendingLive, local: Local) {
+        match self.relocked.take() {
+            Some(conn) => {
+                self.state.local = Some(LiveGen {
+                    local,
+                    key: self.key,
+                    conn,
+                });
+            }
+            // The transaction's connection holds it (or held it, when its commit's reply was
+            // lost and it could not be taken again).
+            None => self.adopt_here = Some(local),
         }
+        self.live = LiveLock::None;
     }
 }
 
