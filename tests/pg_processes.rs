@@ -481,3 +481,47 @@ fn a_stopped_server_session_fails_the_call_instead_of_blocking_it() {
             .is_held()
     );
 }
+
+/// A waiting acquire keeps no in-process lock while it waits: the same instance's renew and
+/// release of the lease it waits for go on meanwhile, and the release ends the wait at once.
+#[test]
+fn a_waiting_acquire_does_not_hold_up_the_instance_s_other_calls() {
+    let Some(server) = pg::server() else { return };
+    let db = server.fresh_db();
+    let url = server.url(&db);
+    let admin = server.admin(&db);
+    let leases = PgLease::builder(&url)
+        .ttl(Duration::from_secs(30))
+        .connect()
+        .unwrap();
+    let lease = leases
+        .acquire(&id("shared"), &owner("a"))
+        .unwrap()
+        .lease()
+        .unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let got = leases.acquire_wait(&id("shared"), &owner("b"), Duration::from_secs(60));
+            tx.send(got).unwrap();
+        });
+        pg::until("the waiter waits on the server", || {
+            admin.advisory_waiters() == 1
+        });
+        // With the id's lock kept by the wait, this would wait for the lease's expiry, when
+        // the waiter takes it over.
+        let renewed = leases
+            .renew(&lease)
+            .unwrap()
+            .lease()
+            .expect("renewed while the other call waits");
+        assert_eq!(renewed.token, lease.token);
+        assert!(rx.try_recv().is_err(), "the waiter got a held lease");
+        leases.release(&renewed).unwrap();
+        let got = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the release ends the wait")
+            .unwrap();
+        assert_eq!(got.lease().unwrap().token, lease.token + 1);
+    });
+}

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::mem;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::time::Duration;
 
 use tokio::runtime::Runtime;
@@ -242,10 +242,26 @@ pub(super) fn exec<'c, T, F>(
 where
     F: Future<Output = Result<T, tokio_postgres::Error>>,
 {
+    exec_within(rt, faults, step, conn, conn.reply_bound, f)
+}
+
+/// [`exec`] with a longer bound than the connection's (a wait for a holder ahead of the
+/// statement).
+pub(super) fn exec_within<'c, T, F>(
+    rt: &Runtime,
+    faults: &Faults,
+    step: PgStep,
+    conn: &'c Conn,
+    bound: Duration,
+    f: impl FnOnce(&'c Conn) -> F,
+) -> Result<T, Fail>
+where
+    F: Future<Output = Result<T, tokio_postgres::Error>>,
+{
     if let Some(fault) = faults.check(step, conn.pid) {
         return Err(inject(rt, fault, conn, f));
     }
-    let out = within(rt, conn.reply_bound, f(conn)).and_then(|r| r.map_err(Fail::Db));
+    let out = within(rt, bound, f(conn)).and_then(|r| r.map_err(Fail::Db));
     if let Err(e) = &out
         && e.outcome_unknown()
     {
@@ -279,6 +295,14 @@ where
     }
 }
 
+/// A wait for the end of a holder's generation `(key, token)`, at most `wait` long.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct HolderWait {
+    pub(super) key: i32,
+    pub(super) token: u64,
+    pub(super) wait: Duration,
+}
+
 /// What the first round trip of a transition reads.
 pub(super) struct FirstRead {
     /// The lease row, if any.
@@ -299,11 +323,43 @@ pub(super) struct FirstRead {
 /// it does not: shared locks exclude only a holder's exclusive lock, and a generation is
 /// locked exclusively only under its row lock — by this very transaction only when it
 /// restores this instance's own generation, which is why the probe skips `local_token`.
+///
+/// A waiting acquire sends its wait for the holder ahead of all that, in a transaction of its
+/// own (`pg_advisory_xact_lock_shared` on the holder's generation, bounded by a local
+/// `lock_timeout`, then `ROLLBACK`): the server locks the row the moment the holder is gone,
+/// with no round trip between. The wait running out is no error: the read that follows says
+/// where the lease stands.
 pub(super) async fn lock_and_read(
     c: &Conn,
     id: &str,
     probe: Option<Option<i64>>,
+    wait: Option<HolderWait>,
 ) -> Result<FirstRead, tokio_postgres::Error> {
+    let wait = wait.map(|w| {
+        let ms = format!("{}ms", w.wait.as_millis().clamp(1, i32::MAX as u128));
+        (w.key, super::tx::gen_key(w.token), ms)
+    });
+    let waited = async {
+        let Some((key, gk, ms)) = &wait else {
+            return Ok(());
+        };
+        let p1: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [ms];
+        let p2: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [key, gk];
+        let (begin, timeout_set, lock, rollback) = tokio::join!(
+            c.client.execute(&c.stmts.begin, &[]),
+            c.client.query_one(&c.stmts.wait_timeout, &p1),
+            c.client.execute(&c.stmts.wait, &p2),
+            c.client.execute(&c.stmts.rollback, &[]),
+        );
+        begin?;
+        timeout_set?;
+        if let Err(e) = lock
+            && e.code() != Some(&SqlState::LOCK_NOT_AVAILABLE)
+        {
+            return Err(e);
+        }
+        rollback.map(drop)
+    };
     let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&id];
     let local = probe.flatten();
     let probe_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&id, &local];
@@ -313,13 +369,15 @@ pub(super) async fn lock_and_read(
             None => Ok(None),
         }
     };
-    let (begin, row, clock, probe) = tokio::join!(
+    let (waited, begin, row, clock, probe) = tokio::join!(
+        waited,
         c.client.execute(&c.stmts.begin, &[]),
         c.client.query_opt(&c.stmts.lock_row, &params),
         c.client.query_one(&c.stmts.clock, &[]),
         speculate,
     );
     // The first failure in statement order is the cause (the later ones only say "aborted").
+    waited?;
     begin?;
     let row = row?;
     let clock = clock?;
@@ -594,4 +652,13 @@ impl Configs {
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Pools and per-id states are changed in single steps: usable after a panic elsewhere.
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// [`lock`] if it is free now.
+pub(super) fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+    match m.try_lock() {
+        Ok(guard) => Some(guard),
+        Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
+    }
 }

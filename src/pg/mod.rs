@@ -116,7 +116,7 @@ mod sqltime;
 mod tls;
 mod tx;
 
-use conn::{Configs, Conn, OpenSessions, lock};
+use conn::{Configs, Conn, HolderWait, OpenSessions, lock, try_lock};
 use fault::Faults;
 #[cfg(feature = "fault-injection")]
 pub use fault::PgFaultHook;
@@ -245,41 +245,92 @@ impl PgLease {
         timeout: Duration,
     ) -> Result<Grant, Error> {
         let deadline = Instant::now().checked_add(timeout);
+        let mut wait = None;
         loop {
-            if let Grant::Granted(lease) = self.acquire(id, owner)? {
+            let event = Event::Acquire {
+                owner: owner.clone(),
+            };
+            let (outcome, next) = self.transition(id, event, wait.take())?;
+            if let Grant::Granted(lease) = driver::grant(outcome, id, owner) {
                 return Ok(Grant::Granted(lease));
             }
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
             if left == Some(Duration::ZERO) {
                 return Ok(Grant::Held);
             }
-            self.inner.wait_for_holder(id, left)?;
+            // The next attempt waits for the holder first, in its own first round trip.
+            wait = next.map(|(w, read_at): (HolderWait, Instant)| HolderWait {
+                wait: w
+                    .wait
+                    .saturating_sub(read_at.elapsed())
+                    .min(left.unwrap_or(Duration::MAX)),
+                ..w
+            });
         }
     }
 
-    fn transition(&self, id: &SessionId, event: Event) -> Result<Outcome, Error> {
+    /// Runs one transition of `id`, after waiting for a holder's end if `wait` says so (an
+    /// acquire only). Returns the outcome, and for an acquire answered [`Outcome::Held`], the
+    /// wait for that holder (as of the instant the row was read).
+    #[allow(clippy::type_complexity)]
+    fn transition(
+        &self,
+        id: &SessionId,
+        event: Event,
+        wait: Option<HolderWait>,
+    ) -> Result<(Outcome, Option<(HolderWait, Instant)>), Error> {
         let inner = &self.inner;
         let entry = inner.id_state(id);
-        // In-process serialization of one id; across processes the row lock does it.
-        let mut state = lock(&entry);
         let acquire = matches!(event, Event::Acquire { .. });
-        // An acquire runs on an idle liveness connection, which keeps the new generation's
-        // lock if one is taken: the lock goes with the commit statement (see `PgTx::rename`).
-        let mut conn = if acquire {
-            inner.live_conn(id)?
-        } else {
-            inner.tx_conn(Some(id))?
-        };
         // An acquire may need a probe: send it speculatively in the first round trip, except
         // for the generation this instance holds (which it may have to lock again).
-        let probe = acquire.then(|| state.local.as_ref().map(|g| g.local.token as i64));
-        let (key, record, server_now, probed) = match inner.begin(id, &conn, probe) {
-            Ok(read) => read,
-            Err(e) => {
-                inner.end_tx(conn, false);
-                return Err(e);
+        let local_of = |s: &IdState| s.local.as_ref().map(|g| g.local.token as i64);
+        let mut begun = None;
+        if let Some(wait) = wait.filter(|_| acquire) {
+            // A wait for the holder must not keep the id's in-process lock: this instance's
+            // other calls on the id (a renew of the lease another thread holds) go on
+            // meanwhile. So the wait, and the first round trip behind it, go out before the
+            // lock is taken, and the lock is only tried once the row is locked (waiting for
+            // it then could deadlock with a call that holds it and waits for the row). If it
+            // is busy, or the instance's generation changed meanwhile, the transaction is
+            // rolled back and the transition starts over below, in order.
+            let local = local_of(&lock(&entry));
+            let conn = inner.live_conn(id)?;
+            match inner.begin(id, &conn, Some(local), Some(wait)) {
+                Err(e) => {
+                    inner.end_tx(conn, false);
+                    return Err(e);
+                }
+                Ok(read) => match try_lock(&entry) {
+                    Some(state) if local_of(&state) == local => begun = Some((state, conn, read)),
+                    _ => inner.end_tx(conn, false),
+                },
+            }
+        }
+        let (mut state, mut conn, (key, record, server_now, probed)) = match begun {
+            Some(begun) => begun,
+            None => {
+                // In-process serialization of one id; across processes the row lock does it.
+                let state = lock(&entry);
+                // An acquire runs on an idle liveness connection, which keeps the new
+                // generation's lock if one is taken: the lock goes with the commit statement
+                // (see `PgTx::rename`).
+                let conn = if acquire {
+                    inner.live_conn(id)?
+                } else {
+                    inner.tx_conn(Some(id))?
+                };
+                let probe = acquire.then(|| local_of(&state));
+                match inner.begin(id, &conn, probe, None) {
+                    Ok(read) => (state, conn, read),
+                    Err(e) => {
+                        inner.end_tx(conn, false);
+                        return Err(e);
+                    }
+                }
             }
         };
+        let read_at = Instant::now();
         let now = match &inner.clock {
             Some(c) => truncate_to_micros(c.now()),
             None => {
@@ -306,13 +357,26 @@ impl PgLease {
             relocked: None,
         };
         let outcome = driver::run(&mut tx, id, inner.ttl, event);
+        // What a waiting acquire told "held" waits for: the machine says (the record as read).
+        let next = match (&outcome, &tx.record) {
+            (Ok(Outcome::Held), Some(record)) if acquire => crate::machine::wait_for(record, now)
+                .map(|w| {
+                    let wait = HolderWait {
+                        key,
+                        token: w.token,
+                        wait: w.until_expiry,
+                    };
+                    (wait, read_at)
+                }),
+            _ => None,
+        };
         let (finished, adopted) = (tx.finished, tx.adopt_here.take());
         match adopted {
             // The connection holds the new generation's lock: it is its liveness connection.
             Some(local) => state.local = Some(tx::LiveGen { local, key, conn }),
             None => inner.end_tx(conn, finished),
         }
-        outcome
+        Ok((outcome?, next))
     }
 }
 
@@ -321,7 +385,11 @@ impl SessionLease for PgLease {
         let event = Event::Acquire {
             owner: owner.clone(),
         };
-        Ok(driver::grant(self.transition(id, event)?, id, owner))
+        Ok(driver::grant(
+            self.transition(id, event, None)?.0,
+            id,
+            owner,
+        ))
     }
 
     fn renew(&self, lease: &Lease) -> Result<Grant, Error> {
@@ -329,7 +397,7 @@ impl SessionLease for PgLease {
             owner: lease.owner.clone(),
             token: lease.token,
         };
-        let outcome = self.transition(&lease.session_id, event)?;
+        let (outcome, _) = self.transition(&lease.session_id, event, None)?;
         Ok(driver::grant(outcome, &lease.session_id, &lease.owner))
     }
 
@@ -338,7 +406,7 @@ impl SessionLease for PgLease {
             owner: lease.owner.clone(),
             token: lease.token,
         };
-        self.transition(&lease.session_id, event).map(drop)
+        self.transition(&lease.session_id, event, None).map(drop)
     }
 
     /// Calls `notify` when the liveness connection of `lease`'s generation ends (at once if

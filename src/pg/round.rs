@@ -1,12 +1,11 @@
-//! The waiting acquire's wait, and a transition's first and last round trips.
+//! A transition's first round trip (with a waiting acquire's wait ahead of it) and its end.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use super::conn::{self, Conn, Fail, exec, within};
+use super::conn::{self, Conn, Fail, HolderWait, exec, exec_within, within};
 use super::fault::PgStep;
 use super::sqltime::SqlTime;
-use super::tx::gen_key;
-use super::{Inner, row_record, schema};
+use super::{Inner, row_record};
 use crate::error::Error;
 use crate::name::SessionId;
 use crate::record::Record;
@@ -22,6 +21,7 @@ impl Inner {
         id: &SessionId,
         conn: &Conn,
         probe: Option<Option<i64>>,
+        wait: Option<HolderWait>,
     ) -> Result<(i32, Option<Record>, Timestamp, Option<(i32, bool)>), Error> {
         let started = Instant::now();
         let map = |e: Fail| {
@@ -35,8 +35,12 @@ impl Inner {
             }
         };
         let idp = id.as_str();
-        let first = exec(&self.rt, &self.faults, PgStep::LockRow, conn, |c| {
-            conn::lock_and_read(c, idp, probe)
+        // A wait ahead of the round trip adds its own length to the reply's bound.
+        let bound = wait.map_or(conn.reply_bound, |w| {
+            w.wait.saturating_add(conn.reply_bound)
+        });
+        let first = exec_within(&self.rt, &self.faults, PgStep::LockRow, conn, bound, |c| {
+            conn::lock_and_read(c, idp, probe, wait)
         })
         .map_err(map)?;
         let (row, clock, probe) = match first.row {
@@ -57,7 +61,7 @@ impl Inner {
                 )
                 .map_err(map)?;
                 let again = exec(&self.rt, &self.faults, PgStep::LockRow, conn, |c| {
-                    conn::lock_and_read(c, idp, probe)
+                    conn::lock_and_read(c, idp, probe, None)
                 })
                 .map_err(map)?;
                 match again.row {
@@ -111,94 +115,5 @@ impl Inner {
             }
         }
         self.give_back(conn);
-    }
-
-    /// Waits until the holder of `id`'s recorded generation is gone, its expiry passes, or
-    /// `left` runs out (whichever first); returns at once if nobody seems to hold it.
-    pub(super) fn wait_for_holder(
-        &self,
-        id: &SessionId,
-        left: Option<Duration>,
-    ) -> Result<(), Error> {
-        let conn = self.tx_conn(Some(id))?;
-        let db = |e: tokio_postgres::Error| Fail::Db(e).into_error("wait for the holder", Some(id));
-        let peek_sql = format!(
-            "SELECT key, owner, token, expiry FROM {} WHERE id = $1",
-            schema::TABLE
-        );
-        let idp = id.as_str();
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&idp];
-        let peek = within(&self.rt, conn.reply_bound, async {
-            tokio::try_join!(
-                conn.client.execute(&conn.stmts.begin, &[]),
-                conn.client.query_opt(&peek_sql, &params),
-                conn.client.query_one(&conn.stmts.clock, &[]),
-            )
-        });
-        let mut finished = false;
-        let result = match peek {
-            Err(fail) => {
-                conn.poison();
-                Err(fail.into_error("wait for the holder", Some(id)))
-            }
-            Ok(Err(e)) => Err(db(e)),
-            Ok(Ok((_, None, _))) => Ok(()),
-            Ok(Ok((_, Some(row), clock))) => {
-                let (key, record) = row_record(id, &row)?;
-                let now = clock.get::<_, SqlTime>(0).to_timestamp();
-                let waiting = match (record, now) {
-                    (Some(r), Some(now)) => crate::machine::wait_for(&r, now),
-                    _ => None,
-                };
-                match waiting {
-                    Some(crate::machine::Wait {
-                        token,
-                        until_expiry,
-                    }) => {
-                        let wait = left.map_or(until_expiry, |l| l.min(until_expiry));
-                        let ms = format!("{}ms", wait.as_millis().clamp(1, i32::MAX as u128));
-                        let gk = gen_key(token);
-                        let p1: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&ms];
-                        let p2: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&key, &gk];
-                        // The ROLLBACK is pipelined too: it ends the wait's transaction (and
-                        // drops its shared lock) as soon as the wait returns.
-                        // The server ends the wait at `wait`; a server that does not is stuck.
-                        let bound = wait.saturating_add(conn.reply_bound);
-                        let waited = within(&self.rt, bound, async {
-                            tokio::join!(
-                                conn.client.query_one(&conn.stmts.wait_timeout, &p1),
-                                conn.client.execute(&conn.stmts.wait, &p2),
-                                conn.client.execute(&conn.stmts.rollback, &[]),
-                            )
-                        });
-                        match waited {
-                            Err(fail) => {
-                                conn.poison();
-                                Err(fail.into_error("wait for the holder", Some(id)))
-                            }
-                            Ok((timeout_set, lock, rollback)) => {
-                                finished = rollback.is_ok();
-                                match (timeout_set, lock) {
-                                    (Ok(_), Ok(_)) => Ok(()),
-                                    (Err(e), _) | (_, Err(e)) => {
-                                        // The holder's expiry (or the caller's deadline) came
-                                        // first.
-                                        let fail = Fail::Db(e);
-                                        if fail.is_lock_timeout() {
-                                            Ok(())
-                                        } else {
-                                            Err(fail.into_error("wait for the holder", Some(id)))
-                                        }
-                                    }
-                                }
-                            }
-                        }
-                    }
-                    None => Ok(()),
-                }
-            }
-        };
-        self.end_tx(conn, finished);
-        result
     }
 }
