@@ -14,19 +14,25 @@ use std::sync::Arc;
 #[non_exhaustive]
 pub enum PgStep {
     /// The first round trip of a transition, pipelined: `BEGIN`, `SELECT … FOR UPDATE` of the
-    /// lease row, `SELECT clock_timestamp()`.
+    /// lease row, `SELECT clock_timestamp(), pg_backend_pid()` (for a waiting acquire, after
+    /// its wait for the holder, `pg_advisory_xact_lock_shared` in a transaction of its own).
     LockRow,
     /// The same after `INSERT … ON CONFLICT DO NOTHING` of a missing lease row (first use of
     /// an id).
     InsertRow,
     /// `pg_try_advisory_xact_lock_shared`: probing the recorded generation's liveness.
     Probe,
-    /// `pg_try_advisory_lock` on a liveness connection: locking a new generation.
+    /// `pg_try_advisory_lock` of a new generation. It goes out with the commit, in the
+    /// statement that updates the row (see [`PgStep::Commit`]); a fault here makes that lock
+    /// fail before the commit.
     LockLive,
     /// Re-locking the local generation on a fresh liveness connection (renew after its
     /// connection ended).
     RelockLive,
-    /// `UPDATE` of the lease row and `COMMIT`, pipelined.
+    /// `UPDATE` of the lease row and `COMMIT`, pipelined. An acquire that takes a new
+    /// generation sends it as one statement with the generation's `pg_try_advisory_lock`,
+    /// on the liveness connection that runs its transaction: the row is updated only if the
+    /// lock was granted.
     Commit,
     /// Re-reading the row after a commit whose outcome is unknown.
     Reread,

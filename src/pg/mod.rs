@@ -7,25 +7,38 @@
 //! | --- | --- |
 //! | `<stem>.lock` transition lock | the lease row, locked by `SELECT … FOR UPDATE` in a short transaction bounded by the server's `lock_timeout` |
 //! | `<stem>.lease.json` record | the row `(id, key, owner, token, expiry)` (see [`schema`]); never deleted; committed by the transaction's `COMMIT` |
-//! | `<stem>.<token>.live` liveness lock | the session advisory lock `(key, token mod 2^32)` held by a dedicated, unpooled, idle connection of the holder |
-//! | liveness probe | `pg_try_advisory_xact_lock_shared` on a transition connection (never the holder's) |
+//! | `<stem>.<token>.live` liveness lock | the session advisory lock `(key, token mod 2^32)` held by a dedicated, unpooled, idle connection of the holder (the one that ran the acquire's transaction, and then nothing else) |
+//! | liveness probe | `pg_try_advisory_xact_lock_shared` in the transition's transaction (never on the holder's connection) |
 //! | the host's clock | the server's `clock_timestamp()`, read after the row lock: one clock for every host |
 //!
 //! # One acquire
 //!
-//! On a transition connection (round trips: one, plus one per step taken):
+//! On an idle liveness connection, which keeps the new generation's lock afterwards (two
+//! round trips):
 //!
 //! ```sql
-//! BEGIN;                                                   -- pipelined with the next two
+//! BEGIN;                                                   -- pipelined with the next three
 //! SELECT key, owner, token, expiry FROM flocklease_leases WHERE id = $1 FOR UPDATE;
-//! SELECT clock_timestamp();
-//! SELECT pg_try_advisory_xact_lock_shared($key, $token);   -- only if a live-looking holder
-//! -- on a liveness connection: SELECT pg_try_advisory_lock($key, $token + 1), pg_backend_pid();
-//! UPDATE flocklease_leases SET owner = $2, token = $3, expiry = $4 WHERE key = $1;
-//! COMMIT;                                                  -- pipelined with the UPDATE
+//! SELECT clock_timestamp(), pg_backend_pid();
+//! SELECT pg_try_advisory_xact_lock_shared(key, token) …;   -- speculative probe of the holder
+//! -- the machine decides; a takeover:
+//! WITH live AS MATERIALIZED (SELECT pg_try_advisory_lock($key, $token + 1) AS got),
+//!      upd AS (UPDATE flocklease_leases SET owner = …, token = $token + 1, expiry = …
+//!              FROM live WHERE key = $key AND live.got RETURNING 1)
+//! SELECT got, (SELECT count(*) FROM upd) FROM live;
+//! COMMIT;                                                  -- pipelined with the statement
 //! ```
 //!
-//! The first use of an id inserts its row first (`INSERT … ON CONFLICT DO NOTHING`).
+//! The generation is locked before the commit, in the same server session, and the row is
+//! updated only if that lock was granted. The first use of an id inserts its row first
+//! (`INSERT … ON CONFLICT DO NOTHING`). A renew or a release runs the same first round trip on
+//! a transition connection, then `UPDATE` + `COMMIT`; a release then unlocks the generation
+//! on its liveness connection.
+//!
+//! A waiting acquire ([`PgLease::acquire_wait`]) told "held" sends its next attempt's first
+//! round trip behind a wait in the server for the holder's generation
+//! (`pg_advisory_xact_lock_shared`, in a transaction of its own bounded by `lock_timeout`):
+//! the row is locked the moment the holder's session ends, with no round trip between.
 //!
 //! # What changes from the flock backend
 //!
@@ -70,8 +83,9 @@
 //!   no two of an instance's open connections may report the same server session (each has
 //!   its own backend when connected directly or through a session-mode pooler; a
 //!   transaction-mode pooler that reuses its last idle server connection gives every client
-//!   the same one, one that rotates them moves a client between them). A liveness lock taken
-//!   in a server session other than its connection's is refused too.
+//!   the same one, one that rotates them moves a client between them). A transaction (and
+//!   with it a liveness lock) that runs in a server session other than its connection's is
+//!   refused too, before anything is committed.
 //! - The library's server-side settings per connection (`lock_timeout`, no idle timeouts on
 //!   liveness connections, TCP keepalives) are sent as `SET` statements once a connection
 //!   passed its checks, not as the startup parameter `options` (which PgBouncer refuses, or
@@ -231,9 +245,11 @@ impl PgLease {
     ///
     /// The wait blocks in `pg_advisory_xact_lock_shared` on the holder's generation, bounded
     /// by the server's `lock_timeout` at the earlier of the holder's expiry and `timeout`: it
-    /// ends the moment the holder releases or its session ends, with no polling interval. The
-    /// shared lock never makes a dead holder look alive to a probe (probes are shared too).
-    /// Returns [`Grant::Held`] when `timeout` passes with the lease still held.
+    /// ends the moment the holder releases or its session ends, with no polling interval, and
+    /// the next attempt's row lock follows in the server without a round trip (its statements
+    /// are pipelined behind the wait). The shared lock never makes a dead holder look alive to
+    /// a probe (probes are shared too). While it waits, this instance's other calls on `id`
+    /// go on. Returns [`Grant::Held`] when `timeout` passes with the lease still held.
     ///
     /// # Errors
     ///
