@@ -417,3 +417,107 @@ fn a_takeover_whose_generation_lock_is_taken_commits_nothing() {
             .is_held()
     );
 }
+
+/// A commit whose reply is lost but which did commit: the new generation's lock went with the
+/// session that sent it, and is taken again on a fresh connection only under the row lock,
+/// if the row still names the generation. Here a rival takes over in between (the hook runs it
+/// just before that re-lock, when the generation looks dead): the call still reports what it
+/// committed, a grant, but holds no lock of the superseded generation, and the loss of its
+/// liveness is reported at once.
+#[test]
+fn a_lost_commit_reply_restores_the_generation_lock_only_if_nobody_took_over() {
+    let Some(server) = pg::server() else { return };
+    let db = server.fresh_db();
+    let url = server.url(&db);
+    let admin = server.admin(&db);
+    let rival: Arc<Mutex<Option<(PgLease, Grant)>>> = Arc::default();
+    let (lost, relocking) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let hook: PgFaultHook = {
+        let (rival, url) = (Arc::clone(&rival), url.clone());
+        Arc::new(move |step, _pid| match step {
+            PgStep::Commit if !lost.swap(true, Ordering::SeqCst) => Some(PgFault::LoseReply),
+            PgStep::RelockLive if !relocking.swap(true, Ordering::SeqCst) => {
+                let leases = PgLease::connect(&url).unwrap();
+                let got = leases.acquire(&sid("raced"), &who("r")).unwrap();
+                *rival.lock().unwrap() = Some((leases, got));
+                None
+            }
+            _ => None,
+        })
+    };
+    let a = PgLease::builder(&url).faults(hook).connect().unwrap();
+    let lease = a
+        .acquire(&sid("raced"), &who("a"))
+        .unwrap()
+        .lease()
+        .expect("committed, so granted");
+    assert_eq!(lease.token, 1);
+    let (_keep, got) = rival.lock().unwrap().take().expect("the rival ran");
+    assert_eq!(got.lease().map(|l| l.token), Some(2), "the rival took over");
+    assert_eq!(
+        admin.row("raced").map(|r| (r.0, r.1)),
+        Some(("r".into(), 2))
+    );
+    let key = admin.key("raced");
+    assert!(
+        admin.advisory_holders(key, 1).is_empty(),
+        "the superseded generation was locked again"
+    );
+    let (tx, rx) = std::sync::mpsc::channel();
+    a.on_liveness_lost(&lease, Box::new(move || tx.send(()).unwrap()));
+    rx.recv_timeout(Duration::from_secs(10))
+        .expect("the loss is reported at once");
+    assert!(a.renew(&lease).unwrap().is_held(), "the renew sees it lost");
+}
+
+/// A client that stops in the middle of an acquire's transaction (its fault hook blocks before
+/// the commit) is ended by the server after the database's `idle_in_transaction_session_timeout`,
+/// as any transaction is: the row lock does not outlive it, and a rival's acquire goes through.
+#[test]
+fn a_client_stopped_mid_acquire_is_ended_by_the_database_s_idle_transaction_timeout() {
+    let Some(server) = pg::server() else { return };
+    let db = server.fresh_db();
+    let url = server.url(&db);
+    let admin = server.admin(&db);
+    admin.execute(
+        &format!("ALTER DATABASE \"{db}\" SET idle_in_transaction_session_timeout = '300ms'"),
+        &[],
+    );
+    let (paused_tx, paused_rx) = std::sync::mpsc::channel();
+    let (resume_tx, resume_rx) = std::sync::mpsc::channel::<()>();
+    let resume_rx = Mutex::new(resume_rx);
+    let seen = AtomicBool::new(false);
+    let hook: PgFaultHook = Arc::new(move |step, _pid| {
+        if step == PgStep::Commit && !seen.swap(true, Ordering::SeqCst) {
+            paused_tx.send(()).unwrap();
+            let _ = resume_rx
+                .lock()
+                .unwrap()
+                .recv_timeout(Duration::from_secs(30));
+        }
+        None
+    });
+    let a = PgLease::builder(&url).faults(hook).connect().unwrap();
+    let b = PgLease::builder(&url)
+        .lock_timeout(Duration::from_secs(5))
+        .connect()
+        .unwrap();
+    std::thread::scope(|s| {
+        let stopped = s.spawn(|| a.acquire(&sid("paused"), &who("a")));
+        paused_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the acquire reached its commit");
+        // With the row lock kept by the stopped client, this ends in RowLockTimeout.
+        let got = b.acquire(&sid("paused"), &who("b")).unwrap();
+        assert_eq!(got.lease().map(|l| l.token), Some(1));
+        resume_tx.send(()).unwrap();
+        assert!(stopped.join().unwrap().is_err(), "its session was ended");
+    });
+    assert_eq!(
+        admin.row("paused").map(|r| (r.0, r.1)),
+        Some(("b".into(), 1))
+    );
+}

@@ -516,7 +516,10 @@ fn a_waiting_acquire_does_not_hold_up_the_instance_s_other_calls() {
             .lease()
             .expect("renewed while the other call waits");
         assert_eq!(renewed.token, lease.token);
-        assert!(rx.try_recv().is_err(), "the waiter got a held lease");
+        match rx.try_recv() {
+            Err(mpsc::TryRecvError::Empty) => {}
+            other => panic!("the waiter ended while the lease was held: {other:?}"),
+        }
         leases.release(&renewed).unwrap();
         let got = rx
             .recv_timeout(Duration::from_secs(20))

@@ -162,6 +162,12 @@ impl Conn {
     /// connection open until the server has answered everything sent), and reports the
     /// session ended to whoever watches it.
     pub(super) fn close_now(self) {
+        self.shut();
+    }
+
+    /// [`Conn::close_now`], keeping the handle (then useless: poisoned and ended).
+    pub(super) fn shut(&self) {
+        self.poison();
         self.task.abort();
         self.ended.fire();
     }
@@ -634,7 +640,6 @@ impl Configs {
                 config: liveness,
                 settings: format!(
                     "SET lock_timeout = {lock_ms}; SET idle_session_timeout = 0; \
-                     SET idle_in_transaction_session_timeout = 0; \
                      SET statement_timeout = 0; SET tcp_keepalives_idle = {}; \
                      SET tcp_keepalives_interval = {}; SET tcp_keepalives_count = 2; \
                      SET tcp_user_timeout = {}",
@@ -654,11 +659,18 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// [`lock`] if it is free now.
-pub(super) fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
-    match m.try_lock() {
-        Ok(guard) => Some(guard),
-        Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),
-        Err(TryLockError::WouldBlock) => None,
+/// [`lock`] if it is free, or becomes free within `bound` (tried between yields of the
+/// thread).
+pub(super) fn try_lock_within<T>(m: &Mutex<T>, bound: Duration) -> Option<MutexGuard<'_, T>> {
+    let deadline = std::time::Instant::now() + bound;
+    loop {
+        match m.try_lock() {
+            Ok(guard) => return Some(guard),
+            Err(TryLockError::Poisoned(e)) => return Some(e.into_inner()),
+            Err(TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                std::thread::yield_now();
+            }
+            Err(TryLockError::WouldBlock) => return None,
+        }
     }
 }

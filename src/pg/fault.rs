@@ -23,11 +23,12 @@ pub enum PgStep {
     /// `pg_try_advisory_xact_lock_shared`: probing the recorded generation's liveness.
     Probe,
     /// `pg_try_advisory_lock` of a new generation. It goes out with the commit, in the
-    /// statement that updates the row (see [`PgStep::Commit`]); a fault here makes that lock
-    /// fail before the commit.
+    /// statement that updates the row (see [`PgStep::Commit`]); a [`PgFault`] injected here
+    /// makes that lock fail before the commit.
     LockLive,
-    /// Re-locking the local generation on a fresh liveness connection (renew after its
-    /// connection ended).
+    /// Re-locking the local generation on a fresh liveness connection: a renew after its
+    /// connection ended, or an acquire whose commit's reply was lost but which committed
+    /// (then under the row lock: the row read, then the lock with `COMMIT`).
     RelockLive,
     /// `UPDATE` of the lease row and `COMMIT`, pipelined. An acquire that takes a new
     /// generation sends it as one statement with the generation's `pg_try_advisory_lock`,
@@ -36,8 +37,9 @@ pub enum PgStep {
     Commit,
     /// Re-reading the row after a commit whose outcome is unknown.
     Reread,
-    /// `pg_advisory_unlock` on a liveness connection (release, superseded generation, a
-    /// failed takeover's new generation).
+    /// `pg_advisory_unlock` on a liveness connection (a release, a superseded generation).
+    /// A takeover that fails after its commit statement took the new generation's lock ends
+    /// that connection's session instead.
     Unlock,
 }
 

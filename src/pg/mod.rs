@@ -7,7 +7,7 @@
 //! | --- | --- |
 //! | `<stem>.lock` transition lock | the lease row, locked by `SELECT … FOR UPDATE` in a short transaction bounded by the server's `lock_timeout` |
 //! | `<stem>.lease.json` record | the row `(id, key, owner, token, expiry)` (see [`schema`]); never deleted; committed by the transaction's `COMMIT` |
-//! | `<stem>.<token>.live` liveness lock | the session advisory lock `(key, token mod 2^32)` held by a dedicated, unpooled, idle connection of the holder (the one that ran the acquire's transaction, and then nothing else) |
+//! | `<stem>.<token>.live` liveness lock | the session advisory lock `(key, token mod 2^32)` held by a dedicated, unpooled, idle connection of the holder (normally the one that ran the acquire's transaction; it runs nothing else while it holds the lock) |
 //! | liveness probe | `pg_try_advisory_xact_lock_shared` in the transition's transaction (never on the holder's connection) |
 //! | the host's clock | the server's `clock_timestamp()`, read after the row lock: one clock for every host |
 //!
@@ -130,7 +130,7 @@ mod sqltime;
 mod tls;
 mod tx;
 
-use conn::{Configs, Conn, HolderWait, OpenSessions, lock, try_lock};
+use conn::{Configs, Conn, HolderWait, OpenSessions, lock, try_lock_within};
 use fault::Faults;
 #[cfg(feature = "fault-injection")]
 pub use fault::PgFaultHook;
@@ -146,6 +146,10 @@ use tx::{IdState, PgTx};
 
 /// The default bound on waiting for a lease row locked by another transition: 5 seconds.
 pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a waiting acquire whose row lock was granted tries for the id's in-process lock
+/// (see `PgLease::transition`) before it starts over.
+const IN_PROCESS_HANDOFF: Duration = Duration::from_millis(2);
 
 /// The per-id state map is pruned of idle ids when it grows past this size.
 const PRUNE_AT: usize = 1024;
@@ -306,10 +310,11 @@ impl PgLease {
             // A wait for the holder must not keep the id's in-process lock: this instance's
             // other calls on the id (a renew of the lease another thread holds) go on
             // meanwhile. So the wait, and the first round trip behind it, go out before the
-            // lock is taken, and the lock is only tried once the row is locked (waiting for
-            // it then could deadlock with a call that holds it and waits for the row). If it
-            // is busy, or the instance's generation changed meanwhile, the transaction is
-            // rolled back and the transition starts over below, in order.
+            // lock is taken, and the lock is only tried once the row is locked, for a moment
+            // (waiting for it longer could deadlock with a call that holds it and waits for
+            // the row; a call that released the lease holds it until its unlock's reply). If
+            // it stays busy, or the instance's generation changed meanwhile, the transaction
+            // is rolled back and the transition starts over below, in order.
             let local = local_of(&lock(&entry));
             let conn = inner.live_conn(id)?;
             match inner.begin(id, &conn, Some(local), Some(wait)) {
@@ -317,7 +322,7 @@ impl PgLease {
                     inner.end_tx(conn, false);
                     return Err(e);
                 }
-                Ok(read) => match try_lock(&entry) {
+                Ok(read) => match try_lock_within(&entry, IN_PROCESS_HANDOFF) {
                     Some(state) if local_of(&state) == local => begun = Some((state, conn, read)),
                     _ => inner.end_tx(conn, false),
                 },
@@ -536,8 +541,8 @@ impl PgLeaseBuilder {
     }
 
     /// Starts the private runtime (one thread), creates the lease tables if missing and
-    /// checks their version, then opens a liveness and a transition connection (the first
-    /// acquire uses them).
+    /// checks their version, then opens a liveness and a transition connection (for the first
+    /// acquire, and the first renew or release).
     ///
     /// # Errors
     ///

@@ -5,12 +5,13 @@
 use std::sync::{Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use super::Inner;
 use super::conn::{self, Conn, exec, lock};
 use super::fault::{Faults, PgStep};
 use super::tx::gen_key;
+use super::{Inner, row_record};
 use crate::error::Error;
 use crate::name::SessionId;
+use crate::record::Record;
 
 /// Idle connections kept per role (transition, liveness) between calls.
 const POOL_MAX: usize = 4;
@@ -160,6 +161,77 @@ impl Inner {
             });
         }
         Ok(conn)
+    }
+
+    /// Locks generation `(key, token)` again on a fresh liveness connection and returns it,
+    /// under the row lock and only if the row of `id` still holds `record` (nobody took over
+    /// since the commit that created the generation). `None` if the row changed, the lock is
+    /// busy, or a step failed; nothing is held then.
+    pub(super) fn relock_if_named(
+        &self,
+        id: &SessionId,
+        key: i32,
+        record: &Record,
+        token: u64,
+    ) -> Option<Conn> {
+        let conn = self.live_conn(id).ok()?;
+        let idp = id.as_str();
+        let read = exec(
+            &self.rt,
+            &self.faults,
+            PgStep::RelockLive,
+            &conn,
+            |c| async move {
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&idp];
+                let (begun, row) = tokio::join!(
+                    c.client.execute(&c.stmts.begin, &[]),
+                    c.client.query_opt(&c.stmts.lock_row, &params),
+                );
+                begun?;
+                row
+            },
+        );
+        let named = match &read {
+            Ok(Some(row)) => row_record(id, row).is_ok_and(|(_, r)| r.as_ref() == Some(record)),
+            _ => false,
+        };
+        if !named {
+            self.end_tx(conn, false);
+            return None;
+        }
+        let gk = gen_key(token);
+        let got = exec(
+            &self.rt,
+            &self.faults,
+            PgStep::RelockLive,
+            &conn,
+            |c| async move {
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&key, &gk];
+                let (got, committed) = tokio::join!(
+                    c.client.query_one(&c.stmts.lock_live, &params),
+                    c.client.execute(&c.stmts.commit, &[]),
+                );
+                committed?;
+                got
+            },
+        );
+        match got {
+            Ok(row) if row.get::<_, bool>(0) && row.get::<_, i32>(1) == conn.pid => Some(conn),
+            Ok(row) => {
+                if row.get::<_, bool>(0) {
+                    // Taken in another server session: ended with the connection.
+                    conn.poison();
+                }
+                self.end_tx(conn, true);
+                None
+            }
+            Err(_) => {
+                // It may hold the lock: ended, not pooled.
+                conn.poison();
+                self.end_tx(conn, true);
+                None
+            }
+        }
     }
 
     /// Unlocks generation `(key, token)` on `conn` and keeps the connection if that worked;

@@ -28,7 +28,11 @@ impl Inner {
             if e.is_lock_timeout() {
                 Error::RowLockTimeout {
                     id: id.clone(),
-                    waited: started.elapsed(),
+                    // After a wait for a holder, only the server's bound is known.
+                    waited: match wait {
+                        Some(_) => self.lock_timeout,
+                        None => started.elapsed(),
+                    },
                 }
             } else {
                 e.into_error("lock the lease row", Some(id))
@@ -81,6 +85,8 @@ impl Inner {
         // would stay with a server connection that the pooler hands to other clients.
         let pid: i32 = clock.get(1);
         if pid != conn.pid {
+            // Never reused: ended, not pooled, at the end of the transition.
+            conn.poison();
             return Err(Error::SessionNotKept {
                 detail: format!(
                     "a transaction ran in server session {pid}, the connection opened in \

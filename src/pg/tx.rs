@@ -138,20 +138,21 @@ impl PgTx<'_> {
         Ok(now.1.as_ref() == Some(record))
     }
 
-    /// After a commit whose reply never came but which did commit generation `token`: its
-    /// lock, taken by that commit statement, is in a session whose connection was given up.
-    /// Ends that session and locks the generation again on a fresh liveness connection. If
-    /// that fails, the generation is adopted with the dead connection: its holder is told of
-    /// the loss at once, and its next renew locks it again ([`Transaction::ensure_live`]).
-    fn restore_live(&mut self, token: u64) {
+    /// After a commit whose reply never came but which did commit `record`, generation
+    /// `token`: its lock, taken by that commit statement, is in a session whose connection was
+    /// given up. Ends that session, then locks the generation again on a fresh liveness
+    /// connection, under the row lock and only if the row still holds `record` (between the
+    /// two, the generation looks dead and a rival may take over). If that fails, the
+    /// generation is adopted with its connection closed: its holder is told of the loss at
+    /// once, and its next renew locks it again if nobody took over
+    /// ([`Transaction::ensure_live`]).
+    fn restore_live(&mut self, record: &Record, token: u64) {
         // Whether or not the server confirms the end (the session may be gone already), the
         // lock attempt below says whether the old session still holds the generation.
         self.inner.terminate(self.conn.pid);
-        if let Ok(conn) = self
-            .inner
-            .lock_generation(self.id, self.key, token, PgStep::RelockLive)
-        {
-            self.relocked = Some(conn);
+        self.relocked = self.inner.relock_if_named(self.id, self.key, record, token);
+        if self.relocked.is_none() {
+            self.conn.shut();
         }
     }
 }
@@ -175,8 +176,9 @@ impl<'a> Transaction for PgTx<'a> {
     fn probe(&mut self, token: u64) -> Result<Liveness, Error> {
         // A shared try-lock, released at the end of the transaction: the holder's exclusive
         // session lock excludes it; another probe or a waiter (shared too) does not, so a
-        // probe never makes a dead holder look alive to anyone else. It runs on a transition
-        // connection, never on a liveness connection (advisory locks are re-entrant).
+        // probe never makes a dead holder look alive to anyone else. It runs in the transition's
+        // transaction, never on a connection holding a generation (advisory locks are
+        // re-entrant): an acquire's runs on a pooled liveness connection, which holds none.
         let (key, gk) = (self.key, gen_key(token));
         if let Some((probed, free)) = self.probed
             && probed == gk
@@ -336,7 +338,7 @@ impl<'a> Transaction for PgTx<'a> {
                 let stuck = matches!(e, Fail::NoReply(_));
                 if self.committed_anyway(record, stuck)? {
                     if let Some(t) = live {
-                        self.restore_live(t);
+                        self.restore_live(record, t);
                     }
                     Ok(())
                 } else {
