@@ -86,8 +86,8 @@
 //!   the same one, one that rotates them moves a client between them). A transaction (and
 //!   with it a liveness lock) that runs in a server session other than its connection's is
 //!   refused too, before anything is committed.
-//! - The library's server-side settings per connection (`lock_timeout`, no idle timeouts on
-//!   liveness connections, TCP keepalives) are sent as `SET` statements once a connection
+//! - The library's server-side settings per connection (`lock_timeout`, no idle-session or
+//!   statement timeout on liveness connections, TCP keepalives) are sent as `SET` statements once a connection
 //!   passed its checks, not as the startup parameter `options` (which PgBouncer refuses, or
 //!   drops when told to ignore it), so they hold through a session-mode pooler. Behind a
 //!   pooler the server-side TCP settings apply to the pooler's link, not to the holder's: a
