@@ -466,11 +466,23 @@ fn a_lost_commit_reply_restores_the_generation_lock_only_if_nobody_took_over() {
         admin.advisory_holders(key, 1).is_empty(),
         "the superseded generation was locked again"
     );
+    // Told at once, and free to call into the lease manager from the callback (here: a renew
+    // of the lost lease). Subscribed on a thread of its own: a callback run under the id's
+    // in-process lock would hang it there.
+    let a = Arc::new(a);
     let (tx, rx) = std::sync::mpsc::channel();
-    a.on_liveness_lost(&lease, Box::new(move || tx.send(()).unwrap()));
-    rx.recv_timeout(Duration::from_secs(10))
-        .expect("the loss is reported at once");
-    assert!(a.renew(&lease).unwrap().is_held(), "the renew sees it lost");
+    let (a2, lost_lease) = (Arc::clone(&a), lease.clone());
+    std::thread::spawn(move || {
+        let (a3, l3) = (Arc::clone(&a2), lost_lease.clone());
+        a2.on_liveness_lost(
+            &lost_lease,
+            Box::new(move || tx.send(a3.renew(&l3).map(|g| g.is_held())).unwrap()),
+        );
+    });
+    let renewed = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the loss is reported at once, and the callback can call in");
+    assert!(renewed.unwrap(), "the renew sees it lost");
 }
 
 /// A client that stops in the middle of an acquire's transaction (its fault hook blocks before
@@ -483,7 +495,7 @@ fn a_client_stopped_mid_acquire_is_ended_by_the_database_s_idle_transaction_time
     let url = server.url(&db);
     let admin = server.admin(&db);
     admin.execute(
-        &format!("ALTER DATABASE \"{db}\" SET idle_in_transaction_session_timeout = '300ms'"),
+        &format!("ALTER DATABASE \"{db}\" SET idle_in_transaction_session_timeout = '1s'"),
         &[],
     );
     let (paused_tx, paused_rx) = std::sync::mpsc::channel();

@@ -43,14 +43,15 @@ impl Ended {
         self.flag.load(Ordering::SeqCst)
     }
 
-    /// Calls `f` when the session ends, or now if it has.
-    pub(super) fn subscribe(&self, f: Notify) {
+    /// Calls `f` when the session ends; if it has, gives `f` back for the caller to call
+    /// (once it holds none of its own locks: `f` may call into the lease manager).
+    pub(super) fn subscribe(&self, f: Notify) -> Option<Notify> {
         let mut waiters = lock(&self.waiters);
         if self.is_ended() {
-            drop(waiters);
-            f();
+            Some(f)
         } else {
             waiters.push(f);
+            None
         }
     }
 
@@ -83,6 +84,13 @@ pub(super) struct Stmts {
 pub(super) struct Conn {
     pub(super) client: Client,
     pub(super) pid: i32,
+    /// When its server session started (`backend_start`, as text): with `pid`, it names the
+    /// session even after the server gave the pid to another one.
+    pub(super) started: Option<String>,
+    /// Set when its transactions turned out to run in another server session than its own
+    /// (a transaction-mode pooler): never pooled, and its own session, which may serve other
+    /// clients now, is never ended on its account.
+    disowned: AtomicBool,
     pub(super) ended: Arc<Ended>,
     pub(super) stmts: Stmts,
     /// Set when a step's outcome is unknown: the connection must not be reused.
@@ -150,7 +158,22 @@ impl Drop for Registered {
 impl Conn {
     /// Whether it may go back to a pool.
     pub(super) fn reusable(&self) -> bool {
+        self.answers() && !self.is_disowned()
+    }
+
+    /// Whether it still takes statements whose outcome is known.
+    pub(super) fn answers(&self) -> bool {
         !self.poisoned.load(Ordering::Relaxed) && !self.ended.is_ended() && !self.client.is_closed()
+    }
+
+    /// Marks it as not keeping its server session (see the field).
+    pub(super) fn disown(&self) {
+        self.disowned.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether [`Conn::disown`] was called.
+    pub(super) fn is_disowned(&self) -> bool {
+        self.disowned.load(Ordering::Relaxed)
     }
 
     /// Marks it unusable.
@@ -444,11 +467,11 @@ pub(super) fn connect_unset(
             signal.fire();
         })
         .abort_handle();
-        let first = backend_pid(&client).await?;
+        let (first, started) = backend_session(&client).await?;
         // The second read is polled first, so it is sent ahead of the preparations: the next
         // transaction of this client after the first read.
-        let (again, stmts) = tokio::join!(backend_pid(&client), prepare(&client));
-        let again = again?;
+        let (again, stmts) = tokio::join!(backend_session(&client), prepare(&client));
+        let (again, _) = again?;
         if again != first {
             return Err(Fail::SessionNotKept(format!(
                 "one connection's consecutive statements ran in server sessions {first} and \
@@ -460,6 +483,8 @@ pub(super) fn connect_unset(
         let registered = open.register(first, &ended)?;
         Ok(Conn {
             pid: first,
+            started,
+            disowned: AtomicBool::new(false),
             client,
             ended,
             stmts: stmts.map_err(Fail::Db)?,
@@ -473,17 +498,24 @@ pub(super) fn connect_unset(
     })?
 }
 
-/// The server session's pid, by the simple protocol: one message, which a transaction-mode
-/// pooler runs on one server connection, and no statement left prepared on it.
-async fn backend_pid(c: &Client) -> Result<i32, Fail> {
+/// The server session's pid and start time, by the simple protocol: one message, which a
+/// transaction-mode pooler runs on one server connection, and no statement left prepared on
+/// it.
+async fn backend_session(c: &Client) -> Result<(i32, Option<String>), Fail> {
     let reply = c
-        .simple_query("SELECT pg_backend_pid()")
+        .simple_query(
+            "SELECT pg_backend_pid(), (SELECT backend_start::text FROM pg_stat_activity \
+             WHERE pid = pg_backend_pid())",
+        )
         .await
         .map_err(Fail::Db)?;
     reply
         .iter()
         .find_map(|m| match m {
-            SimpleQueryMessage::Row(row) => row.get(0)?.parse().ok(),
+            SimpleQueryMessage::Row(row) => {
+                let pid = row.get(0)?.parse().ok()?;
+                Some((pid, row.get(1).map(str::to_owned)))
+            }
             _ => None,
         })
         .ok_or_else(|| Fail::SessionNotKept("pg_backend_pid() returned no pid".into()))

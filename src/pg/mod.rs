@@ -438,7 +438,11 @@ impl SessionLease for PgLease {
         match &state.local {
             Some(g) if g.local.token == lease.token && g.local.owner == lease.owner => {
                 // Under the id's lock: the connection cannot be given up meanwhile.
-                g.conn.ended.subscribe(notify);
+                if let Some(notify) = g.conn.ended.subscribe(notify) {
+                    // Ended already: told at once, once the id's lock is free again.
+                    drop(state);
+                    notify();
+                }
             }
             _ => {
                 drop(state);

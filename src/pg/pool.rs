@@ -38,6 +38,10 @@ impl Inner {
     /// generation's lock), so that nothing it held outlives the call.
     pub(super) fn give_back(&self, mut conn: Conn) {
         conn.ended.clear();
+        if conn.is_disowned() {
+            conn.close_now();
+            return;
+        }
         if !conn.reusable() {
             if !conn.ended.is_ended() {
                 self.discard(conn);
@@ -72,16 +76,23 @@ impl Inner {
     /// Ends a connection whose locks are unknown, and makes sure the server has ended its
     /// session (so its locks are gone) before returning, as far as it can.
     pub(super) fn discard(&self, conn: Conn) {
-        let pid = conn.pid;
+        let (pid, started) = (conn.pid, conn.started.clone());
         conn.close_now();
-        self.terminate(pid);
+        self.terminate_session(pid, started.as_deref());
     }
 
-    /// Ends server session `pid` (`pg_terminate_backend`) from another connection, and says
-    /// whether the server confirmed it gone: it waits for the session's exit up to half the
-    /// reply bound (at most 2 s). A stopped or stuck backend exits only once it runs again, so
-    /// `false` then: whatever it holds is still held.
-    pub(super) fn terminate(&self, pid: i32) -> bool {
+    /// Ends `conn`'s server session (see [`Inner::terminate_session`]).
+    pub(super) fn terminate(&self, conn: &Conn) -> bool {
+        self.terminate_session(conn.pid, conn.started.as_deref())
+    }
+
+    /// Ends server session `pid`, the one that started at `started` if known (the server may
+    /// have given a gone session's pid to a new one), by `pg_terminate_backend` from another
+    /// connection, and says whether the server confirmed it gone: it waits for the session's
+    /// exit up to half the reply bound (at most 2 s). A stopped or stuck backend exits only
+    /// once it runs again, so `false` then: whatever it holds is still held. A session that
+    /// is not there any more counts as gone only when its start time is known.
+    pub(super) fn terminate_session(&self, pid: i32, started: Option<&str>) -> bool {
         let Ok(admin) = self.tx_conn(None) else {
             return false;
         };
@@ -94,18 +105,36 @@ impl Inner {
             PgStep::Unlock,
             &admin,
             |c| async move {
-                c.client
-                    .query_one(
-                        "SELECT pg_terminate_backend($1::int4, $2::int8)",
-                        &[&pid, &wait_ms],
-                    )
-                    .await
+                match started {
+                    Some(started) => {
+                        let row = c
+                            .client
+                            .query_opt(
+                                "SELECT pg_terminate_backend(pid, $2::int8) \
+                                 FROM pg_stat_activity \
+                                 WHERE pid = $1::int4 AND backend_start::text = $3",
+                                &[&pid, &wait_ms, &started],
+                            )
+                            .await?;
+                        Ok(row.is_none_or(|r| r.get::<_, bool>(0)))
+                    }
+                    None => {
+                        let row = c
+                            .client
+                            .query_one(
+                                "SELECT pg_terminate_backend($1::int4, $2::int8)",
+                                &[&pid, &wait_ms],
+                            )
+                            .await?;
+                        Ok(row.get::<_, bool>(0))
+                    }
+                }
             },
         );
         match done {
-            Ok(row) => {
+            Ok(gone) => {
                 self.give_back(admin);
-                row.get::<_, bool>(0)
+                gone
             }
             Err(_) => {
                 // Not given back: discarding it would end another session the same way, and
@@ -145,7 +174,7 @@ impl Inner {
         let (locked, pid): (bool, i32) = (row.get(0), row.get(1));
         if pid != conn.pid {
             let opened = conn.pid;
-            self.discard(conn);
+            self.disowned(conn, locked.then_some(pid));
             return Err(Error::SessionNotKept {
                 detail: format!(
                     "the liveness lock was taken in server session {pid}, the connection \
@@ -217,11 +246,13 @@ impl Inner {
         );
         match got {
             Ok(row) if row.get::<_, bool>(0) && row.get::<_, i32>(1) == conn.pid => Some(conn),
-            Ok(row) => {
-                if row.get::<_, bool>(0) {
-                    // Taken in another server session: ended with the connection.
-                    conn.poison();
-                }
+            Ok(row) if row.get::<_, i32>(1) != conn.pid => {
+                let (locked, pid) = (row.get::<_, bool>(0), row.get::<_, i32>(1));
+                self.disowned(conn, locked.then_some(pid));
+                None
+            }
+            Ok(_) => {
+                // Busy: nothing held, nothing committed.
                 self.end_tx(conn, true);
                 None
             }
@@ -231,6 +262,18 @@ impl Inner {
                 self.end_tx(conn, true);
                 None
             }
+        }
+    }
+
+    /// Closes a connection whose statements ran in server session `seen` instead of its own
+    /// (a transaction-mode pooler), without ending its own session, which may serve other
+    /// clients now. If a generation's lock was taken in `locked_in`, that session is ended:
+    /// the lock would otherwise stay with a server connection the pooler hands to others.
+    fn disowned(&self, conn: Conn, locked_in: Option<i32>) {
+        conn.disown();
+        self.give_back(conn);
+        if let Some(pid) = locked_in {
+            self.terminate_session(pid, None);
         }
     }
 

@@ -85,8 +85,9 @@ impl Inner {
         // would stay with a server connection that the pooler hands to other clients.
         let pid: i32 = clock.get(1);
         if pid != conn.pid {
-            // Never reused: ended, not pooled, at the end of the transition.
-            conn.poison();
+            // Rolled back, then closed at the end of the transition, never pooled; and
+            // neither session is ended on its account (both may serve other clients).
+            conn.disown();
             return Err(Error::SessionNotKept {
                 detail: format!(
                     "a transaction ran in server session {pid}, the connection opened in \
@@ -109,7 +110,7 @@ impl Inner {
     /// Ends a transition's transaction: rolls back what was not committed, and keeps the
     /// connection if it is sound.
     pub(super) fn end_tx(&self, conn: Conn, finished: bool) {
-        if !finished && conn.reusable() {
+        if !finished && conn.answers() {
             let rolled_back = within(
                 &self.rt,
                 conn.reply_bound,

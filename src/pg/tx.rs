@@ -92,7 +92,7 @@ impl PgTx<'_> {
             id: self.id.clone(),
             detail,
         };
-        if stuck && !self.inner.terminate(self.conn.pid) {
+        if stuck && !self.inner.terminate(self.conn) {
             return Err(unknown(format!(
                 "the server did not answer, and its session {} could not be confirmed ended",
                 self.conn.pid
@@ -149,7 +149,7 @@ impl PgTx<'_> {
     fn restore_live(&mut self, record: &Record, token: u64) {
         // Whether or not the server confirms the end (the session may be gone already), the
         // lock attempt below says whether the old session still holds the generation.
-        self.inner.terminate(self.conn.pid);
+        self.inner.terminate(self.conn);
         self.relocked = self.inner.relock_if_named(self.id, self.key, record, token);
         if self.relocked.is_none() {
             self.conn.shut();
