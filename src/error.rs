@@ -159,7 +159,8 @@ pub enum Error {
     RowLockTimeout {
         /// The session id.
         id: SessionId,
-        /// How long this call waited.
+        /// How long this call waited for the row lock (after a wait for a holder, the lock
+        /// timeout, which bounds that part alone).
         waited: Duration,
     },
     /// The lease row of `id` holds a value no lease can have (an expiry of `infinity`, or
