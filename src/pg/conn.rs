@@ -84,9 +84,9 @@ pub(super) struct Stmts {
 pub(super) struct Conn {
     pub(super) client: Client,
     pub(super) pid: i32,
-    /// When its server session started (`backend_start`, as text): with `pid`, it names the
-    /// session even after the server gave the pid to another one.
-    pub(super) started: Option<String>,
+    /// Set once its server session was told to end (`pg_terminate_backend`): it is not told
+    /// again, since the server may have given its pid to another session meanwhile.
+    pub(super) terminated: AtomicBool,
     /// Set when its transactions turned out to run in another server session than its own
     /// (a transaction-mode pooler): never pooled, and its own session, which may serve other
     /// clients now, is never ended on its account.
@@ -467,11 +467,11 @@ pub(super) fn connect_unset(
             signal.fire();
         })
         .abort_handle();
-        let (first, started) = backend_session(&client).await?;
+        let first = backend_pid(&client).await?;
         // The second read is polled first, so it is sent ahead of the preparations: the next
         // transaction of this client after the first read.
-        let (again, stmts) = tokio::join!(backend_session(&client), prepare(&client));
-        let (again, _) = again?;
+        let (again, stmts) = tokio::join!(backend_pid(&client), prepare(&client));
+        let again = again?;
         if again != first {
             return Err(Fail::SessionNotKept(format!(
                 "one connection's consecutive statements ran in server sessions {first} and \
@@ -483,7 +483,7 @@ pub(super) fn connect_unset(
         let registered = open.register(first, &ended)?;
         Ok(Conn {
             pid: first,
-            started,
+            terminated: AtomicBool::new(false),
             disowned: AtomicBool::new(false),
             client,
             ended,
@@ -498,24 +498,17 @@ pub(super) fn connect_unset(
     })?
 }
 
-/// The server session's pid and start time, by the simple protocol: one message, which a
-/// transaction-mode pooler runs on one server connection, and no statement left prepared on
-/// it.
-async fn backend_session(c: &Client) -> Result<(i32, Option<String>), Fail> {
+/// The server session's pid, by the simple protocol: one message, which a transaction-mode
+/// pooler runs on one server connection, and no statement left prepared on it.
+async fn backend_pid(c: &Client) -> Result<i32, Fail> {
     let reply = c
-        .simple_query(
-            "SELECT pg_backend_pid(), (SELECT backend_start::text FROM pg_stat_activity \
-             WHERE pid = pg_backend_pid())",
-        )
+        .simple_query("SELECT pg_backend_pid()")
         .await
         .map_err(Fail::Db)?;
     reply
         .iter()
         .find_map(|m| match m {
-            SimpleQueryMessage::Row(row) => {
-                let pid = row.get(0)?.parse().ok()?;
-                Some((pid, row.get(1).map(str::to_owned)))
-            }
+            SimpleQueryMessage::Row(row) => row.get(0)?.parse().ok(),
             _ => None,
         })
         .ok_or_else(|| Fail::SessionNotKept("pg_backend_pid() returned no pid".into()))

@@ -76,23 +76,31 @@ impl Inner {
     /// Ends a connection whose locks are unknown, and makes sure the server has ended its
     /// session (so its locks are gone) before returning, as far as it can.
     pub(super) fn discard(&self, conn: Conn) {
-        let (pid, started) = (conn.pid, conn.started.clone());
+        let told = conn.terminated.load(std::sync::atomic::Ordering::Relaxed);
+        let pid = conn.pid;
         conn.close_now();
-        self.terminate_session(pid, started.as_deref());
+        if !told {
+            self.terminate_session(pid);
+        }
     }
 
-    /// Ends `conn`'s server session (see [`Inner::terminate_session`]).
+    /// Ends `conn`'s server session (see [`Inner::terminate_session`]), once: after that, the
+    /// server may give its pid to another session.
     pub(super) fn terminate(&self, conn: &Conn) -> bool {
-        self.terminate_session(conn.pid, conn.started.as_deref())
+        if conn
+            .terminated
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            return false;
+        }
+        self.terminate_session(conn.pid)
     }
 
-    /// Ends server session `pid`, the one that started at `started` if known (the server may
-    /// have given a gone session's pid to a new one), by `pg_terminate_backend` from another
-    /// connection, and says whether the server confirmed it gone: it waits for the session's
-    /// exit up to half the reply bound (at most 2 s). A stopped or stuck backend exits only
-    /// once it runs again, so `false` then: whatever it holds is still held. A session that
-    /// is not there any more counts as gone only when its start time is known.
-    pub(super) fn terminate_session(&self, pid: i32, started: Option<&str>) -> bool {
+    /// Ends server session `pid` (`pg_terminate_backend`) from another connection, and says
+    /// whether the server confirmed it gone: it waits for the session's exit up to half the
+    /// reply bound (at most 2 s). A stopped or stuck backend exits only once it runs again, so
+    /// `false` then: whatever it holds is still held.
+    pub(super) fn terminate_session(&self, pid: i32) -> bool {
         let Ok(admin) = self.tx_conn(None) else {
             return false;
         };
@@ -105,30 +113,14 @@ impl Inner {
             PgStep::Unlock,
             &admin,
             |c| async move {
-                match started {
-                    Some(started) => {
-                        let row = c
-                            .client
-                            .query_opt(
-                                "SELECT pg_terminate_backend(pid, $2::int8) \
-                                 FROM pg_stat_activity \
-                                 WHERE pid = $1::int4 AND backend_start::text = $3",
-                                &[&pid, &wait_ms, &started],
-                            )
-                            .await?;
-                        Ok(row.is_none_or(|r| r.get::<_, bool>(0)))
-                    }
-                    None => {
-                        let row = c
-                            .client
-                            .query_one(
-                                "SELECT pg_terminate_backend($1::int4, $2::int8)",
-                                &[&pid, &wait_ms],
-                            )
-                            .await?;
-                        Ok(row.get::<_, bool>(0))
-                    }
-                }
+                let row = c
+                    .client
+                    .query_one(
+                        "SELECT pg_terminate_backend($1::int4, $2::int8)",
+                        &[&pid, &wait_ms],
+                    )
+                    .await?;
+                Ok(row.get::<_, bool>(0))
             },
         );
         match done {
@@ -273,7 +265,7 @@ impl Inner {
         conn.disown();
         self.give_back(conn);
         if let Some(pid) = locked_in {
-            self.terminate_session(pid, None);
+            self.terminate_session(pid);
         }
     }
 
