@@ -533,3 +533,119 @@ fn a_client_stopped_mid_acquire_is_ended_by_the_database_s_idle_transaction_time
         Some(("b".into(), 1))
     );
 }
+
+/// Two threads of one instance: B waits for the holder, and its next attempt's row lock comes
+/// right behind the wait's end; meanwhile A, which holds the id's in-process lock, asks for
+/// the row after B. B must give the row up (it tries the in-process lock only briefly, then
+/// rolls back and starts over in order), or A's acquire ends in `RowLockTimeout`. The fault
+/// hook orders the steps: at B's second attempt it lets the holder go, locks the row from an
+/// admin session (so that B queues for it) and starts A, whose own first round trip waits until
+/// B is queued; the admin session lets go once A is queued behind B.
+#[test]
+fn a_waiting_acquire_holding_the_row_gives_it_up_to_a_call_holding_the_in_process_lock() {
+    use std::sync::OnceLock;
+    use std::sync::atomic::AtomicUsize;
+    let Some(server) = pg::server() else { return };
+    let db = server.fresh_db();
+    let url = server.url(&db);
+    let admin = Arc::new(server.admin(&db));
+    let locker = Arc::new(server.admin(&db));
+    let holder = PgLease::connect(&url).unwrap();
+    let held = holder
+        .acquire(&sid("x"), &who("h"))
+        .unwrap()
+        .lease()
+        .unwrap();
+    let holder = Arc::new(Mutex::new(Some((holder, held))));
+    let me: Arc<OnceLock<std::sync::Weak<PgLease>>> = Arc::default();
+    type Started = Option<std::thread::JoinHandle<Result<Grant, flocklease::Error>>>;
+    let a_thread: Arc<Mutex<Started>> = Arc::default();
+    let pids: Arc<Mutex<(Option<i32>, Option<i32>)>> = Arc::default();
+    let rounds = AtomicUsize::new(0);
+    // Whether session `pid` waits for a lock.
+    let queued = |admin: &pg::Admin, pid: i32| -> bool {
+        admin.query(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'",
+            &[&pid],
+        )[0]
+        .get::<_, i64>(0)
+            > 0
+    };
+    let hook: PgFaultHook = {
+        let (holder, me, a_thread, admin, locker, pids) = (
+            Arc::clone(&holder),
+            Arc::clone(&me),
+            Arc::clone(&a_thread),
+            Arc::clone(&admin),
+            Arc::clone(&locker),
+            Arc::clone(&pids),
+        );
+        Arc::new(move |step, pid| {
+            if step != PgStep::LockRow {
+                return None;
+            }
+            match rounds.fetch_add(1, Ordering::SeqCst) {
+                // B's second attempt, its wait ahead.
+                1 => {
+                    pids.lock().unwrap().0 = Some(pid);
+                    let (h, lease) = holder.lock().unwrap().take().unwrap();
+                    h.release(&lease).unwrap();
+                    locker.execute("BEGIN", &[]);
+                    locker.query(
+                        "SELECT 1 FROM flocklease_leases WHERE id = 'x' FOR UPDATE",
+                        &[],
+                    );
+                    let leases = me.get().unwrap().upgrade().unwrap();
+                    let a = std::thread::spawn(move || leases.acquire(&sid("x"), &who("a")));
+                    *a_thread.lock().unwrap() = Some(a);
+                }
+                // A's first round trip, under the id's in-process lock: once B is queued.
+                2 => {
+                    let b = pids.lock().unwrap().0.unwrap();
+                    pg::until("B queues for the row", || queued(&admin, b));
+                    pids.lock().unwrap().1 = Some(pid);
+                }
+                _ => {}
+            }
+            None
+        })
+    };
+    let leases = Arc::new(
+        PgLease::builder(&url)
+            .lock_timeout(Duration::from_secs(2))
+            .faults(hook)
+            .connect()
+            .unwrap(),
+    );
+    me.set(Arc::downgrade(&leases)).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let b = {
+        let leases = Arc::clone(&leases);
+        std::thread::spawn(move || {
+            let got = leases.acquire_wait(&sid("x"), &who("b"), Duration::from_secs(60));
+            tx.send(got).unwrap();
+        })
+    };
+    pg::until("A queues for the row behind B", || {
+        let a = pids.lock().unwrap().1;
+        a.is_some_and(|a| queued(&admin, a))
+    });
+    locker.execute("COMMIT", &[]);
+    let a = a_thread.lock().unwrap().take().unwrap();
+    let a_lease = a
+        .join()
+        .unwrap()
+        .expect("A's acquire is not held up by B's row lock")
+        .lease()
+        .expect("A got the released lease");
+    // B waits on, now for A's generation, and gets it once A releases.
+    leases.release(&a_lease).unwrap();
+    let b_lease = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("B's wait ended")
+        .unwrap()
+        .lease()
+        .expect("B got the lease");
+    assert_eq!(b_lease.token, a_lease.token + 1);
+    b.join().unwrap();
+}
