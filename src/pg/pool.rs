@@ -137,19 +137,23 @@ impl Inner {
         }
     }
 
-    /// Locks generation `(key, token)` on a liveness connection and returns it.
+    /// Locks generation `(key, token)` again on a liveness connection and returns it (a renew
+    /// whose liveness connection ended; step [`PgStep::RelockLive`]).
     pub(super) fn lock_generation(
         &self,
         id: &SessionId,
         key: i32,
         token: u64,
-        step: PgStep,
     ) -> Result<Conn, Error> {
         let conn = self.live_conn(id)?;
         let gk = gen_key(token);
-        let got = exec(&self.rt, &self.faults, step, &conn, |c| async move {
-            c.client.query_one(&c.stmts.lock_live, &[&key, &gk]).await
-        });
+        let got = exec(
+            &self.rt,
+            &self.faults,
+            PgStep::RelockLive,
+            &conn,
+            |c| async move { c.client.query_one(&c.stmts.lock_live, &[&key, &gk]).await },
+        );
         let row = match got {
             Ok(row) => row,
             Err(e) => {
@@ -163,6 +167,20 @@ impl Inner {
                 return Err(e.into_error("lock the generation's liveness lock", Some(id)));
             }
         };
+        self.keep_if_locked(conn, id, token, &row)
+    }
+
+    /// Interprets the reply `(locked, pid)` of the statement that locked generation `token`
+    /// on `conn` (outside any transaction, or in one that is over): `conn` if it holds the
+    /// lock in its own server session; otherwise the connection goes back (or is disowned,
+    /// when the lock was tried in another session) and the error says why.
+    fn keep_if_locked(
+        &self,
+        conn: Conn,
+        id: &SessionId,
+        token: u64,
+        row: &tokio_postgres::Row,
+    ) -> Result<Conn, Error> {
         let (locked, pid): (bool, i32) = (row.get(0), row.get(1));
         if pid != conn.pid {
             let opened = conn.pid;
@@ -237,17 +255,7 @@ impl Inner {
             },
         );
         match got {
-            Ok(row) if row.get::<_, bool>(0) && row.get::<_, i32>(1) == conn.pid => Some(conn),
-            Ok(row) if row.get::<_, i32>(1) != conn.pid => {
-                let (locked, pid) = (row.get::<_, bool>(0), row.get::<_, i32>(1));
-                self.disowned(conn, locked.then_some(pid));
-                None
-            }
-            Ok(_) => {
-                // Busy: nothing held, nothing committed.
-                self.end_tx(conn, true);
-                None
-            }
+            Ok(row) => self.keep_if_locked(conn, id, token, &row).ok(),
             Err(_) => {
                 // It may hold the lock: ended, not pooled.
                 conn.poison();

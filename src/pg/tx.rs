@@ -37,9 +37,7 @@ pub(super) fn gen_key(token: u64) -> i32 {
 /// transaction runs on the idle liveness connection that is to hold its new generation. So the
 /// lock is held before the commit, as the driver's schedule requires, without a round trip of
 /// its own.
-pub(super) struct PendingLive {
-    _token: u64,
-}
+pub(super) struct PendingLive;
 
 /// Where a planned generation lock stands on the transaction's connection.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -49,9 +47,9 @@ pub(super) enum LiveLock {
     /// Planned: the commit statement will take it.
     Planned(u64),
     /// Taken by the commit statement: the transaction's session holds it.
-    Held(u64),
+    Held,
     /// The commit statement may have taken it (it failed, or its reply never came).
-    Unknown(u64),
+    Unknown,
 }
 
 /// One transition's transaction: the row is locked (and was read) on `conn`.
@@ -212,7 +210,7 @@ impl<'a> Transaction for PgTx<'a> {
             return Err(fail.into_error("lock the generation's liveness lock", Some(self.id)));
         }
         self.live = LiveLock::Planned(token);
-        Ok(PendingLive { _token: token })
+        Ok(PendingLive)
     }
 
     fn ensure_live(&mut self, token: u64) -> Result<(), Error> {
@@ -226,15 +224,13 @@ impl<'a> Transaction for PgTx<'a> {
         // generation (the machine checked), so nobody took over: lock it again on a fresh
         // connection. If the old session still holds it (not yet ended on the server), this
         // fails and a later renew retries.
-        let conn = self
-            .inner
-            .lock_generation(self.id, self.key, token, PgStep::RelockLive)?;
+        let conn = self.inner.lock_generation(self.id, self.key, token)?;
         generation.conn = conn;
         Ok(())
     }
 
     fn abandon(&mut self, _pending: PendingLive) {
-        if matches!(self.live, LiveLock::Held(_) | LiveLock::Unknown(_)) {
+        if matches!(self.live, LiveLock::Held | LiveLock::Unknown) {
             // The transaction's session may hold it: the connection is ended, not pooled, at
             // the end of the transition, and the lock with it.
             self.conn.poison();
@@ -304,11 +300,7 @@ impl<'a> Transaction for PgTx<'a> {
             Ok((got, rows)) => {
                 self.finished = true;
                 if let Some(t) = live {
-                    self.live = if got {
-                        LiveLock::Held(t)
-                    } else {
-                        LiveLock::None
-                    };
+                    self.live = if got { LiveLock::Held } else { LiveLock::None };
                     if !got {
                         // Held by a session of an earlier, failed takeover (still ending), or
                         // taken by hand: nothing was committed.
@@ -332,8 +324,8 @@ impl<'a> Transaction for PgTx<'a> {
                 // have committed. Report an error only if the row does not hold what we
                 // committed.
                 self.finished = true;
-                if let Some(t) = live {
-                    self.live = LiveLock::Unknown(t);
+                if live.is_some() {
+                    self.live = LiveLock::Unknown;
                 }
                 let stuck = matches!(e, Fail::NoReply(_));
                 if self.committed_anyway(record, stuck)? {
@@ -346,10 +338,10 @@ impl<'a> Transaction for PgTx<'a> {
                 }
             }
             Err(e) => {
-                if let Some(t) = live {
+                if live.is_some() {
                     // The server answered an error, possibly after the lock was granted (a
                     // session lock outlives its transaction's rollback).
-                    self.live = LiveLock::Unknown(t);
+                    self.live = LiveLock::Unknown;
                 }
                 Err(e.into_error("commit", Some(self.id)))
             }
