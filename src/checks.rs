@@ -132,7 +132,7 @@ pub fn machine_step(input: &Input) {
         for l in [
             machine::Liveness::Live,
             machine::Liveness::Dead,
-            machine::Liveness::Missing,
+            machine::Liveness::Unknown,
         ] {
             let mut with = input.clone();
             with.liveness = Some(l);
@@ -212,7 +212,7 @@ mod fuzzing {
             0 => None,
             1 => Some(Liveness::Live),
             2 => Some(Liveness::Dead),
-            _ => Some(Liveness::Missing),
+            _ => Some(Liveness::Unknown),
         };
         // Reachable-looking: an instance only holds a generation up to the recorded one (a
         // higher one needs the record moved back by hand, which the adapter reports as

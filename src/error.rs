@@ -117,6 +117,13 @@ pub enum Error {
         /// The liveness file.
         path: PathBuf,
     },
+    /// The transition lock `<stem>.lock` was deleted or replaced while this transition held
+    /// it (a tmp cleaner or an operator): another transition may be running beside this one,
+    /// so nothing was committed. Retry; the next transition locks the file now at the path.
+    LockReplaced {
+        /// The transition lock's path.
+        path: PathBuf,
+    },
     /// A takeover is due but the token is already `u64::MAX`; tokens never wrap.
     TokenExhausted {
         /// The session id.
@@ -255,7 +262,8 @@ impl Error {
             | Error::NetworkFilesystem { path, .. }
             | Error::LockTimeout { path, .. }
             | Error::ForeignOwner { path, .. }
-            | Error::LiveLockBusy { path } => Some(path),
+            | Error::LiveLockBusy { path }
+            | Error::LockReplaced { path } => Some(path),
             Error::TokenExhausted { .. }
             | Error::CommitUnknown { .. }
             | Error::ExpiryOutOfRange { .. }
@@ -330,6 +338,12 @@ impl fmt::Display for Error {
                 f,
                 "file mode {mode:o} is unusable for lease files: it must include 600, may not \
                  let others write, and has no bits beyond 666"
+            ),
+            Error::LockReplaced { path } => write!(
+                f,
+                "transition lock {} was deleted or replaced during the transition; nothing was \
+                 committed (retry; keep tmp cleaners away from the lease directory)",
+                path.display()
             ),
             Error::LiveLockBusy { path } => write!(
                 f,

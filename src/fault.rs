@@ -27,9 +27,11 @@ pub enum FaultPoint {
     OpenProbe,
     /// Probing a generation's liveness lock.
     LockProbe,
-    /// Creating a new generation's liveness file.
+    /// Creating a generation's liveness file under its temporary name (publishing it).
     OpenLive,
-    /// Locking a new generation's liveness file.
+    /// Writing the tag into a generation's liveness file being published.
+    WriteLive,
+    /// Locking a generation's liveness file being published.
     LockLive,
     /// Checking the local generation's liveness file is still in place.
     StatLive,
@@ -47,8 +49,11 @@ pub enum FaultPoint {
     Unlink,
     /// Checking a freshly locked liveness file's identity (after [`FaultPoint::LockLive`]).
     StatNewLive,
-    /// Removing a foreign file found at the local generation's liveness path (renew, refresh).
-    UnlinkLive,
+    /// Renaming a published generation's locked liveness file into place.
+    PublishLive,
+    /// Checking, just before the commit's rename, that the transition lock held is still the
+    /// file at `<stem>.lock`.
+    CheckStable,
     /// Listing the directory to sweep dead generations' files.
     ReadDir,
     /// Opening a holder's liveness file to wait for it (a waiting acquire).
@@ -57,7 +62,7 @@ pub enum FaultPoint {
 
 impl FaultPoint {
     /// Every fault point, in the order a transition may reach them.
-    pub const ALL: [FaultPoint; 20] = [
+    pub const ALL: [FaultPoint; 22] = [
         FaultPoint::OpenStable,
         FaultPoint::LockStable,
         FaultPoint::StatStable,
@@ -66,6 +71,7 @@ impl FaultPoint {
         FaultPoint::OpenProbe,
         FaultPoint::LockProbe,
         FaultPoint::OpenLive,
+        FaultPoint::WriteLive,
         FaultPoint::LockLive,
         FaultPoint::StatLive,
         FaultPoint::CreateTemp,
@@ -75,7 +81,8 @@ impl FaultPoint {
         FaultPoint::SyncDir,
         FaultPoint::Unlink,
         FaultPoint::StatNewLive,
-        FaultPoint::UnlinkLive,
+        FaultPoint::PublishLive,
+        FaultPoint::CheckStable,
         FaultPoint::ReadDir,
         FaultPoint::OpenWait,
     ];
@@ -121,13 +128,18 @@ impl FaultPoint {
             | FaultPoint::CreateTemp
             | FaultPoint::OpenWait => "open",
             FaultPoint::LockStable | FaultPoint::LockProbe | FaultPoint::LockLive => "lock",
-            FaultPoint::StatStable | FaultPoint::StatLive | FaultPoint::StatNewLive => "stat",
+            FaultPoint::StatStable
+            | FaultPoint::StatLive
+            | FaultPoint::StatNewLive
+            | FaultPoint::CheckStable => "stat",
+            FaultPoint::WriteLive => "write",
+            FaultPoint::PublishLive => "rename",
             FaultPoint::ReadDir => "read directory",
             FaultPoint::ReadRecord => "read",
             FaultPoint::WriteTemp => "write",
             FaultPoint::SyncTemp | FaultPoint::SyncDir => "fsync",
             FaultPoint::Rename => "rename",
-            FaultPoint::Unlink | FaultPoint::UnlinkLive => "unlink",
+            FaultPoint::Unlink => "unlink",
         }
     }
 }

@@ -87,9 +87,11 @@ pub enum Liveness {
     Live,
     /// The file exists and the lock was free: its holder died (or closed it).
     Dead,
-    /// The file does not exist. Not proof of death (an operator may have deleted it), so the
-    /// decision falls back to the record's expiry.
-    Missing,
+    /// The file does not exist, or what stands at its name is not the file the generation
+    /// published (a FIFO, a directory, a socket, a symbolic link, a file another program created
+    /// there). Not proof of death (an operator or a tmp cleaner may have deleted or replaced
+    /// it), so the decision falls back to the record's expiry.
+    Unknown,
 }
 
 /// The machine's answer for one input.
@@ -276,7 +278,7 @@ fn acquire(input: &Input, owner: &Owner) -> Result<Decision, StepError> {
         None => Ok(Decision::Probe { token: rec.token }),
         Some(Liveness::Dead) => takeover(input, owner, rec.token, true).map(Decision::Plan),
         // Live, or unknown and unexpired: the holder keeps it.
-        Some(Liveness::Live | Liveness::Missing) => {
+        Some(Liveness::Live | Liveness::Unknown) => {
             Ok(Decision::Plan(held(close_stale_local(input))))
         }
     }
@@ -431,7 +433,7 @@ fn expired(rec: &Record, now: Timestamp) -> bool {
 /// let rec = Record { owner: "a".into(), token: 7, expiry: now.checked_add(Duration::from_secs(5)).unwrap() };
 /// assert_eq!(free_for_others(Some(&rec), Liveness::Live, now), Ok(false));
 /// assert_eq!(free_for_others(Some(&rec), Liveness::Dead, now), Ok(true));
-/// assert_eq!(free_for_others(None, Liveness::Missing, now), Ok(true));
+/// assert_eq!(free_for_others(None, Liveness::Unknown, now), Ok(true));
 /// ```
 ///
 /// # Errors
@@ -667,7 +669,7 @@ mod tests {
     #[test]
     fn acquire_missing_liveness_file_falls_back_to_expiry() {
         let mut i = input(rec("a", 3, 10), None, 5, acq("b"));
-        i.liveness = Some(Liveness::Missing);
+        i.liveness = Some(Liveness::Unknown);
         assert_eq!(plan(&i), held(vec![]));
         // Once expired, no probe is needed at all.
         let i = input(rec("a", 3, 10), None, 10, acq("b"));

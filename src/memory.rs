@@ -169,7 +169,7 @@ impl Transaction for MemTx<'_> {
 
     fn probe(&mut self, token: u64) -> Result<Liveness, Error> {
         Ok(match self.state.live.get(&self.key(token)) {
-            None => Liveness::Missing,
+            None => Liveness::Unknown,
             Some(Some(_)) => Liveness::Live,
             Some(None) => Liveness::Dead,
         })

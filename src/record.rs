@@ -95,16 +95,88 @@ impl std::error::Error for DecodeError {
 /// assert!(record::decode(b"null").is_err());
 /// ```
 pub fn decode(bytes: &[u8]) -> Result<Record, DecodeError> {
+    decode_tagged(bytes).map(|(record, _)| record)
+}
+
+/// Decodes record bytes strictly, with the [`LiveTag`] of the recorded generation's liveness
+/// file when the record names one (the `live` key, which the Go package neither writes nor
+/// keeps). Never panics, whatever the bytes.
+///
+/// # Errors
+///
+/// As [`decode`]; besides, a `live` key that is not 16 lowercase hexadecimal digits is
+/// [`DecodeError::Json`].
+///
+/// # Examples
+///
+/// ```
+/// use flocklease::record::{self, LiveTag};
+///
+/// let bytes = br#"{"owner":"a","token":7,"expiry":"2026-11-30T04:20:54Z","live":"00000000000000ff"}"#;
+/// let (r, tag) = record::decode_tagged(bytes).unwrap();
+/// assert_eq!((r.token, tag), (7, Some(LiveTag(0xff))));
+/// // A record the Go package wrote names no tag.
+/// let (_, tag) = record::decode_tagged(br#"{"owner":"a","token":7,"expiry":"2026-11-30T04:20:54Z"}"#).unwrap();
+/// assert_eq!(tag, None);
+/// ```
+pub fn decode_tagged(bytes: &[u8]) -> Result<(Record, Option<LiveTag>), DecodeError> {
     if bytes.len() > MAX_RECORD_BYTES {
         return Err(DecodeError::TooLarge { len: bytes.len() });
     }
     let raw: Raw = serde_json::from_slice(bytes).map_err(|e| DecodeError::Json(e.to_string()))?;
     let expiry = Timestamp::parse_rfc3339(&raw.expiry).map_err(DecodeError::Expiry)?;
-    Ok(Record {
+    let tag = match raw.live {
+        None => None,
+        Some(text) => Some(LiveTag::parse(text.as_bytes()).ok_or_else(|| {
+            DecodeError::Json(format!(
+                "\"live\" is not 16 lowercase hexadecimal digits: {text:?}"
+            ))
+        })?),
+    };
+    let record = Record {
         owner: raw.owner,
         token: raw.token,
         expiry,
-    })
+    };
+    Ok((record, tag))
+}
+
+/// The identity of one published liveness file: a random value written into the file and
+/// named by the record (key `live`), so that a probe can tell the generation's own file from
+/// one that a tmp cleaner, an operator or another program put at its name.
+///
+/// Inode numbers cannot tell: a deleted file's inode number is reused at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LiveTag(pub u64);
+
+impl LiveTag {
+    /// The bytes written into the liveness file and into the record: 16 lowercase hex digits.
+    pub fn to_hex(self) -> [u8; 16] {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut out = [0u8; 16];
+        for (i, b) in out.iter_mut().enumerate() {
+            // Four bits at a time, most significant first.
+            *b = HEX[((self.0 >> (60 - 4 * i)) & 0xf) as usize];
+        }
+        out
+    }
+
+    /// Parses exactly 16 lowercase hex digits (what [`LiveTag::to_hex`] writes).
+    pub fn parse(bytes: &[u8]) -> Option<LiveTag> {
+        if bytes.len() != 16 {
+            return None;
+        }
+        let mut v = 0u64;
+        for &b in bytes {
+            let d = match b {
+                b'0'..=b'9' => b - b'0',
+                b'a'..=b'f' => b - b'a' + 10,
+                _ => return None,
+            };
+            v = (v << 4) | u64::from(d);
+        }
+        Some(LiveTag(v))
+    }
 }
 
 /// Encodes a record canonically: `{"owner":"…","token":N,"expiry":"…"}`, no whitespace, the
@@ -127,14 +199,44 @@ pub fn decode(bytes: &[u8]) -> Result<Record, DecodeError> {
 /// assert_eq!(record::decode(&record::encode(&r)).unwrap(), r);
 /// ```
 pub fn encode(r: &Record) -> Vec<u8> {
-    let mut out = String::with_capacity(48 + r.owner.len());
+    encode_tagged(r, None)
+}
+
+/// Encodes a record as [`encode`] does, naming the recorded generation's [`LiveTag`] (key
+/// `live`, last) when there is one.
+///
+/// # Examples
+///
+/// ```
+/// use flocklease::record::{self, LiveTag};
+/// use flocklease::{Record, Timestamp};
+///
+/// let r = Record {
+///     owner: "a".into(),
+///     token: 3,
+///     expiry: Timestamp::parse_rfc3339("2023-11-14T22:13:50Z").unwrap(),
+/// };
+/// assert_eq!(
+///     record::encode_tagged(&r, Some(LiveTag(0xabc))),
+///     br#"{"owner":"a","token":3,"expiry":"2023-11-14T22:13:50Z","live":"0000000000000abc"}"#
+/// );
+/// ```
+pub fn encode_tagged(r: &Record, tag: Option<LiveTag>) -> Vec<u8> {
+    let mut out = String::with_capacity(70 + r.owner.len());
     out.push_str("{\"owner\":");
     push_go_json_string(&mut out, &r.owner);
     out.push_str(",\"token\":");
     out.push_str(&r.token.to_string());
     out.push_str(",\"expiry\":\"");
     out.push_str(&r.expiry.to_string());
-    out.push_str("\"}");
+    out.push('"');
+    if let Some(tag) = tag {
+        out.push_str(",\"live\":\"");
+        // Hex digits are ASCII.
+        out.extend(tag.to_hex().iter().map(|&b| char::from(b)));
+        out.push('"');
+    }
+    out.push('}');
     out.into_bytes()
 }
 
@@ -145,6 +247,9 @@ struct Raw {
     owner: String,
     token: u64,
     expiry: String,
+    /// The liveness file's tag; absent in the Go package's records.
+    #[serde(default)]
+    live: Option<String>,
 }
 
 /// Appends `s` as a JSON string the way Go's `encoding/json` (Go 1.22+, HTML escaping on) does:

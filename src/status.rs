@@ -24,7 +24,7 @@
 //! written by other programs have no sidecar: their id is unknown (`None`) unless the caller
 //! names it ([`session`]).
 
-use std::fs::{self, File, OpenOptions, TryLockError};
+use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -32,9 +32,10 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::error::Error;
+use crate::flock::live;
 use crate::machine::{self, Liveness};
 use crate::name::{MAX_ID_BYTES, SessionId};
-use crate::record::{self, MAX_RECORD_BYTES};
+use crate::record::{self, LiveTag, MAX_RECORD_BYTES};
 use crate::timestamp::Timestamp;
 
 /// The suffix of the sidecar file that names a stem's session id: `<stem>.id`.
@@ -193,11 +194,11 @@ fn status_of(dir: &Path, stem: &str, id: Option<String>, now: Timestamp) -> Sess
     if let Err(e) = read {
         return broken("unreadable", e.to_string());
     }
-    let rec = match record::decode(&bytes) {
+    let (rec, tag) = match record::decode_tagged(&bytes) {
         Ok(r) => r,
         Err(source) => return broken("corrupt", Error::Corrupt { path, source }.to_string()),
     };
-    let (liveness, probe_error) = probe(&dir.join(format!("{stem}.{}.live", rec.token)));
+    let (liveness, probe_error) = probe(&dir.join(format!("{stem}.{}.live", rec.token)), tag);
     let state = if rec.is_tombstone() {
         "released"
     } else if machine::is_expired(rec.expiry, now) {
@@ -206,7 +207,7 @@ fn status_of(dir: &Path, stem: &str, id: Option<String>, now: Timestamp) -> Sess
         match liveness {
             Liveness::Live => "live",
             Liveness::Dead => "dead",
-            Liveness::Missing => "unknown",
+            Liveness::Unknown => "unknown",
         }
     };
     // Ask the machine whether a stranger's acquire would be granted.
@@ -236,31 +237,33 @@ fn status_of(dir: &Path, stem: &str, id: Option<String>, now: Timestamp) -> Sess
     }
 }
 
-/// Probes a generation's liveness file with a non-blocking shared lock, dropped at once.
-/// Anything but a regular file that could be locked counts as missing (the machine then falls
-/// back to the expiry), with the reason when it is not simply absent.
-fn probe(path: &Path) -> (Liveness, Option<String>) {
-    let file = match open_nonblocking(OpenOptions::new().read(true), path) {
-        Ok(f) => f,
-        Err(e) if e.io_kind() == Some(io::ErrorKind::NotFound) => return (Liveness::Missing, None),
-        Err(e) => return (Liveness::Missing, Some(e.to_string())),
-    };
-    match file.try_lock_shared() {
-        // Dropping `file` right away releases the shared lock.
-        Ok(()) => (Liveness::Dead, None),
-        Err(TryLockError::WouldBlock) => (Liveness::Live, None),
-        Err(TryLockError::Error(e)) => (
-            Liveness::Missing,
-            Some(Error::io("lock", path, e).to_string()),
-        ),
+/// Probes a generation's liveness file as the library does ([`live::identify`], then a
+/// non-blocking shared lock, dropped at once): a file that is not the generation's own counts
+/// as unknown (the machine then falls back to the expiry), with the reason.
+fn probe(path: &Path, tag: Option<LiveTag>) -> (Liveness, Option<String>) {
+    let opened = open_nofollow(OpenOptions::new().read(true), path);
+    match live::identify(opened, path, tag).and_then(|found| live::probe(found, path)) {
+        Ok(probed) => (probed.liveness, probed.reason),
+        Err(e) => (Liveness::Unknown, Some(e.to_string())),
     }
 }
 
 /// Opens `path` without following a symbolic link or blocking on a FIFO, and checks that it is
 /// a regular file.
 fn open_nonblocking(opts: &mut OpenOptions, path: &Path) -> Result<File, Error> {
-    let file = opts
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+    let file = open_nofollow(opts, path)?;
+    let meta = file.metadata().map_err(|e| Error::io("stat", path, e))?;
+    if !meta.is_file() {
+        return Err(Error::NotAFile {
+            path: path.to_owned(),
+        });
+    }
+    Ok(file)
+}
+
+/// Opens `path` without following a symbolic link or blocking on a FIFO.
+fn open_nofollow(opts: &mut OpenOptions, path: &Path) -> Result<File, Error> {
+    opts.custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
         .open(path)
         .map_err(|e| match e.raw_os_error() {
             Some(nix::libc::ELOOP) => Error::Symlink {
@@ -270,14 +273,7 @@ fn open_nonblocking(opts: &mut OpenOptions, path: &Path) -> Result<File, Error> 
                 path: path.to_owned(),
             },
             _ => Error::io("open", path, e),
-        })?;
-    let meta = file.metadata().map_err(|e| Error::io("stat", path, e))?;
-    if !meta.is_file() {
-        return Err(Error::NotAFile {
-            path: path.to_owned(),
-        });
-    }
-    Ok(file)
+        })
 }
 
 fn record_path(dir: &Path, stem: &str) -> PathBuf {

@@ -302,13 +302,16 @@ fn symlinks_are_never_followed() {
         assert!(rec.map(|m| m.file_type().is_symlink()).unwrap_or(true));
         assert_no_locked_live_file(dir.path());
     }
-    // The temporary record file too: created exclusively, so a link (or any file) planted
-    // at its name is removed, never followed or reused.
+    // The temporary record file too: each transition creates its own under a name of its
+    // own, exclusively, so a link (or any file) planted at the name older versions used is
+    // never followed or reused (it stays until a takeover's sweep removes it).
     let dir = tempfile::tempdir().unwrap();
     let tmp = dir
         .path()
         .join(format!("{}.lease.json.tmp", id("t").stem()));
     for planted in ["link", "file"] {
+        // The previous round's plant stays at the name (writing through it would follow it).
+        let _ = fs::remove_file(&tmp);
         match planted {
             "link" => symlink(&target, &tmp).unwrap(),
             _ => fs::write(&tmp, b"{\"owner\":\"evil\",\"token\":99").unwrap(),
@@ -320,10 +323,6 @@ fn symlinks_are_never_followed() {
             .lease()
             .unwrap();
         assert_eq!(fs::read(&target).unwrap(), b"precious");
-        assert!(
-            !tmp.exists() && fs::symlink_metadata(&tmp).is_err(),
-            "{planted}"
-        );
         assert_eq!(read_record(dir.path(), "t").owner, "a", "{planted}");
         assert_eq!(read_record(dir.path(), "t").token, l.token);
         leases.release(&l).unwrap();
@@ -379,9 +378,9 @@ fn orphans_of_crashed_generations_are_swept_by_the_takers_next_transition() {
     let b = open_manual(dir.path(), &clock);
     let taken = b.acquire(&id("s"), &owner("b")).unwrap().lease().unwrap();
     assert_eq!(taken.token, lease.token + 1);
-    // The takeover removes the dead generation's file at once and replaces the temporary
-    // record with its own; it does not list the directory, so the older leftover is still
-    // there...
+    // The takeover removes the dead generation's file at once; it does not list the
+    // directory (its own temporary record has a name of its own), so the older leftovers are
+    // still there...
     assert_eq!(
         files_ending(dir.path(), ".live"),
         vec![
@@ -390,7 +389,10 @@ fn orphans_of_crashed_generations_are_swept_by_the_takers_next_transition() {
             format!("{stem}.2.live")
         ]
     );
-    assert!(files_ending(dir.path(), ".tmp").is_empty());
+    assert_eq!(
+        files_ending(dir.path(), ".tmp"),
+        vec![format!("{stem}.lease.json.tmp")]
+    );
     // ...until the taker's next transition on the id, which sweeps it, and a temporary record
     // left meanwhile (a crash in the middle of some transition) too. That transition commits
     // nothing here (another owner is answered held), so no write of its own replaces the
@@ -545,13 +547,24 @@ fn the_record_is_go_compatible_on_disk() {
         .unwrap()
         .lease()
         .unwrap();
+    // The Go package's three keys, in its order and format, then the tag of the generation's
+    // liveness file (a key the Go package ignores), which that file carries.
+    let bytes = fs::read_to_string(
+        dir.path()
+            .join("conf-lease-fresh-25bfc77ba4eaaad1.lease.json"),
+    )
+    .unwrap();
+    let tag = bytes
+        .strip_prefix(r#"{"owner":"a","token":1,"expiry":"2023-11-14T22:13:50Z","live":""#)
+        .and_then(|rest| rest.strip_suffix(r#""}"#))
+        .unwrap_or_else(|| panic!("{bytes}"));
+    assert!(
+        tag.len() == 16 && tag.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{bytes}"
+    );
     assert_eq!(
-        fs::read_to_string(
-            dir.path()
-                .join("conf-lease-fresh-25bfc77ba4eaaad1.lease.json")
-        )
-        .unwrap(),
-        r#"{"owner":"a","token":1,"expiry":"2023-11-14T22:13:50Z"}"#
+        fs::read_to_string(dir.path().join("conf-lease-fresh-25bfc77ba4eaaad1.1.live")).unwrap(),
+        tag
     );
     assert!(
         dir.path()

@@ -138,13 +138,13 @@ impl Transaction for ModelTx<'_> {
     fn probe(&mut self, token: u64) -> Result<Liveness, Error> {
         self.fault("lock")?;
         let liveness = match self.state.live.get(&token) {
-            None => Liveness::Missing,
+            None => Liveness::Unknown,
             Some(None) => Liveness::Dead,
             Some(Some(_)) => Liveness::Live,
         };
         let never_created = !self.state.was_created(token);
         self.ghost.probed_dead = liveness == Liveness::Dead
-            || (liveness == Liveness::Missing && never_created && self.backend == Backend::Flock);
+            || (liveness == Liveness::Unknown && never_created && self.backend == Backend::Flock);
         Ok(liveness)
     }
 

@@ -17,7 +17,6 @@ pub(super) struct Paths {
     pub(super) stem: String,
     pub(super) lock: PathBuf,
     pub(super) record: PathBuf,
-    pub(super) temp: PathBuf,
     pub(super) dir: PathBuf,
 }
 
@@ -26,7 +25,6 @@ impl Paths {
         Paths {
             lock: dir.join(format!("{stem}.lock")),
             record: dir.join(format!("{stem}.lease.json")),
-            temp: dir.join(format!("{stem}.lease.json.tmp")),
             dir: dir.to_owned(),
             stem,
         }
@@ -35,6 +33,15 @@ impl Paths {
     pub(super) fn live(&self, token: u64) -> PathBuf {
         self.dir.join(format!("{}.{token}.live", self.stem))
     }
+
+    /// The temporary record of one transition, unique to it (`tag`): two transitions never
+    /// write the same temporary file, even if a deleted `<stem>.lock` let them run at once.
+    pub(super) fn temp(&self, tag: crate::record::LiveTag) -> PathBuf {
+        let hex = tag.to_hex();
+        // Hex digits are ASCII.
+        let hex = std::str::from_utf8(&hex).unwrap_or_default();
+        self.dir.join(format!("{}.lease.json.{hex}.tmp", self.stem))
+    }
 }
 
 /// How a file is opened.
@@ -42,7 +49,8 @@ impl Paths {
 pub(super) enum Access {
     /// `<stem>.lock`, created if missing.
     LockCreate,
-    /// A new or restored generation's `.live` file, created if missing.
+    /// A generation's `.live` file being published, under its unique temporary name: created
+    /// exclusively (see [`super::live::publish`]).
     LiveCreate,
     /// A generation's `.live` file, to probe it (never created).
     Probe,
@@ -101,8 +109,11 @@ impl Opener {
         self.faults.check(access.fault_point(), path)?;
         let mut opts = OpenOptions::new();
         match access {
-            Access::LockCreate | Access::LiveCreate => {
+            Access::LockCreate => {
                 opts.read(true).write(true).create(true);
+            }
+            Access::LiveCreate => {
+                opts.read(true).write(true).create_new(true);
             }
             Access::Probe | Access::Wait | Access::Read => {
                 opts.read(true);
@@ -114,7 +125,7 @@ impl Opener {
         }
         opts.mode(self.file_mode)
             .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK);
-        let opened = if self.sticky && matches!(access, Access::LockCreate | Access::LiveCreate) {
+        let opened = if self.sticky && matches!(access, Access::LockCreate) {
             let mut existing = opts.clone();
             existing.create(false);
             match existing.open(path) {
@@ -155,12 +166,6 @@ impl Opener {
                 .map_err(|e| Error::io("chmod", path, e))?;
         }
         Ok(())
-    }
-
-    /// Removes `path` (a leftover temporary file or a foreign liveness file), explaining a
-    /// refusal by the sticky bit.
-    pub(super) fn remove(&self, path: &Path) -> Result<(), Error> {
-        fs::remove_file(path).map_err(|e| self.open_error(path, e))
     }
 
     fn open_error(&self, path: &Path, e: io::Error) -> Error {

@@ -27,9 +27,10 @@ use crate::fault::{FaultPoint, Faults};
 use crate::lease::{DEFAULT_TTL, Grant, Lease};
 use crate::machine::{self, Event, Outcome};
 use crate::name::{Owner, SessionId};
-use crate::record::{self, Record};
+use crate::record::{self, LiveTag, Record};
 
 mod files;
+pub(crate) mod live;
 mod tx;
 mod wait;
 
@@ -249,9 +250,9 @@ impl FlockLease {
             // let the machine decide again. Reading without the transition lock is safe: the
             // record is only ever replaced by an atomic rename.
             let started = Instant::now();
-            let waiting = self
-                .peek_record(&paths.record)?
-                .and_then(|rec| machine::wait_for(&rec, self.clock.now()));
+            let peeked = self.peek_record(&paths.record)?;
+            let tag = peeked.as_ref().and_then(|(_, tag)| *tag);
+            let waiting = peeked.and_then(|(rec, _)| machine::wait_for(&rec, self.clock.now()));
             let Some(machine::Wait {
                 token,
                 until_expiry,
@@ -269,14 +270,16 @@ impl FlockLease {
                 (None, None) => Instant::now() + Duration::from_secs(3600),
             };
             let live = paths.live(token);
-            match self.opener.open(&live, Access::Wait) {
-                Ok(file) => wait::wait_for_holder(&self.watches, &live, &file, wake, cancel)
-                    .map_err(|e| Error::io("wait for", &live, e))?,
-                Err(e) if e.io_kind() == Some(io::ErrorKind::NotFound) => {
-                    // No lock to wait on: the record's expiry decides, so look now and then.
+            match live::identify(self.opener.open(&live, Access::Wait), &live, tag)? {
+                live::Found::Own(file) => {
+                    wait::wait_for_holder(&self.watches, &live, &file, wake, cancel)
+                        .map_err(|e| Error::io("wait for", &live, e))?;
+                }
+                live::Found::Missing | live::Found::NotOwn(_) => {
+                    // No lock of the generation's to wait on: the record's expiry decides, so
+                    // look now and then.
                     wait::sleep_before(Some(wake), MISSING_POLL);
                 }
-                Err(e) => return Err(e),
             }
             pause = if started.elapsed() < Duration::from_micros(50) {
                 next_pause(pause)
@@ -287,14 +290,14 @@ impl FlockLease {
     }
 
     /// Reads the record without the transition lock.
-    fn peek_record(&self, path: &Path) -> Result<Option<Record>, Error> {
+    fn peek_record(&self, path: &Path) -> Result<Option<(Record, Option<LiveTag>)>, Error> {
         let file = match self.opener.open(path, Access::Read) {
             Ok(f) => f,
             Err(e) if e.io_kind() == Some(io::ErrorKind::NotFound) => return Ok(None),
             Err(e) => return Err(e),
         };
         let bytes = read_bounded(&file).map_err(|e| Error::io("read", path, e))?;
-        record::decode(&bytes)
+        record::decode_tagged(&bytes)
             .map(Some)
             .map_err(|source| Error::Corrupt {
                 path: path.to_owned(),
@@ -322,10 +325,13 @@ impl FlockLease {
             paths,
             slot: &mut slot,
             stable: &lock.file,
+            stable_id: (lock.dev, lock.ino),
             temp: None,
             unlocked: false,
             carried_sweep,
             seen_token: None,
+            seen_tag: None,
+            commit_tag: None,
         };
         let outcome = driver::run(&mut tx, id, self.ttl, event);
         // The driver ends every run by releasing the lock, which runs the carried listing; if
@@ -442,7 +448,11 @@ impl FlockLease {
                 .faults
                 .check(FaultPoint::StatStable, path)
                 .and_then(|()| match fs::symlink_metadata(path) {
-                    Ok(now) => Ok(now.dev() == lock.dev && now.ino() == lock.ino),
+                    Ok(now) if now.dev() == lock.dev && now.ino() == lock.ino => {
+                        keep_fresh(&lock.file, &now);
+                        Ok(true)
+                    }
+                    Ok(_) => Ok(false),
                     // Removed while we waited: lock whatever is created there now.
                     Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
                     Err(e) => Err(Error::io("stat", path, e)),
@@ -625,6 +635,22 @@ struct StableLock {
 /// How often a waiter re-checks when the holder's liveness file is missing (it cannot wait on
 /// a lock that has no file).
 const MISSING_POLL: Duration = Duration::from_millis(10);
+
+/// How old `<stem>.lock`'s modification time may grow before a transition touches it.
+const TOUCH_AFTER: Duration = Duration::from_secs(3600);
+
+/// Keeps tmp cleaners that age files by modification time (systemd-tmpfiles, tmpreaper: days)
+/// from ever choosing a lock in use: a lock older than [`TOUCH_AFTER`] is touched when locked.
+/// Best effort (a failure only leaves the lock's age as it was).
+fn keep_fresh(file: &File, meta: &fs::Metadata) {
+    let now = std::time::SystemTime::now();
+    let old = meta
+        .modified()
+        .is_ok_and(|m| now.duration_since(m).is_ok_and(|age| age > TOUCH_AFTER));
+    if old {
+        let _ = file.set_modified(now);
+    }
+}
 
 fn next_pause(pause: Duration) -> Duration {
     (pause * 2).clamp(Duration::from_micros(50), MISSING_POLL)

@@ -1,18 +1,19 @@
 //! The transaction: the primitive steps of one transition on files, done under the id's
 //! transition lock, for [`driver::run`](crate::driver::run), which orders them.
 
-use std::fs::{self, File, TryLockError};
+use std::fs::{self, File};
 use std::io::{self, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 
 use super::files::{Access, Paths, read_bounded};
+use super::live::{self, Found};
 use super::{Durability, FlockLease};
 use crate::driver::Transaction;
 use crate::error::Error;
 use crate::fault::FaultPoint;
 use crate::machine::{self, Liveness, Local};
-use crate::record::{self, Record};
+use crate::record::{self, LiveTag, Record};
 
 /// What this instance holds for one id.
 #[derive(Debug, Default)]
@@ -33,6 +34,8 @@ pub(super) struct LocalGen {
     /// The (device, inode) of `file`, to check it is still the one at its path.
     dev: u64,
     ino: u64,
+    /// The tag `file` carries, which the record names.
+    tag: LiveTag,
 }
 
 /// A new generation's locked liveness file, not yet adopted. Dropping it un-adopted (the
@@ -44,6 +47,7 @@ pub(super) struct PendingLive {
     file: File,
     dev: u64,
     ino: u64,
+    tag: LiveTag,
 }
 
 pub(super) struct FlockTx<'a> {
@@ -52,8 +56,17 @@ pub(super) struct FlockTx<'a> {
     pub(super) slot: &'a mut Slot,
     /// The transition lock, taken before the run; the driver says when to release it.
     pub(super) stable: &'a File,
-    /// The temporary record this transition created and has not renamed yet.
-    pub(super) temp: Option<File>,
+    /// The (device, inode) of the locked `<stem>.lock`, checked again just before the commit.
+    pub(super) stable_id: (u64, u64),
+    /// The temporary record this transition created (under a name of its own) and has not
+    /// renamed yet.
+    pub(super) temp: Option<(File, std::path::PathBuf)>,
+    /// The liveness tag the record read names.
+    pub(super) seen_tag: Option<LiveTag>,
+    /// The tag of the generation the record to commit names: the new generation's
+    /// ([`Transaction::lock_live`]) or the local one's ([`Transaction::ensure_live`]); none for
+    /// a tombstone.
+    pub(super) commit_tag: Option<LiveTag>,
     /// Whether the driver released the transition lock (then the adapter need not again).
     pub(super) unlocked: bool,
     /// The listing an earlier takeover left to this transition (see [`Transaction::sweep`]
@@ -77,35 +90,18 @@ impl FlockTx<'_> {
         self.lease.opener.open(path, access)
     }
 
-    /// Opens the temporary record exclusively. A file already at its name is a leftover of a
-    /// crash (this process holds the transition lock, so nobody else is writing it) or a
-    /// planted file: it is removed, never reused.
-    fn create_temp(&self) -> Result<File, Error> {
-        let path = &self.paths.temp;
-        match self.open(path, Access::Temp) {
-            Err(e) if e.io_kind() == Some(io::ErrorKind::AlreadyExists) => {
-                self.lease.opener.remove(path)?;
-                self.open(path, Access::Temp)
+    /// Checks that the transition lock this transition holds is still the file at
+    /// `<stem>.lock`: a transition commits only under the lock everyone else takes.
+    fn check_stable(&self) -> Result<(), Error> {
+        let path = &self.paths.lock;
+        self.check(FaultPoint::CheckStable, path)?;
+        match fs::symlink_metadata(path) {
+            Ok(m) if (m.dev(), m.ino()) == self.stable_id => Ok(()),
+            Ok(_) => Err(Error::LockReplaced { path: path.clone() }),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                Err(Error::LockReplaced { path: path.clone() })
             }
-            other => other,
-        }
-    }
-
-    /// Locks a freshly opened liveness file exclusively (a holder's lock) and notes its
-    /// identity.
-    fn lock_new(&self, path: &std::path::Path) -> Result<(File, u64, u64), Error> {
-        let file = self.open(path, Access::LiveCreate)?;
-        self.check(FaultPoint::LockLive, path)?;
-        match file.try_lock() {
-            Ok(()) => {
-                self.check(FaultPoint::StatNewLive, path)?;
-                let m = file.metadata().map_err(|e| Error::io("stat", path, e))?;
-                Ok((file, m.dev(), m.ino()))
-            }
-            Err(TryLockError::WouldBlock) => Err(Error::LiveLockBusy {
-                path: path.to_owned(),
-            }),
-            Err(TryLockError::Error(e)) => Err(Error::io("lock", path, e)),
+            Err(e) => Err(Error::io("stat", path, e)),
         }
     }
 }
@@ -163,7 +159,12 @@ impl FlockTx<'_> {
             else {
                 continue;
             };
+            // Leftover temporary files: records (`lease.json.tmp` of older versions and of the
+            // Go package, `lease.json.<tag>.tmp`) and liveness files being published
+            // (`<token>.live.<tag>.tmp`). Only a crash leaves them: both are created and
+            // renamed or removed within one transition.
             let stale = rest == b"lease.json.tmp"
+                || rest.ends_with(b".tmp")
                 || rest
                     .strip_suffix(b".live")
                     .and_then(|t| std::str::from_utf8(t).ok())
@@ -204,11 +205,12 @@ impl Transaction for FlockTx<'_> {
             Some(nix::libc::EISDIR) => Error::NotAFile { path: path.clone() },
             _ => Error::io("read", path, e),
         })?;
-        let record = record::decode(&buf).map_err(|source| Error::Corrupt {
+        let (record, tag) = record::decode_tagged(&buf).map_err(|source| Error::Corrupt {
             path: path.clone(),
             source,
         })?;
         self.seen_token = Some(Some(record.token));
+        self.seen_tag = tag;
         Ok(Some(record))
     }
 
@@ -218,24 +220,37 @@ impl Transaction for FlockTx<'_> {
 
     fn probe(&mut self, token: u64) -> Result<Liveness, Error> {
         let path = self.paths.live(token);
-        let file = match self.open(&path, Access::Probe) {
-            Ok(f) => f,
-            Err(e) if e.io_kind() == Some(io::ErrorKind::NotFound) => return Ok(Liveness::Missing),
-            Err(e) => return Err(e),
-        };
-        self.check(FaultPoint::LockProbe, &path)?;
-        // A shared try-lock: a holder's exclusive lock excludes it, another probe or a waiter
-        // does not, so a probe never makes a dead holder look alive to anyone else.
-        match super::wait::holder_gone(&file) {
-            Ok(true) => Ok(Liveness::Dead),
-            Ok(false) => Ok(Liveness::Live),
-            Err(e) => Err(Error::io("lock", &path, e)),
+        let found = live::identify(self.open(&path, Access::Probe), &path, self.seen_tag)?;
+        if matches!(found, Found::Own(_)) {
+            self.check(FaultPoint::LockProbe, &path)?;
         }
+        Ok(live::probe(found, &path)?.liveness)
     }
 
     fn lock_live(&mut self, token: u64) -> Result<PendingLive, Error> {
-        let (file, dev, ino) = self.lock_new(&self.paths.live(token))?;
-        Ok(PendingLive { file, dev, ino })
+        let path = self.paths.live(token);
+        let opened = self.open(&path, Access::Probe);
+        // A symbolic link planted at the name is refused, as everywhere in the directory
+        // (publishing would only replace the link, but it says someone meddles).
+        if let Err(e @ Error::Symlink { .. }) = opened {
+            return Err(e);
+        }
+        // A live holder of the generation about to be granted: the record was moved back
+        // under it. Publishing would replace its file; refuse instead.
+        if let Found::Own(file) = live::identify(opened, &path, None)?
+            && !live::holder_gone(&file).map_err(|e| Error::io("lock", &path, e))?
+        {
+            return Err(Error::LiveLockBusy { path });
+        }
+        let tag = live::fresh_tag();
+        let published = live::publish(&self.lease.opener, &path, tag)?;
+        self.commit_tag = Some(tag);
+        Ok(PendingLive {
+            file: published.file,
+            dev: published.dev,
+            ino: published.ino,
+            tag,
+        })
     }
 
     fn abandon(&mut self, pending: PendingLive) {
@@ -250,47 +265,69 @@ impl Transaction for FlockTx<'_> {
         };
         self.check(FaultPoint::StatLive, &path)?;
         match fs::symlink_metadata(&path) {
-            Ok(m) if m.dev() == generation.dev && m.ino() == generation.ino => return Ok(()),
-            Ok(_) => {
-                // Something else stands at our path: it is not ours to keep.
-                self.check(FaultPoint::UnlinkLive, &path)?;
-                self.lease.opener.remove(&path)?;
+            Ok(m) if m.dev() == generation.dev && m.ino() == generation.ino => {
+                self.commit_tag = Some(generation.tag);
+                return Ok(());
             }
+            // Deleted, or something else stands at our path: publish a new file, already
+            // locked, in one rename. It carries a new tag, which this transition's record
+            // names; until that commit, probes see a tag the record does not name and fall
+            // back to the expiry.
+            Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(Error::io("stat", &path, e)),
         }
-        // Restore: a fresh file at the path, locked, replaces the orphaned descriptor.
-        let (file, dev, ino) = self.lock_new(&path)?;
+        let tag = live::fresh_tag();
+        let published = live::publish(&self.lease.opener, &path, tag)?;
         if let Some(generation) = self.slot.local.as_mut() {
-            (generation.file, generation.dev, generation.ino) = (file, dev, ino);
+            (
+                generation.file,
+                generation.dev,
+                generation.ino,
+                generation.tag,
+            ) = (published.file, published.dev, published.ino, tag);
         }
+        self.commit_tag = Some(tag);
         Ok(())
     }
 
     fn write_temp(&mut self, record: &Record) -> Result<(), Error> {
-        let path = &self.paths.temp;
-        let mut tmp = self.create_temp()?;
-        self.check(FaultPoint::WriteTemp, path)?;
-        let written = tmp.write_all(&record::encode(record));
+        let path = self.paths.temp(live::fresh_tag());
+        let mut tmp = self.open(&path, Access::Temp)?;
+        self.check(FaultPoint::WriteTemp, &path)?;
+        let written = tmp.write_all(&record::encode_tagged(record, self.commit_tag));
+        let failed = written.map_err(|e| Error::io("write", &path, e));
         // Kept even on failure, so the driver's discard removes what was created.
-        self.temp = Some(tmp);
-        written.map_err(|e| Error::io("write", path, e))
+        self.temp = Some((tmp, path));
+        failed
     }
 
     fn sync_temp(&mut self) -> Result<(), Error> {
-        let path = &self.paths.temp;
         if !self.durable() {
             return Ok(());
         }
-        self.check(FaultPoint::SyncTemp, path)?;
         match &self.temp {
-            Some(tmp) => tmp.sync_data().map_err(|e| Error::io("fsync", path, e)),
+            Some((tmp, path)) => {
+                self.check(FaultPoint::SyncTemp, path)?;
+                tmp.sync_data().map_err(|e| Error::io("fsync", path, e))
+            }
             None => Ok(()),
         }
     }
 
     fn rename(&mut self) -> Result<(), Error> {
-        let (from, to) = (&self.paths.temp, &self.paths.record);
+        let to = &self.paths.record;
+        let Some((_, from)) = &self.temp else {
+            return Err(Error::io(
+                "rename",
+                to,
+                io::Error::from(io::ErrorKind::NotFound),
+            ));
+        };
+        // The commit happens only under the lock everyone else takes: checked again here, one
+        // system call before the rename (a tmp cleaner or an operator may have deleted
+        // `<stem>.lock` since it was locked, letting another transition start beside this one).
+        self.check_stable()?;
         self.check(FaultPoint::Rename, to)?;
         fs::rename(from, to).map_err(|e| Error::io("rename", to, e))?;
         self.temp = None;
@@ -299,8 +336,8 @@ impl Transaction for FlockTx<'_> {
 
     fn discard_temp(&mut self) {
         // Only a file this transition created: a refused foreign file is not ours to remove.
-        if self.temp.take().is_some() {
-            let _ = fs::remove_file(&self.paths.temp);
+        if let Some((_, path)) = self.temp.take() {
+            let _ = fs::remove_file(path);
         }
     }
 
@@ -349,12 +386,18 @@ impl Transaction for FlockTx<'_> {
     }
 
     fn adopt(&mut self, pending: PendingLive, local: Local) {
-        let PendingLive { file, dev, ino } = pending;
+        let PendingLive {
+            file,
+            dev,
+            ino,
+            tag,
+        } = pending;
         self.slot.local = Some(LocalGen {
             local,
             file,
             dev,
             ino,
+            tag,
         });
     }
 }

@@ -23,6 +23,7 @@ use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use super::live::holder_gone;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 
@@ -163,21 +164,6 @@ pub(super) fn try_lock_until(file: &File, deadline: Option<Instant>) -> io::Resu
             return Ok(false);
         }
         pause = (pause * 2).min(MAX_BACKOFF);
-    }
-}
-
-/// Whether the holder of the liveness lock that `file` opened is gone: a shared try-lock,
-/// dropped at once (closing the caller's descriptor releases it too).
-pub(super) fn holder_gone(file: &File) -> io::Result<bool> {
-    match file.try_lock_shared() {
-        Ok(()) => {
-            // Unlock now, so the instant this descriptor holds a shared lock is as short as
-            // possible (it excludes nobody but an exclusive locker of this very file).
-            let _ = file.unlock();
-            Ok(true)
-        }
-        Err(TryLockError::WouldBlock) => Ok(false),
-        Err(TryLockError::Error(e)) => Err(e),
     }
 }
 

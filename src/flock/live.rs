@@ -1,0 +1,267 @@
+//! Liveness files: a generation's file is **published already locked**, and what stands at a
+//! generation's name is judged by one function, [`identify`], for the library's probes and
+//! waits and for `status` alike.
+//!
+//! A generation's liveness file carries a random [`LiveTag`] that the record names (key
+//! `live`). [`identify`] calls a file the generation's own only if it is a regular file that
+//! carries that tag; anything else at the name — a FIFO, a directory, a socket, a symbolic
+//! link, a fresh empty file that a Go prober or a tmp tool created — is *not the generation's*,
+//! and the probe answers [`Liveness::Unknown`] (the machine then falls back to the expiry),
+//! never [`Liveness::Dead`]. A record without a tag (written by the Go package or by an older
+//! version) is judged by its lock alone, as before, but a file that is not regular is still
+//! not the generation's.
+//!
+//! [`publish`] creates the file under a unique temporary name, writes the tag, locks it, and
+//! only then renames it into place: under the generation's name there is either what was there
+//! before or the locked file, never an unlocked one. On failure the temporary file is removed
+//! and nothing changed under the final name.
+
+use std::collections::hash_map::RandomState;
+use std::fs::{self, File, TryLockError};
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::io::{self, Write};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::files::{Access, Opener};
+use crate::error::Error;
+use crate::fault::FaultPoint;
+use crate::machine::Liveness;
+use crate::record::LiveTag;
+
+/// A new tag, unique with overwhelming probability: the process id, a counter and the time,
+/// hashed with std's randomly keyed SipHash (its keys come from the operating system's
+/// random source). Not a secret — anyone who can read the lease directory can read it — only
+/// a name no other file can carry by accident.
+pub(crate) fn fresh_tag() -> LiveTag {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = RandomState::new().build_hasher();
+    std::process::id().hash(&mut h);
+    COUNTER.fetch_add(1, Ordering::Relaxed).hash(&mut h);
+    std::time::SystemTime::now().hash(&mut h);
+    LiveTag(h.finish())
+}
+
+/// What stands at a generation's liveness path.
+#[derive(Debug)]
+pub(crate) enum Found {
+    /// The generation's own file (or, for a record without a tag, a regular file), opened.
+    Own(File),
+    /// Nothing.
+    Missing,
+    /// Something that is not the generation's file; why, in words.
+    NotOwn(String),
+}
+
+/// How a probe judged a generation.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Probed {
+    /// The answer for the machine.
+    pub(crate) liveness: Liveness,
+    /// Why the answer is [`Liveness::Unknown`] when a file stands at the name.
+    pub(crate) reason: Option<String>,
+}
+
+/// Judges what opening `path` (a generation's liveness file, opened read-only, without
+/// following links or blocking) gave, against the `tag` the record names. The one place that
+/// decides whether a file is a generation's own.
+///
+/// # Errors
+///
+/// An I/O failure that says nothing about the file (`EMFILE`, `EIO`, ...).
+pub(crate) fn identify(
+    opened: Result<File, Error>,
+    path: &Path,
+    tag: Option<LiveTag>,
+) -> Result<Found, Error> {
+    let file = match opened {
+        Ok(f) => f,
+        Err(e) if e.io_kind() == Some(io::ErrorKind::NotFound) => return Ok(Found::Missing),
+        Err(e @ (Error::Symlink { .. } | Error::NotAFile { .. } | Error::ForeignOwner { .. })) => {
+            return Ok(Found::NotOwn(e.to_string()));
+        }
+        Err(e) => return Err(e),
+    };
+    let meta = file.metadata().map_err(|e| Error::io("stat", path, e))?;
+    let kind = meta.file_type();
+    if !kind.is_file() {
+        let what = if kind.is_dir() {
+            "a directory"
+        } else if kind.is_fifo() {
+            "a FIFO"
+        } else if kind.is_socket() {
+            "a socket"
+        } else {
+            "not a regular file"
+        };
+        return Ok(Found::NotOwn(format!(
+            "{}: {what}, not the liveness file its generation published",
+            path.display()
+        )));
+    }
+    let Some(tag) = tag else {
+        return Ok(Found::Own(file));
+    };
+    let mut buf = [0u8; 17];
+    let n = read_prefix(&file, &mut buf).map_err(|e| Error::io("read", path, e))?;
+    if buf[..n] == tag.to_hex() {
+        Ok(Found::Own(file))
+    } else {
+        Ok(Found::NotOwn(format!(
+            "{}: does not carry the tag its record names (another file was put at its name)",
+            path.display()
+        )))
+    }
+}
+
+/// Probes what [`identify`] found: the generation's own file with a shared try-lock, dropped
+/// at once (a holder's exclusive lock excludes it; another probe or a waiter does not).
+///
+/// # Errors
+///
+/// The lock call failing for another reason than contention.
+pub(crate) fn probe(found: Found, path: &Path) -> Result<Probed, Error> {
+    match found {
+        Found::Own(file) => {
+            let liveness = if holder_gone(&file).map_err(|e| Error::io("lock", path, e))? {
+                Liveness::Dead
+            } else {
+                Liveness::Live
+            };
+            Ok(Probed {
+                liveness,
+                reason: None,
+            })
+        }
+        Found::Missing => Ok(Probed {
+            liveness: Liveness::Unknown,
+            reason: None,
+        }),
+        Found::NotOwn(reason) => Ok(Probed {
+            liveness: Liveness::Unknown,
+            reason: Some(reason),
+        }),
+    }
+}
+
+/// Whether the holder of the liveness lock that `file` opened is gone: a shared try-lock,
+/// dropped at once (closing the caller's descriptor releases it too).
+pub(crate) fn holder_gone(file: &File) -> io::Result<bool> {
+    match file.try_lock_shared() {
+        Ok(()) => {
+            // Unlock now, so the instant this descriptor holds a shared lock is as short as
+            // possible (it excludes nobody but an exclusive locker of this very file).
+            let _ = file.unlock();
+            Ok(true)
+        }
+        Err(TryLockError::WouldBlock) => Ok(false),
+        Err(TryLockError::Error(e)) => Err(e),
+    }
+}
+
+/// A published generation's file: open, exclusively locked, at its final name.
+#[derive(Debug)]
+pub(super) struct Published {
+    pub(super) file: File,
+    pub(super) dev: u64,
+    pub(super) ino: u64,
+}
+
+/// Publishes generation file `path` carrying `tag`: creates `<path>.<tag>.tmp` exclusively,
+/// writes the tag, locks it exclusively, and renames it over `path`. Whatever stood at `path`
+/// is replaced in one step (a file that is not a live holder's: the caller holds the
+/// transition lock and publishes only its own generations).
+///
+/// # Errors
+///
+/// Any step failing; the temporary file is then removed and `path` is untouched.
+pub(super) fn publish(opener: &Opener, path: &Path, tag: LiveTag) -> Result<Published, Error> {
+    let temp = temp_path(path, tag);
+    let file = opener.open(&temp, Access::LiveCreate)?;
+    match lock_and_place(opener, &file, &temp, path, tag) {
+        Ok((dev, ino)) => Ok(Published { file, dev, ino }),
+        Err(e) => {
+            // Closing drops the lock; the name goes. Nothing was placed at `path`.
+            drop(file);
+            let _ = fs::remove_file(&temp);
+            Err(e)
+        }
+    }
+}
+
+fn lock_and_place(
+    opener: &Opener,
+    file: &File,
+    temp: &Path,
+    path: &Path,
+    tag: LiveTag,
+) -> Result<(u64, u64), Error> {
+    let faults = &opener.faults;
+    faults.check(FaultPoint::WriteLive, temp)?;
+    (&*file)
+        .write_all(&tag.to_hex())
+        .map_err(|e| Error::io("write", temp, e))?;
+    faults.check(FaultPoint::LockLive, temp)?;
+    match file.try_lock() {
+        Ok(()) => {}
+        // A unique name nobody else publishes: only a planted file could be locked.
+        Err(TryLockError::WouldBlock) => {
+            return Err(Error::LiveLockBusy {
+                path: temp.to_owned(),
+            });
+        }
+        Err(TryLockError::Error(e)) => return Err(Error::io("lock", temp, e)),
+    }
+    faults.check(FaultPoint::StatNewLive, temp)?;
+    let m = file.metadata().map_err(|e| Error::io("stat", temp, e))?;
+    faults.check(FaultPoint::PublishLive, path)?;
+    fs::rename(temp, path).map_err(|e| match e.raw_os_error() {
+        Some(nix::libc::EISDIR | nix::libc::ENOTEMPTY | nix::libc::EEXIST) => Error::NotAFile {
+            path: path.to_owned(),
+        },
+        _ => Error::io("rename", path, e),
+    })?;
+    Ok((m.dev(), m.ino()))
+}
+
+/// The unique temporary name a generation's file is published from.
+pub(crate) fn temp_path(path: &Path, tag: LiveTag) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".");
+    // Hex digits are ASCII.
+    name.push(std::str::from_utf8(&tag.to_hex()).unwrap_or_default());
+    name.push(".tmp");
+    PathBuf::from(name)
+}
+
+/// Reads the first bytes of `file` (at most `buf.len()`), retrying short reads.
+fn read_prefix(file: &File, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match file.read_at(&mut buf[n..], n as u64) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fresh_tags_differ() {
+        let tags: std::collections::BTreeSet<_> = (0..1000).map(|_| fresh_tag()).collect();
+        assert_eq!(tags.len(), 1000);
+    }
+
+    #[test]
+    fn a_publish_temp_name_ends_in_tmp_beside_its_file() {
+        let p = temp_path(Path::new("/d/s-0123.7.live"), LiveTag(0xab));
+        assert_eq!(p, Path::new("/d/s-0123.7.live.00000000000000ab.tmp"));
+    }
+}

@@ -1,0 +1,273 @@
+//! Actors outside any call that touch the lease directory — a tmp cleaner, an operator, a
+//! waiter's or `status`'s probe, another program — never make a live holder look dead, and
+//! never let two transitions commit at once. Real files, real locks; each holder is an
+//! instance kept alive in this process (its descriptors open), each rival another instance.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::fs::{self, File};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use flocklease::conformance::START;
+use flocklease::fault::{FaultHook, FaultPoint};
+use flocklease::{Error, FlockLease, Grant, ManualClock, status};
+use support::{id, open_manual, owner};
+
+fn live_path(dir: &Path, token: u64) -> PathBuf {
+    dir.join(format!("{}.{token}.live", id("s").stem()))
+}
+
+fn lock_path(dir: &Path) -> PathBuf {
+    dir.join(format!("{}.lock", id("s").stem()))
+}
+
+/// An instance whose step `point` fails at its first occurrence once `armed` is set.
+fn faulty(
+    dir: &Path,
+    clock: &ManualClock,
+    point: FaultPoint,
+    armed: Arc<AtomicBool>,
+) -> FlockLease {
+    let hook: FaultHook = Arc::new(move |p, _| {
+        (p == point && armed.swap(false, Ordering::SeqCst))
+            .then(|| std::io::Error::other("injected fault"))
+    });
+    FlockLease::builder(dir)
+        .clock(Arc::new(clock.clone()))
+        .ttl(Duration::from_secs(30))
+        .faults(hook)
+        .open()
+        .unwrap()
+}
+
+fn state_of(dir: &Path, clock: &ManualClock) -> &'static str {
+    use flocklease::Clock;
+    status::session(dir, &id("s"), clock.now())
+        .unwrap()
+        .unwrap()
+        .state
+}
+
+/// Scenario 1: a renew restoring a deleted liveness file fails at any step of the restore.
+/// Nothing unlocked may be left at the generation's name, or the next acquire by another
+/// owner reads the holder as dead while it runs with an unexpired lease.
+#[test]
+fn a_failed_restore_of_a_deleted_liveness_file_never_makes_the_holder_look_dead() {
+    for point in [
+        FaultPoint::OpenLive,
+        FaultPoint::WriteLive,
+        FaultPoint::LockLive,
+        FaultPoint::StatNewLive,
+        FaultPoint::PublishLive,
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(START);
+        let armed = Arc::new(AtomicBool::new(false));
+        let a = faulty(dir.path(), &clock, point, Arc::clone(&armed));
+        let lease = a.acquire(&id("s"), &owner("a")).unwrap().lease().unwrap();
+        // A tmp cleaner deletes the holder's liveness file; the holder's renew restores it, and
+        // the restore fails.
+        fs::remove_file(live_path(dir.path(), 1)).unwrap();
+        armed.store(true, Ordering::SeqCst);
+        let err = a.renew(&lease).unwrap_err();
+        assert!(
+            err.to_string().contains("injected fault"),
+            "{point:?}: {err}"
+        );
+        // The holder runs, its lease unexpired: nobody else may be granted it.
+        let b = open_manual(dir.path(), &clock);
+        assert_eq!(
+            b.acquire(&id("s"), &owner("b")).unwrap(),
+            Grant::Held,
+            "{point:?}: granted while the holder runs"
+        );
+        assert_ne!(state_of(dir.path(), &clock), "dead", "{point:?}");
+        // No leftover of the failed publish.
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.ends_with(".tmp"))
+            .collect();
+        assert!(names.is_empty(), "{point:?}: {names:?}");
+        // The next renew restores it, and the holder is seen live again.
+        assert!(!a.renew(&lease).unwrap().is_held(), "{point:?}");
+        assert_eq!(state_of(dir.path(), &clock), "live", "{point:?}");
+        assert_eq!(b.acquire(&id("s"), &owner("b")).unwrap(), Grant::Held);
+    }
+}
+
+/// Scenario 1 without any fault: a prober (a waiter, `status`) takes shared locks on the
+/// liveness file while the holder restores it again and again. A restore that created the
+/// file before locking it could find its own fresh file share-locked and leave it unlocked.
+#[test]
+fn restores_racing_shared_probes_never_leave_the_generation_unlocked() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(START);
+    let a = open_manual(dir.path(), &clock);
+    let lease = a.acquire(&id("s"), &owner("a")).unwrap().lease().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let prober = {
+        let (stop, path) = (Arc::clone(&stop), live_path(dir.path(), 1));
+        std::thread::spawn(move || {
+            let mut probes = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok(f) = File::open(&path)
+                    && f.try_lock_shared().is_ok()
+                {
+                    probes += 1;
+                }
+            }
+            probes
+        })
+    };
+    let b = open_manual(dir.path(), &clock);
+    for round in 0..3000 {
+        let _ = fs::remove_file(live_path(dir.path(), 1));
+        // The renew may fail (the probe held the fresh file); it must never leave it unlocked.
+        let _ = a.renew(&lease);
+        assert_eq!(
+            b.acquire(&id("s"), &owner("b")).unwrap(),
+            Grant::Held,
+            "round {round}: granted while the holder runs"
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    prober.join().unwrap();
+}
+
+/// Scenario 2: the holder's liveness file replaced by a FIFO, a directory or a fresh regular
+/// file (empty, or with other contents), holder alive, lease unexpired.
+#[test]
+fn a_replaced_liveness_file_is_unknown_never_dead() {
+    for plant in ["fifo", "directory", "empty file", "other file"] {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(START);
+        let a = open_manual(dir.path(), &clock);
+        let lease = a.acquire(&id("s"), &owner("a")).unwrap().lease().unwrap();
+        let path = live_path(dir.path(), 1);
+        fs::remove_file(&path).unwrap();
+        match plant {
+            "fifo" => nix::unistd::mkfifo(&path, nix::sys::stat::Mode::S_IRWXU).unwrap(),
+            "directory" => fs::create_dir(&path).unwrap(),
+            "empty file" => drop(File::create(&path).unwrap()),
+            _ => fs::write(&path, b"0123456789abcdef").unwrap(),
+        }
+        let b = open_manual(dir.path(), &clock);
+        assert_eq!(
+            b.acquire(&id("s"), &owner("b")).unwrap(),
+            Grant::Held,
+            "{plant}: granted while the holder runs"
+        );
+        // status tells the same story, with the reason.
+        let st = status::session(dir.path(), &id("s"), {
+            use flocklease::Clock;
+            clock.now()
+        })
+        .unwrap()
+        .unwrap();
+        assert_eq!(st.state, "unknown", "{plant}");
+        assert!(!st.acquirable, "{plant}");
+        assert!(st.error.is_some(), "{plant}: no reason given");
+        // A waiting acquire does not mistake the planted file for a released lock.
+        let waited = b
+            .acquire_wait(&id("s"), &owner("b"), Duration::from_millis(30))
+            .unwrap();
+        assert_eq!(waited, Grant::Held, "{plant}");
+        // The holder's renew puts its own file back (a directory is not removed: the renew
+        // fails and names it), and the lease stays the holder's either way.
+        match (plant, a.renew(&lease)) {
+            ("directory", Err(Error::NotAFile { .. })) => {}
+            (_, Ok(Grant::Granted(_))) => assert_eq!(state_of(dir.path(), &clock), "live"),
+            (_, other) => panic!("{plant}: renew answered {other:?}"),
+        }
+        assert_eq!(b.acquire(&id("s"), &owner("b")).unwrap(), Grant::Held);
+        // At the expiry the rival takes over, as with a deleted file.
+        clock.advance(Duration::from_secs(30));
+        let taken = b.acquire(&id("s"), &owner("b")).unwrap().lease().unwrap();
+        assert_eq!(taken.token, 2, "{plant}");
+    }
+}
+
+/// Scenario 3: `<stem>.lock` deleted while a transition holds it. A second transition then
+/// locks a new `.lock` and runs beside the first; the first must not commit over it.
+#[test]
+fn a_transition_whose_lock_was_deleted_never_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(START);
+    let rival: Arc<Mutex<Option<(FlockLease, Option<Grant>)>>> =
+        Arc::new(Mutex::new(Some((open_manual(dir.path(), &clock), None))));
+    let armed = Arc::new(AtomicBool::new(false));
+    let hook: FaultHook = {
+        let (rival, armed) = (Arc::clone(&rival), Arc::clone(&armed));
+        let lock = lock_path(dir.path());
+        Arc::new(move |point, _| {
+            // Between the temporary record's write and the commit: a tmp cleaner deletes the
+            // lock, and a rival's acquire runs its whole transition on a new one.
+            if point == FaultPoint::SyncTemp || point == FaultPoint::WriteTemp {
+                if armed.swap(false, Ordering::SeqCst) {
+                    fs::remove_file(&lock).unwrap();
+                    let mut r = rival.lock().unwrap();
+                    let (b, answer) = r.as_mut().unwrap();
+                    *answer = Some(b.acquire(&id("s"), &owner("b")).unwrap());
+                }
+            }
+            None
+        })
+    };
+    let a = FlockLease::builder(dir.path())
+        .clock(Arc::new(clock.clone()))
+        .ttl(Duration::from_secs(30))
+        .faults(hook)
+        .open()
+        .unwrap();
+    let lease = a.acquire(&id("s"), &owner("a")).unwrap().lease().unwrap();
+    // Expired: the holder may reclaim it by a renew, and anyone may take it over.
+    clock.advance(Duration::from_secs(31));
+    armed.store(true, Ordering::SeqCst);
+    let renewed = a.renew(&lease);
+    let (_b, answer) = rival.lock().unwrap().take().unwrap();
+    let taken = answer
+        .unwrap()
+        .lease()
+        .expect("the rival's takeover of an expired lease");
+    assert_eq!(taken.token, 2);
+    // The rival committed token 2; the renew must not have committed token 1 over it.
+    assert!(
+        matches!(renewed, Err(Error::LockReplaced { .. })),
+        "renew answered {renewed:?}"
+    );
+    let rec = flocklease::record::decode(
+        &fs::read(dir.path().join(format!("{}.lease.json", id("s").stem()))).unwrap(),
+    )
+    .unwrap();
+    assert_eq!((rec.owner.as_str(), rec.token), ("b", 2));
+    // The renew failed without loss of anything it had: it answers lost next time, as the
+    // record says.
+    assert!(a.renew(&lease).unwrap().is_held());
+}
+
+/// A lock untouched for days (what tmp cleaners age by) is touched when a transition takes it.
+#[test]
+fn an_old_transition_lock_is_touched_when_locked() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(START);
+    let a = open_manual(dir.path(), &clock);
+    let lease = a.acquire(&id("s"), &owner("a")).unwrap().lease().unwrap();
+    let days_ago = SystemTime::now() - Duration::from_secs(10 * 86_400);
+    File::options()
+        .write(true)
+        .open(lock_path(dir.path()))
+        .unwrap()
+        .set_modified(days_ago)
+        .unwrap();
+    let before = fs::metadata(lock_path(dir.path())).unwrap().mtime();
+    assert!(!a.renew(&lease).unwrap().is_held());
+    let after = fs::metadata(lock_path(dir.path())).unwrap().mtime();
+    assert!(after > before + 86_400, "{before} -> {after}");
+}
