@@ -11,7 +11,7 @@ use std::fs::{self, File};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, SystemTime};
 
 use flocklease::conformance::START;
@@ -195,27 +195,47 @@ fn a_replaced_liveness_file_is_unknown_never_dead() {
 }
 
 /// Scenario 3: `<stem>.lock` deleted while a transition holds it. A second transition then
-/// locks a new `.lock` and runs beside the first; the first must not commit over it.
+/// locks a new `.lock` and runs beside the first; the first must not commit over it, nor the
+/// two share a temporary file (the first would rename the second's record into place).
 #[test]
 fn a_transition_whose_lock_was_deleted_never_commits() {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(START);
-    let rival: Arc<Mutex<Option<(FlockLease, Option<Grant>)>>> =
-        Arc::new(Mutex::new(Some((open_manual(dir.path(), &clock), None))));
-    let armed = Arc::new(AtomicBool::new(false));
-    let hook: FaultHook = {
-        let (rival, armed) = (Arc::clone(&rival), Arc::clone(&armed));
-        let lock = lock_path(dir.path());
+    let (b_wrote_tx, b_wrote_rx) = mpsc::channel::<()>();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    // The rival pauses just before its commit, its temporary record written, until told to go.
+    let b_hook: FaultHook = {
+        let (b_wrote_tx, go_rx) = (Mutex::new(b_wrote_tx), Mutex::new(go_rx));
         Arc::new(move |point, _| {
-            // Between the temporary record's write and the commit: a tmp cleaner deletes the
-            // lock, and a rival's acquire runs its whole transition on a new one.
-            if point == FaultPoint::SyncTemp || point == FaultPoint::WriteTemp {
-                if armed.swap(false, Ordering::SeqCst) {
-                    fs::remove_file(&lock).unwrap();
-                    let mut r = rival.lock().unwrap();
-                    let (b, answer) = r.as_mut().unwrap();
-                    *answer = Some(b.acquire(&id("s"), &owner("b")).unwrap());
-                }
+            if point == FaultPoint::Rename {
+                b_wrote_tx.lock().unwrap().send(()).unwrap();
+                go_rx.lock().unwrap().recv().unwrap();
+            }
+            None
+        })
+    };
+    let b = Arc::new(
+        FlockLease::builder(dir.path())
+            .clock(Arc::new(clock.clone()))
+            .ttl(Duration::from_secs(30))
+            .faults(b_hook)
+            .open()
+            .unwrap(),
+    );
+    let rival: Arc<Mutex<Option<std::thread::JoinHandle<Result<Grant, Error>>>>> = Arc::default();
+    let armed = Arc::new(AtomicBool::new(false));
+    // The holder: once its temporary record is written, a tmp cleaner deletes the lock and the
+    // rival runs up to its own commit.
+    let a_hook: FaultHook = {
+        let (rival, armed, b) = (Arc::clone(&rival), Arc::clone(&armed), Arc::clone(&b));
+        let (lock, b_wrote_rx) = (lock_path(dir.path()), Mutex::new(b_wrote_rx));
+        Arc::new(move |point, _| {
+            if point == FaultPoint::SyncTemp && armed.swap(false, Ordering::SeqCst) {
+                fs::remove_file(&lock).unwrap();
+                let b = Arc::clone(&b);
+                *rival.lock().unwrap() =
+                    Some(std::thread::spawn(move || b.acquire(&id("s"), &owner("b"))));
+                b_wrote_rx.lock().unwrap().recv().unwrap();
             }
             None
         })
@@ -223,7 +243,7 @@ fn a_transition_whose_lock_was_deleted_never_commits() {
     let a = FlockLease::builder(dir.path())
         .clock(Arc::new(clock.clone()))
         .ttl(Duration::from_secs(30))
-        .faults(hook)
+        .faults(a_hook)
         .open()
         .unwrap();
     let lease = a.acquire(&id("s"), &owner("a")).unwrap().lease().unwrap();
@@ -231,23 +251,21 @@ fn a_transition_whose_lock_was_deleted_never_commits() {
     clock.advance(Duration::from_secs(31));
     armed.store(true, Ordering::SeqCst);
     let renewed = a.renew(&lease);
-    let (_b, answer) = rival.lock().unwrap().take().unwrap();
-    let taken = answer
-        .unwrap()
-        .lease()
-        .expect("the rival's takeover of an expired lease");
-    assert_eq!(taken.token, 2);
-    // The rival committed token 2; the renew must not have committed token 1 over it.
-    assert!(
-        matches!(renewed, Err(Error::LockReplaced { .. })),
-        "renew answered {renewed:?}"
-    );
+    go_tx.send(()).unwrap();
+    let taken = rival.lock().unwrap().take().unwrap().join().unwrap();
     let rec = flocklease::record::decode(
         &fs::read(dir.path().join(format!("{}.lease.json", id("s").stem()))).unwrap(),
     )
     .unwrap();
+    // The holder's renew did not commit: the rival's takeover did, and only it was granted.
+    assert!(
+        matches!(renewed, Err(Error::LockReplaced { .. })),
+        "renew answered {renewed:?} with the record at {rec:?}"
+    );
+    let taken = taken.unwrap().lease().expect("the rival's takeover");
+    assert_eq!(taken.token, 2);
     assert_eq!((rec.owner.as_str(), rec.token), ("b", 2));
-    // The renew failed without loss of anything it had: it answers lost next time, as the
+    // The renew failed without losing anything it had: it answers lost next time, as the
     // record says.
     assert!(a.renew(&lease).unwrap().is_held());
 }

@@ -270,14 +270,13 @@ impl Transaction for FlockTx<'_> {
                 return Ok(());
             }
             // Deleted, or something else stands at our path: publish a new file, already
-            // locked, in one rename. It carries a new tag, which this transition's record
-            // names; until that commit, probes see a tag the record does not name and fall
-            // back to the expiry.
+            // locked, in one rename, carrying the generation's tag (the record names it
+            // already). Whatever stood there is replaced; nothing unlocked is ever left.
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(Error::io("stat", &path, e)),
         }
-        let tag = live::fresh_tag();
+        let tag = generation.tag;
         let published = live::publish(&self.lease.opener, &path, tag)?;
         if let Some(generation) = self.slot.local.as_mut() {
             (
