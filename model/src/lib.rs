@@ -1,7 +1,12 @@
 //! A [stateright] model of flocklease at the granularity of its I/O: N lease-manager
-//! processes on one host sharing one session id's record, temporary file, transition lock and
+//! processes on one host sharing one session id's record, temporary files, transition lock and
 //! liveness locks, with a ticking clock, process crashes between any two I/O steps, failing
-//! steps, an operator deleting a liveness file and a host crash.
+//! steps and a host crash — and every other actor that touches the lease directory, at any
+//! moment: a cleaner (a tmp cleaner or an operator) that deletes or replaces the liveness
+//! file, the transition lock, the record or a temporary file with a regular file, a FIFO or a
+//! directory; an observer (a waiter, `status`) taking and dropping a shared lock on a liveness
+//! file; a prober in the style of the Go package (creating a missing liveness file, taking an
+//! exclusive try-lock).
 //!
 //! Every call is a [`flocklease::driver::Run`] — the very interpreter the real adapters use —
 //! and every model action advances one process's run by **one I/O step** (lock the transition
@@ -57,9 +62,20 @@ pub struct LeaseModel {
     pub faults: u8,
     /// Whether a host crash (every process dies, what was not durable is lost) can happen, once.
     pub host_crash: bool,
-    /// Whether an operator (or a tmp cleaner) may delete the current generation's liveness file,
-    /// once — a vanished file is not proof of death.
-    pub cleaner: bool,
+    /// How many times the cleaner (a tmp cleaner, an operator) may act — a vanished or
+    /// replaced file is not proof of death.
+    pub cleaner: u8,
+    /// What the cleaner may touch, and how.
+    pub tamper: Tamper,
+    /// Whether an observer (a waiter, `status`) takes and drops shared locks on the recorded
+    /// generation's liveness file.
+    pub observer: bool,
+    /// Whether a prober in the style of the Go package creates the recorded generation's
+    /// liveness file when it is missing and takes and drops exclusive try-locks on it.
+    pub go_prober: bool,
+    /// A bug planted on purpose, to show that the checker catches it (never in a named
+    /// configuration).
+    pub planted: Option<Planted>,
     /// Whether the adapter fsyncs (`Durability::Full`). With `false`, a host crash can bring
     /// back an older token.
     pub durable: bool,
@@ -71,8 +87,68 @@ pub struct LeaseModel {
     pub liveness_losses: u8,
 }
 
+/// What the cleaner may do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Tamper {
+    /// Delete the recorded generation's liveness file.
+    pub delete_live: bool,
+    /// Replace it with a regular file, a FIFO or a directory.
+    pub replace_live: bool,
+    /// Delete or replace `<stem>.lock`.
+    pub lock: bool,
+    /// Replace the record with a regular file that is not a record, a FIFO or a directory.
+    /// (Deleting the record is not modelled: it forgets the id, and tokens start over — no
+    /// protocol can tell; see the README.)
+    pub record: bool,
+    /// Delete a transition's temporary record.
+    pub temp: bool,
+}
+
+impl Tamper {
+    /// Only deleting the recorded liveness file.
+    pub const DELETE_LIVE: Tamper = Tamper {
+        delete_live: true,
+        replace_live: false,
+        lock: false,
+        record: false,
+        temp: false,
+    };
+    /// Deleting or replacing the recorded liveness file.
+    pub const LIVE: Tamper = Tamper {
+        delete_live: true,
+        replace_live: true,
+        lock: false,
+        record: false,
+        temp: false,
+    };
+    /// The lock, the record and the temporary records.
+    pub const FILES: Tamper = Tamper {
+        delete_live: false,
+        replace_live: false,
+        lock: true,
+        record: true,
+        temp: true,
+    };
+    /// Everything.
+    pub const ALL: Tamper = Tamper {
+        delete_live: true,
+        replace_live: true,
+        lock: true,
+        record: true,
+        temp: true,
+    };
+}
+
+/// A bug planted in the model's steps, for the tests that show the checker catches it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Planted {
+    /// The restore of a deleted liveness file creates it at its final name, then locks it (the
+    /// adapter's code before publishing was atomic): a failure of the lock leaves it unlocked.
+    CreateThenLock,
+}
+
 /// The named configurations `check --config NAME` knows.
-pub const CONFIGS: [&str; 4] = ["default", "large", "shared-owner", "postgres"];
+pub const CONFIGS: [&str; 5] = ["default", "large", "long", "shared-owner", "postgres"];
 
 impl Default for LeaseModel {
     /// The default configuration: what `check` runs and CI checks first.
@@ -85,7 +161,11 @@ impl Default for LeaseModel {
             max_token: 2,
             faults: 1,
             host_crash: true,
-            cleaner: true,
+            cleaner: 1,
+            tamper: Tamper::LIVE,
+            observer: false,
+            go_prober: true,
+            planted: None,
             durable: true,
             shared_owner: false,
             backend: Backend::Flock,
@@ -100,11 +180,25 @@ impl LeaseModel {
         let d = LeaseModel::default();
         Some(match name {
             "default" => d,
-            // Longer histories: more ticks and one more generation.
+            // The other actors: the cleaner deletes or replaces `<stem>.lock`, replaces the
+            // record or deletes a temporary record, and an observer share-locks liveness
+            // files (the default configuration has the liveness file's deletion and
+            // replacement and the Go-style prober).
             "large" => LeaseModel {
                 name: "large",
+                tamper: Tamper::FILES,
+                observer: true,
+                go_prober: false,
+                ..d
+            },
+            // Longer histories: more ticks and one more generation, the liveness file's
+            // deletion the only tampering.
+            "long" => LeaseModel {
+                name: "long",
                 max_time: 3,
                 max_token: 3,
+                tamper: Tamper::DELETE_LIVE,
+                go_prober: false,
                 ..d
             },
             "shared-owner" => LeaseModel {
@@ -115,7 +209,9 @@ impl LeaseModel {
             "postgres" => LeaseModel {
                 name: "postgres",
                 backend: Backend::Postgres,
-                cleaner: false,
+                cleaner: 0,
+                observer: false,
+                go_prober: false,
                 host_crash: false,
                 liveness_losses: 1,
                 ..d
@@ -147,20 +243,39 @@ pub struct Proc {
     pub call: Option<Call>,
     /// PostgreSQL: the generation whose liveness connection dropped, until a call notices.
     pub lost: Option<u64>,
+    /// The `<stem>.lock` file (by its inode) whose lock it holds.
+    pub stable: Option<u8>,
+    /// A directory listing a takeover left to its next transition (below this token).
+    pub sweep: Option<u64>,
+    /// The listing the call under way carries, run when it unlocks.
+    pub carried: Option<u64>,
     /// For display only (not part of the state's identity): its last call and the answer.
     pub last: Option<(Kind, Said)>,
 }
 
+impl Proc {
+    /// Leaves a listing below `below` to the next transition.
+    pub(crate) fn keep_sweep(&mut self, below: u64) {
+        self.sweep = Some(self.sweep.map_or(below, |b| b.max(below)));
+    }
+
+    fn key(&self) -> impl Hash + PartialEq + '_ {
+        (
+            (&self.local, self.lease, self.stale, &self.call, self.lost),
+            (self.stable, self.sweep, self.carried),
+        )
+    }
+}
+
 impl PartialEq for Proc {
     fn eq(&self, o: &Proc) -> bool {
-        (&self.local, self.lease, self.stale, &self.call, self.lost)
-            == (&o.local, o.lease, o.stale, &o.call, o.lost)
+        self.key() == o.key()
     }
 }
 impl Eq for Proc {}
 impl Hash for Proc {
     fn hash<H: Hasher>(&self, h: &mut H) {
-        (&self.local, self.lease, self.stale, &self.call, self.lost).hash(h);
+        self.key().hash(h);
     }
 }
 
@@ -201,13 +316,92 @@ pub struct LeaseView {
     pub expiry: u8,
 }
 
-/// The temporary record file.
+/// A transition's temporary record file (each transition writes its own).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Temp {
     /// What was written to it.
     pub record: Record,
+    /// The liveness tag it names (the publishing process).
+    pub tag: Option<usize>,
     /// Whether its contents were fsynced.
     pub synced: bool,
+}
+
+/// What stands at a liveness file's name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum What {
+    /// A file process `p` published: it carries `p`'s tag.
+    Own(usize),
+    /// A regular file without a tag (planted, or created by the Go-style prober).
+    Plain,
+    /// A FIFO.
+    Fifo,
+    /// A directory.
+    Dir,
+}
+
+/// Who holds an exclusive lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Locker {
+    /// A lease-manager process.
+    Proc(usize),
+    /// The Go-style prober.
+    Go,
+}
+
+/// The file at a liveness name and its locks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LiveFile {
+    /// What it is.
+    pub what: What,
+    /// Its exclusive lock's holder.
+    pub holder: Option<Locker>,
+    /// Whether the observer holds a shared lock on it.
+    pub shared: bool,
+}
+
+/// What the cleaner puts at a name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Plant {
+    /// A regular file (empty, or anything but the expected contents).
+    Plain,
+    /// A FIFO.
+    Fifo,
+    /// A directory.
+    Dir,
+}
+
+/// What stands at `<stem>.lock`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LockAt {
+    /// A regular file, by inode (a replacement is a new inode).
+    File(u8),
+    /// Nothing: the next locker creates it.
+    Missing,
+    /// A FIFO or a directory: every call fails, naming it.
+    NotAFile,
+}
+
+/// What the cleaner touches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Target {
+    /// The recorded generation's liveness file.
+    Live,
+    /// `<stem>.lock`.
+    Lock,
+    /// The record.
+    Record,
+    /// Process `p`'s temporary record.
+    Temp(usize),
+}
+
+/// What the cleaner does to its target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Change {
+    /// Deletes it.
+    Delete,
+    /// Replaces it.
+    Replace(Plant),
 }
 
 /// The whole system.
@@ -219,29 +413,40 @@ pub struct State {
     pub record: Option<Record>,
     /// Whether the visible record's contents were fsynced before its rename.
     pub record_synced: bool,
+    /// The liveness tag the visible record names (the process that published its
+    /// generation).
+    pub record_tag: Option<usize>,
+    /// A plant standing at the record's name (the visible record is then unreadable; `record`
+    /// keeps the last one committed).
+    pub record_bad: Option<Plant>,
     /// The record as it would be after a power loss.
     pub durable: Option<Record>,
-    /// The temporary record file, if one exists.
-    pub temp: Option<Temp>,
-    /// The process holding the transition lock, if any.
-    pub stable: Option<usize>,
-    /// Liveness files by token: `Some(p)` while process `p` holds its lock, `None` when the
-    /// file exists unlocked.
-    pub live: BTreeMap<u64, Option<usize>>,
-    /// Ghost: bit `t` is set once generation `t`'s liveness file was ever created.
-    pub created: u32,
+    /// The tag the durable record names.
+    pub durable_tag: Option<usize>,
+    /// Each process's temporary record file, if it has one.
+    pub temps: Vec<Option<Temp>>,
+    /// What stands at `<stem>.lock`.
+    pub lock_at: LockAt,
+    /// The inode number the next created `<stem>.lock` gets.
+    pub next_lock: u8,
+    /// Liveness files by token.
+    pub live: BTreeMap<u64, LiveFile>,
     /// The processes.
     pub procs: Vec<Proc>,
     /// Failing steps left to inject.
     pub faults_left: u8,
     /// Whether the host crash is still to come.
     pub host_crash_left: bool,
-    /// Whether the cleaner's deletion is still to come.
-    pub cleaner_left: bool,
+    /// How many more times the cleaner may act.
+    pub cleaner_left: u8,
+    /// Ghost: the cleaner acted (failures it causes are not faults).
+    pub tampered: bool,
     /// PostgreSQL: liveness losses left to inject.
     pub losses_left: u8,
     /// Ghost: the highest token ever reported granted to a caller.
     pub max_granted: u64,
+    /// Ghost: the token of the last new generation committed.
+    pub max_committed: u64,
     /// Ghost: the notable scenario the last step completed, if any.
     pub scenario: Option<Scenario>,
     /// Ghost: the call properties some call broke, one bit each
@@ -250,14 +455,20 @@ pub struct State {
 }
 
 impl State {
-    fn was_created(&self, token: u64) -> bool {
-        token >= 32 || self.created & (1 << token) != 0
+    /// The recorded generation's token, for a record that is not a tombstone.
+    pub fn held_token(&self) -> Option<u64> {
+        self.record
+            .as_ref()
+            .filter(|r| !r.is_tombstone())
+            .map(|r| r.token)
     }
 
-    fn note_created(&mut self, token: u64) {
-        if token < 32 {
-            self.created |= 1 << token;
-        }
+    /// Which process holds the transition lock on the file at `<stem>.lock`.
+    pub fn lock_holder(&self) -> Option<usize> {
+        let LockAt::File(i) = self.lock_at else {
+            return None;
+        };
+        self.procs.iter().position(|p| p.stable == Some(i))
     }
 }
 
@@ -279,6 +490,11 @@ pub enum Scenario {
     /// An acquire was refused although the holder's liveness file had vanished: the unexpired
     /// record still protected the holder.
     HeldDespiteMissingFile,
+    /// An acquire was refused although a file that is not the holder's stood at its liveness
+    /// file's name (a FIFO, a directory, another regular file).
+    HeldDespiteReplacedFile,
+    /// A transition found its transition lock replaced and committed nothing.
+    LockReplacedRefused,
     /// A process crashed after its rename and before its call ended.
     CrashAfterCommit,
     /// PostgreSQL: a rival took over while the old holder, its liveness lost, still ran.
@@ -302,8 +518,18 @@ pub enum Action {
     Tick,
     /// The host crashes: every process dies, undurable writes are lost.
     HostCrash,
-    /// An operator deletes the liveness file of the recorded generation.
-    DeleteLiveFile,
+    /// The cleaner acts.
+    Tamper(Target, Change),
+    /// The observer takes a shared try-lock on the recorded generation's liveness file.
+    ObserverLock,
+    /// The observer drops its shared lock.
+    ObserverUnlock,
+    /// The Go-style prober opens the recorded generation's liveness file, creating it.
+    GoCreate,
+    /// The Go-style prober takes an exclusive try-lock on it.
+    GoLock,
+    /// The Go-style prober drops its lock.
+    GoUnlock,
     /// PostgreSQL: process `p`'s liveness connection drops; the server releases its lock.
     LoseLiveness(usize),
 }
@@ -395,6 +621,7 @@ impl LeaseModel {
             fired: false,
             durable: self.durable,
             backend: self.backend,
+            planted: self.planted,
             ghost,
         };
         let step = run.next(&mut tx, &session());
@@ -427,6 +654,8 @@ impl LeaseModel {
         };
         let mut s = last.clone();
         s.scenario = None;
+        // The listing an earlier takeover left goes with this call.
+        s.procs[p].carried = s.procs[p].sweep.take();
         s.procs[p].call = Some(Call {
             kind,
             view,
@@ -454,14 +683,23 @@ impl LeaseModel {
         match step {
             Step::Blocked => return None,
             Step::Continue => s.procs[p].call = Some(call),
-            Step::Done(result) => props::observe(self, &mut s, p, &call, fired, &result),
+            Step::Done(result) => {
+                let proc = &mut s.procs[p];
+                if let Some(below) = proc.carried.take() {
+                    proc.keep_sweep(below);
+                }
+                props::observe(self, &mut s, p, &call, fired, &result);
+                if matches!(result, Err(Error::LockReplaced { .. })) {
+                    s.scenario = Some(Scenario::LockReplacedRefused);
+                }
+            }
         }
         Some(s)
     }
 
     /// Whether process `p` can take the next step of its call (or start one).
     fn can_step(s: &State, p: usize, run: Option<&Run<u64>>) -> bool {
-        let lock_free = s.stable.is_none_or(|q| q == p);
+        let lock_free = s.lock_holder().is_none_or(|q| q == p);
         match run.map(Run::peek) {
             None | Some(Some(Io::LockStable)) => lock_free,
             Some(Some(_)) => true,
@@ -472,15 +710,14 @@ impl LeaseModel {
 
 fn crash(s: &mut State, p: usize) {
     // The kernel drops the process's flocks (liveness locks and the transition lock); its
-    // files stay (a temporary file too).
-    for holder in s.live.values_mut() {
-        if *holder == Some(p) {
-            *holder = None;
+    // files stay. (Its temporary record stays too, under its own name, until a listing: no
+    // transition reads or renames another's, so the model forgets it.)
+    for f in s.live.values_mut() {
+        if f.holder == Some(Locker::Proc(p)) {
+            f.holder = None;
         }
     }
-    if s.stable == Some(p) {
-        s.stable = None;
-    }
+    s.temps[p] = None;
     if s.procs[p].call.as_ref().is_some_and(|c| c.ghost.renamed) {
         s.scenario = Some(Scenario::CrashAfterCommit);
     }
@@ -505,17 +742,22 @@ impl Model for LeaseModel {
             now: 0,
             record: None,
             record_synced: false,
+            record_tag: None,
+            record_bad: None,
             durable: None,
-            temp: None,
-            stable: None,
+            durable_tag: None,
+            temps: vec![None; self.procs],
+            lock_at: LockAt::Missing,
+            next_lock: 0,
             live: BTreeMap::new(),
-            created: 0,
             procs: vec![Proc::default(); self.procs],
             faults_left: self.faults,
             host_crash_left: self.host_crash,
             cleaner_left: self.cleaner,
+            tampered: false,
             losses_left: self.liveness_losses,
             max_granted: 0,
+            max_committed: 0,
             scenario: None,
             violations: 0,
         }]
@@ -551,10 +793,11 @@ impl Model for LeaseModel {
             if proc.local.is_some() || proc.lease.is_some() || proc.call.is_some() {
                 actions.push(Action::Crash(p));
             }
-            let holds_lock = proc
-                .local
-                .as_ref()
-                .is_some_and(|l| s.live.get(&l.token) == Some(&Some(p)));
+            let holds_lock = proc.local.as_ref().is_some_and(|l| {
+                s.live
+                    .get(&l.token)
+                    .is_some_and(|f| f.holder == Some(Locker::Proc(p)))
+            });
             if s.losses_left > 0 && holds_lock && proc.call.is_none() {
                 actions.push(Action::LoseLiveness(p));
             }
@@ -568,10 +811,8 @@ impl Model for LeaseModel {
         if s.host_crash_left {
             actions.push(Action::HostCrash);
         }
-        let current = s.record.as_ref().map(|r| r.token);
-        if s.cleaner_left && current.is_some_and(|t| s.live.contains_key(&t)) {
-            actions.push(Action::DeleteLiveFile);
-        }
+        self.tamper_actions(s, actions);
+        self.prober_actions(s, actions);
     }
 
     fn next_state(&self, last: &State, action: Action) -> Option<State> {
@@ -597,31 +838,46 @@ impl Model for LeaseModel {
                 for p in 0..s.procs.len() {
                     crash(&mut s, p);
                 }
+                // Every process on the host dies: the observer's and the prober's locks too.
+                for f in s.live.values_mut() {
+                    f.holder = None;
+                    f.shared = false;
+                }
                 s.scenario = None;
                 s.record = s.durable.clone();
+                s.record_tag = s.durable_tag;
+                // Commits that were not made durable are gone, and nobody was told of them
+                // (a grant reported is durable: property NEVER_BACK).
+                s.max_committed = s.durable.as_ref().map_or(0, |r| r.token);
                 s.record_synced = true;
-                s.temp = None;
                 s.host_crash_left = false;
                 Some(s)
             }
-            Action::DeleteLiveFile => {
+            Action::Tamper(target, change) => {
                 let mut s = last.clone();
                 s.scenario = None;
-                // The holder keeps its descriptor and lock on the unlinked file, which no
-                // probe can reach any more: the path is simply gone.
-                if let Some(t) = s.record.as_ref().map(|r| r.token) {
-                    s.live.remove(&t);
-                }
-                s.cleaner_left = false;
+                tamper(&mut s, target, change);
+                s.cleaner_left -= 1;
+                s.tampered = true;
+                Some(s)
+            }
+            Action::ObserverLock
+            | Action::ObserverUnlock
+            | Action::GoCreate
+            | Action::GoLock
+            | Action::GoUnlock => {
+                let mut s = last.clone();
+                s.scenario = None;
+                probe_by_others(&mut s, action);
                 Some(s)
             }
             Action::LoseLiveness(p) => {
                 let mut s = last.clone();
                 s.scenario = None;
                 // The server ends the session: its advisory locks go; the process runs on.
-                for holder in s.live.values_mut() {
-                    if *holder == Some(p) {
-                        *holder = None;
+                for f in s.live.values_mut() {
+                    if f.holder == Some(Locker::Proc(p)) {
+                        f.holder = None;
                     }
                 }
                 s.procs[p].lost = s.procs[p].local.as_ref().map(|l| l.token);
@@ -645,8 +901,195 @@ impl Model for LeaseModel {
             Action::Crash(p) => format!("p{p} crashes"),
             Action::Tick => "tick".into(),
             Action::HostCrash => "host crash".into(),
-            Action::DeleteLiveFile => "operator deletes the current liveness file".into(),
+            Action::Tamper(target, change) => {
+                let what = match target {
+                    Target::Live => "the recorded generation's liveness file".to_owned(),
+                    Target::Lock => "<stem>.lock".to_owned(),
+                    Target::Record => "the record".to_owned(),
+                    Target::Temp(p) => format!("p{p}'s temporary record"),
+                };
+                match change {
+                    Change::Delete => format!("the cleaner deletes {what}"),
+                    Change::Replace(plant) => {
+                        format!("the cleaner replaces {what} with {}", plant.label())
+                    }
+                }
+            }
+            Action::ObserverLock => {
+                "an observer (a waiter, status) share-locks the recorded liveness file".into()
+            }
+            Action::ObserverUnlock => "the observer drops its shared lock".into(),
+            Action::GoCreate => {
+                "a Go-style prober opens the recorded liveness file, creating it".into()
+            }
+            Action::GoLock => "the Go-style prober try-locks it exclusively".into(),
+            Action::GoUnlock => "the Go-style prober drops its lock".into(),
             Action::LoseLiveness(p) => format!("p{p}'s liveness connection drops"),
+        }
+    }
+}
+
+impl LeaseModel {
+    fn tamper_actions(&self, s: &State, actions: &mut Vec<Action>) {
+        if s.cleaner_left == 0 {
+            return;
+        }
+        let t = self.tamper;
+        const PLANTS: [Plant; 3] = [Plant::Plain, Plant::Fifo, Plant::Dir];
+        if let Some(f) = s.held_token().and_then(|tok| s.live.get(&tok)) {
+            if t.delete_live && f.what != What::Dir {
+                actions.push(Action::Tamper(Target::Live, Change::Delete));
+            }
+            if t.replace_live {
+                for plant in PLANTS {
+                    actions.push(Action::Tamper(Target::Live, Change::Replace(plant)));
+                }
+            }
+        }
+        if t.lock && matches!(s.lock_at, LockAt::File(_)) {
+            actions.push(Action::Tamper(Target::Lock, Change::Delete));
+            for plant in PLANTS {
+                actions.push(Action::Tamper(Target::Lock, Change::Replace(plant)));
+            }
+        }
+        if t.record && s.record.is_some() && s.record_bad.is_none() {
+            for plant in PLANTS {
+                actions.push(Action::Tamper(Target::Record, Change::Replace(plant)));
+            }
+        }
+        if t.temp {
+            for (p, temp) in s.temps.iter().enumerate() {
+                if temp.is_some() {
+                    actions.push(Action::Tamper(Target::Temp(p), Change::Delete));
+                }
+            }
+        }
+    }
+
+    fn prober_actions(&self, s: &State, actions: &mut Vec<Action>) {
+        let recorded = s.held_token().map(|t| (t, s.live.get(&t)));
+        if self.observer {
+            if s.live.values().any(|f| f.shared) {
+                actions.push(Action::ObserverUnlock);
+            } else if let Some((_, Some(f))) = recorded
+                && f.holder.is_none()
+            {
+                actions.push(Action::ObserverLock);
+            }
+        }
+        if self.go_prober {
+            if s.live.values().any(|f| f.holder == Some(Locker::Go)) {
+                actions.push(Action::GoUnlock);
+            } else {
+                match recorded {
+                    Some((_, None)) => actions.push(Action::GoCreate),
+                    Some((_, Some(f)))
+                        if f.holder.is_none()
+                            && !f.shared
+                            && matches!(f.what, What::Own(_) | What::Plain) =>
+                    {
+                        actions.push(Action::GoLock);
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
+/// The cleaner's change to the directory. Locks held on a replaced or deleted file stay with
+/// the file, which no path reaches any more.
+fn tamper(s: &mut State, target: Target, change: Change) {
+    match target {
+        Target::Live => {
+            let Some(t) = s.held_token() else { return };
+            match change {
+                Change::Delete => {
+                    s.live.remove(&t);
+                }
+                Change::Replace(plant) => {
+                    let what = match plant {
+                        Plant::Plain => What::Plain,
+                        Plant::Fifo => What::Fifo,
+                        Plant::Dir => What::Dir,
+                    };
+                    s.live.insert(
+                        t,
+                        LiveFile {
+                            what,
+                            holder: None,
+                            shared: false,
+                        },
+                    );
+                }
+            }
+        }
+        Target::Lock => {
+            s.lock_at = match change {
+                Change::Delete => LockAt::Missing,
+                Change::Replace(Plant::Plain) => {
+                    let i = s.next_lock;
+                    s.next_lock += 1;
+                    LockAt::File(i)
+                }
+                Change::Replace(_) => LockAt::NotAFile,
+            };
+        }
+        Target::Record => {
+            if let Change::Replace(plant) = change {
+                s.record_bad = Some(plant);
+            }
+        }
+        Target::Temp(p) => s.temps[p] = None,
+    }
+}
+
+/// The observer's and the Go-style prober's system calls on the recorded liveness file.
+fn probe_by_others(s: &mut State, action: Action) {
+    let recorded = s.held_token();
+    match action {
+        Action::ObserverLock => {
+            if let Some(f) = recorded.and_then(|t| s.live.get_mut(&t)) {
+                f.shared = true;
+            }
+        }
+        Action::ObserverUnlock => {
+            for f in s.live.values_mut() {
+                f.shared = false;
+            }
+        }
+        Action::GoCreate => {
+            if let Some(t) = recorded {
+                s.live.entry(t).or_insert(LiveFile {
+                    what: What::Plain,
+                    holder: None,
+                    shared: false,
+                });
+            }
+        }
+        Action::GoLock => {
+            if let Some(f) = recorded.and_then(|t| s.live.get_mut(&t)) {
+                f.holder = Some(Locker::Go);
+            }
+        }
+        Action::GoUnlock => {
+            for f in s.live.values_mut() {
+                if f.holder == Some(Locker::Go) {
+                    f.holder = None;
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+impl Plant {
+    /// The plant in a few words.
+    pub fn label(self) -> &'static str {
+        match self {
+            Plant::Plain => "a regular file",
+            Plant::Fifo => "a FIFO",
+            Plant::Dir => "a directory",
         }
     }
 }

@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use flocklease_model::{Backend, CONFIGS, LeaseModel, report};
+use flocklease_model::{Backend, CONFIGS, LeaseModel, Planted, Tamper, report};
 use stateright::Model;
 
 const USAGE: &str = "\
@@ -15,8 +15,17 @@ commands:
   explore    serve stateright's explorer to click through interleavings in a browser
 
 options (applied in order, on top of the named configuration):
-  --config NAME      start from a named configuration: default, large (CI), shared-owner,
-                     postgres (default: default)
+  --config NAME      start from a named configuration (default: default):
+                       default       2 processes, ticks 0-2, TTL 2, tokens up to 2, 1 fault,
+                                     a host crash, the cleaner deleting or replacing the
+                                     recorded liveness file once, the Go-style prober
+                       large (CI)    the same bounds; the cleaner deleting or replacing
+                                     <stem>.lock, replacing the record or deleting a
+                                     temporary record once; the observer
+                       long          ticks 0-3, tokens up to 3; the liveness file's deletion
+                       shared-owner  the default with one owner string for every process
+                       postgres      liveness lost once while its holder runs (a liveness
+                                     connection dropping), a fault; no host crash, no files
   --backend B        flock or postgres (postgres: liveness can be lost while its holder runs)
   --procs N          lease-manager processes (default 2, at most 3)
   --max-time T       the clock runs from tick 0 to T (default 2)
@@ -25,7 +34,14 @@ options (applied in order, on top of the named configuration):
   --faults N         failing I/O steps to inject (default 1; 0 disables)
   --shared-owner     every process uses the same owner string
   --no-host-crash    no host crash
-  --no-cleaner       no operator deleting a liveness file
+  --no-cleaner       no cleaner (tmp cleaner, operator) touching the directory
+  --cleaner N        how many times the cleaner may act (default 1)
+  --tamper LIST      what the cleaner may do, comma-separated: delete-live, replace-live,
+                     lock, record, temp, all (default: the configuration's)
+  --no-observer      no observer (waiter, status) share-locking liveness files
+  --no-go-prober     no Go-style prober creating and exclusively try-locking them
+  --planted BUG      plant a known bug to see the checker catch it: create-then-lock (the
+                     restore of a deleted liveness file creates it, then locks it)
   --no-sync          model Durability::NoSync (shows why fsync is needed)
   --counterexamples N  print the shortest counterexample of at most N violated properties
                      (default: all)
@@ -63,7 +79,9 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
                 "flock" => model.backend = Backend::Flock,
                 "postgres" => {
                     model.backend = Backend::Postgres;
-                    model.cleaner = false;
+                    model.cleaner = 0;
+                    model.observer = false;
+                    model.go_prober = false;
                     model.host_crash = false;
                     model.liveness_losses = model.liveness_losses.max(1);
                 }
@@ -77,7 +95,15 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
             "--max-token" => model.max_token = number(value()?, flag)?,
             "--faults" => model.faults = number(value()?, flag)?,
             "--no-host-crash" => model.host_crash = false,
-            "--no-cleaner" => model.cleaner = false,
+            "--no-cleaner" => model.cleaner = 0,
+            "--cleaner" => model.cleaner = number(value()?, flag)?,
+            "--tamper" => model.tamper = tamper(value()?)?,
+            "--no-observer" => model.observer = false,
+            "--no-go-prober" => model.go_prober = false,
+            "--planted" => match value()?.as_str() {
+                "create-then-lock" => model.planted = Some(Planted::CreateThenLock),
+                other => return Err(format!("unknown planted bug {other}")),
+            },
             "--no-sync" => model.durable = false,
             "--addr" => addr = value()?.clone(),
             "-h" | "--help" => {
@@ -122,6 +148,28 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
         }
         other => Err(format!("unknown command {other}")),
     }
+}
+
+fn tamper(list: &str) -> Result<Tamper, String> {
+    let mut t = Tamper {
+        delete_live: false,
+        replace_live: false,
+        lock: false,
+        record: false,
+        temp: false,
+    };
+    for item in list.split(',') {
+        match item {
+            "delete-live" => t.delete_live = true,
+            "replace-live" => t.replace_live = true,
+            "lock" => t.lock = true,
+            "record" => t.record = true,
+            "temp" => t.temp = true,
+            "all" => t = Tamper::ALL,
+            other => return Err(format!("--tamper: unknown change {other:?}")),
+        }
+    }
+    Ok(t)
 }
 
 fn number<T: std::str::FromStr>(s: &str, flag: &str) -> Result<T, String> {

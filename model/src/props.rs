@@ -40,12 +40,15 @@ pub mod names {
     pub const EXPIRED_TAKEN: &str = "[8] an expired record is never answered held";
     /// PostgreSQL: a holder whose liveness was lost is told before it renews again.
     pub const LOST_TOLD: &str = "[pg] a holder that lost liveness is told before renewing";
+    /// §6.9 (flock): judged at every probe, against who keeps the generation.
+    pub const PROBE_TRUTH: &str =
+        "[9] a probe never makes a dead holder look alive, nor a live one dead";
 }
 
 use names::*;
 
 /// The properties judged when a call ends, in the order of [`State::violations`]' bits.
-pub const CALL_PROPERTIES: [&str; 10] = [
+pub const CALL_PROPERTIES: [&str; 11] = [
     INCREASE,
     STALE_RELEASE,
     RENEW_CURRENT,
@@ -56,6 +59,7 @@ pub const CALL_PROPERTIES: [&str; 10] = [
     NO_FAILURE_WITHOUT_FAULT,
     EXPIRED_TAKEN,
     LOST_TOLD,
+    PROBE_TRUTH,
 ];
 
 /// The bit of call property `name` in [`State::violations`].
@@ -106,6 +110,8 @@ pub fn properties(model: &LeaseModel) -> Vec<Property<LeaseModel>> {
     ]);
     if model.backend == Backend::Postgres {
         v.push(call!(9));
+    } else {
+        v.push(call!(10));
     }
     v.extend([
         Property::sometimes("takeover after a crash", |_, s: &State| {
@@ -133,7 +139,24 @@ pub fn properties(model: &LeaseModel) -> Vec<Property<LeaseModel>> {
         Property::sometimes(
             "held although the holder's liveness file vanished",
             |m: &LeaseModel, s: &State| {
-                !m.cleaner || s.scenario == Some(Scenario::HeldDespiteMissingFile)
+                m.cleaner == 0
+                    || !m.tamper.delete_live
+                    || s.scenario == Some(Scenario::HeldDespiteMissingFile)
+            },
+        ),
+        Property::sometimes(
+            "held although another file stood at the holder's liveness file's name",
+            |m: &LeaseModel, s: &State| {
+                let plants = m.tamper.replace_live || (m.go_prober && m.tamper.delete_live);
+                m.cleaner == 0 || !plants || s.scenario == Some(Scenario::HeldDespiteReplacedFile)
+            },
+        ),
+        Property::sometimes(
+            "a transition whose lock was replaced commits nothing",
+            |m: &LeaseModel, s: &State| {
+                m.cleaner == 0
+                    || !m.tamper.lock
+                    || s.scenario == Some(Scenario::LockReplacedRefused)
             },
         ),
     ]);
@@ -159,7 +182,12 @@ fn one_holder(m: &LeaseModel, s: &State, live_only: bool) -> bool {
         .filter(|(_, proc)| proc.call.as_ref().is_none_or(|c| c.kind != Kind::Release))
         .filter_map(|(p, proc)| proc.lease.map(|l| (p, l)))
         .filter(|(_, l)| s.now < l.expiry)
-        .filter(|(p, l)| !live_only || s.live.get(&l.token) == Some(&Some(*p)))
+        .filter(|(p, l)| {
+            !live_only
+                || s.live
+                    .get(&l.token)
+                    .is_some_and(|f| f.holder == Some(crate::Locker::Proc(*p)))
+        })
         .collect();
     match holders.as_slice() {
         [] => true,
@@ -205,14 +233,17 @@ pub(crate) fn observe(
                 let proc = &mut s.procs[p];
                 proc.stale = proc.lease.take();
             }
-            if !fired {
+            // The cleaner's doing (a planted record or lock, a deleted temporary file, a
+            // transition beside this one on a replaced lock) is a failure without a fault.
+            if !fired && !s.tampered {
                 flags.push(NO_FAILURE_WITHOUT_FAULT);
             }
             // The directory sync's failure is the one error allowed after the rename: the
-            // record is visible, not durable, and names a generation left dead.
-            let durable_now = s.durable.is_some() && s.durable == s.record;
-            if g.renamed && durable_now && s.record.as_ref().is_some_and(|r| r.owner == me.as_str())
-            {
+            // record is visible, maybe not durable, and names a generation left dead. (Its
+            // record may be durable all the same: another transition's directory fsync, on a
+            // replaced lock, synced it.)
+            let sync_failed = matches!(result, Err(Error::Io { op: "fsync", .. }));
+            if g.renamed && !sync_failed {
                 flags.push(NO_FAILURE_AFTER_COMMIT);
             }
             s.scenario = Some(Scenario::FailedStep);
@@ -226,7 +257,7 @@ pub(crate) fn observe(
                 token,
                 expiry: *expiry,
             };
-            if s.record.as_ref() != Some(&expected) || !g.renamed {
+            if g.committed.as_ref() != Some(&expected) || !g.renamed {
                 flags.push(NO_SUCCESS_WITHOUT_COMMIT);
             }
             if matches!(kind, Kind::Renew | Kind::RenewStale) {
@@ -241,8 +272,10 @@ pub(crate) fn observe(
             // A grant of a generation the process did not already hold is a new generation,
             // whatever its token.
             if !held_here(token) {
-                // 2: it raises the token above every one reported before.
-                if token <= s.max_granted {
+                // 2: it raises the token above every one reported before — judged here for
+                // a lease still unexpired when reported (a grant reported already expired,
+                // after a successor's, is SPEC §6.10's matter), and at the commit for all.
+                if token <= s.max_granted && s.now < ticks(*expiry) {
                     flags.push(INCREASE);
                 }
                 let now = seen.map_or(0, |x| x.now);
@@ -303,6 +336,9 @@ pub(crate) fn observe(
                 if live_rec.is_some_and(|r| !s.live.contains_key(&r.token)) {
                     s.scenario = Some(Scenario::HeldDespiteMissingFile);
                 }
+                if g.probed_planted {
+                    s.scenario = Some(Scenario::HeldDespiteReplacedFile);
+                }
                 // 6: an acquire after the recorded holder crashed succeeds at once.
                 if g.probed_dead {
                     flags.push(CRASHED_REPLACED);
@@ -328,7 +364,7 @@ pub(crate) fn observe(
                 {
                     s.scenario = Some(Scenario::StaleReleaseAfterSuccessor);
                 }
-            } else if !g.renamed || !s.record.as_ref().is_some_and(Record::is_tombstone) {
+            } else if !g.renamed || !g.committed.as_ref().is_some_and(Record::is_tombstone) {
                 // 7: a successful release of the current generation committed a tombstone.
                 flags.push(NO_SUCCESS_WITHOUT_COMMIT);
             }

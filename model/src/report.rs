@@ -16,9 +16,13 @@ how to read a state:
   record=p0#2@4       the visible record: owner p0, token 2, expires at tick 4
                       (tombstone#2 = released at token 2; none = no record file)
   durable=...         the record as a power loss would leave it (the last directory fsync)
-  temp=p1#3@5 synced  the temporary record file and whether its contents were fsynced
-  lock=p0             who holds the transition lock <stem>.lock
-  live=[1:-,2:p0]     liveness files by token: 2 locked by p0, 1 present and unlocked
+  temp1=p1#3@5 synced  p1's temporary record file and whether its contents were fsynced
+  lock=p0             who holds the transition lock <stem>.lock (lock=gone: deleted;
+                      lock=planted: a FIFO or directory; lock#2: the file's inode changed)
+  live=[1:-,2:p0]     liveness files by token: 2 p0's own, locked by p0; 1 present and
+                      unlocked; plain/fifo/dir: a planted file; go: locked by the Go-style
+                      prober; +s: share-locked by the observer
+  record=...!         a planted file stands at the record's name (reads fail)
   reported=#2         the highest token ever reported granted to a caller
   p0: lease #2@4      what p0 believes it holds; stale #1@2: an older lease it kept
       local #2        the liveness lock p0 keeps open
@@ -169,8 +173,43 @@ pub fn describe(m: &LeaseModel) -> String {
     if m.host_crash {
         extras.push("one host crash (what was not fsynced is lost)".into());
     }
-    if m.cleaner {
-        extras.push("one operator deletion of the current liveness file".into());
+    if m.cleaner > 0 {
+        let t = m.tamper;
+        let mut what = vec![];
+        if t.delete_live {
+            what.push("delete the recorded liveness file");
+        }
+        if t.replace_live {
+            what.push("replace it with a regular file, a FIFO or a directory");
+        }
+        if t.lock {
+            what.push("delete or replace <stem>.lock");
+        }
+        if t.record {
+            what.push("replace the record");
+        }
+        if t.temp {
+            what.push("delete a temporary record");
+        }
+        extras.push(format!(
+            "a cleaner acting {} time(s), at any moment: {}",
+            m.cleaner,
+            what.join(", ")
+        ));
+    }
+    if m.observer {
+        extras
+            .push("an observer (a waiter, status) share-locking the recorded liveness file".into());
+    }
+    if m.go_prober {
+        extras.push(
+            "a Go-style prober creating the recorded liveness file if missing and \
+             exclusively try-locking it"
+                .into(),
+        );
+    }
+    if let Some(planted) = m.planted {
+        extras.push(format!("PLANTED BUG: {planted:?}"));
     }
     extras.push(if m.durable {
         "fsync on (Durability::Full)".into()
@@ -312,24 +351,48 @@ impl fmt::Debug for State {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "t={} record={} durable={}",
+            "t={} record={}{} durable={}",
             self.now,
             rec(&self.record),
+            if self.record_bad.is_some() { "!" } else { "" },
             rec(&self.durable)
         )?;
-        if let Some(t) = &self.temp {
-            let synced = if t.synced { " synced" } else { "" };
-            write!(f, " temp={}{synced}", rec(&Some(t.record.clone())))?;
+        for (p, t) in self.temps.iter().enumerate() {
+            if let Some(t) = t {
+                let synced = if t.synced { " synced" } else { "" };
+                write!(f, " temp{p}={}{synced}", rec(&Some(t.record.clone())))?;
+            }
         }
-        if let Some(p) = self.stable {
-            write!(f, " lock=p{p}")?;
+        match self.lock_at {
+            crate::LockAt::Missing => write!(f, " lock=gone")?,
+            crate::LockAt::NotAFile => write!(f, " lock=planted")?,
+            crate::LockAt::File(i) => {
+                if i > 0 {
+                    write!(f, " lock#{i}")?;
+                }
+                if let Some(p) = self.lock_holder() {
+                    write!(f, " lock=p{p}")?;
+                }
+            }
         }
         let live: Vec<String> = self
             .live
             .iter()
-            .map(|(t, h)| match h {
-                Some(p) => format!("{t}:p{p}"),
-                None => format!("{t}:-"),
+            .map(|(t, file)| {
+                use crate::{Locker, What};
+                let what = match file.what {
+                    What::Own(p) => format!("p{p}'s"),
+                    What::Plain => "plain".into(),
+                    What::Fifo => "fifo".into(),
+                    What::Dir => "dir".into(),
+                };
+                let held = match file.holder {
+                    Some(Locker::Proc(p)) => format!("p{p}"),
+                    Some(Locker::Go) => "go".into(),
+                    None => "-".into(),
+                };
+                let shared = if file.shared { "+s" } else { "" };
+                format!("{t}:{what}:{held}{shared}")
             })
             .collect();
         write!(

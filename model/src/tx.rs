@@ -1,30 +1,45 @@
 //! [`ModelTx`]: the model's interpretation of the driver's primitive steps, over [`State`].
 //!
-//! It gives each step the meaning `FlockLease` gives it on files — a lock is taken when
-//! `lock_live` returns, the temporary file is one path that the next writer replaces, the
-//! rename moves whatever stands at that path, the directory sync makes the visible record the
-//! durable one — and nothing more: when a step runs, what a failure drops and when the record
-//! counts as committed are the driver's ([`flocklease::driver::Run`]) rules, not this file's.
+//! It gives each step the meaning `FlockLease` gives it on files, primitive by primitive, and
+//! nothing more: when a step runs, what a failure drops and when the record counts as
+//! committed are the driver's ([`flocklease::driver::Run`]) rules, not this file's.
+//!
+//! | step | contract (what another actor can observe) |
+//! | --- | --- |
+//! | `lock_stable` | open (creating) `<stem>.lock`, lock it, check it is still the file at the path, retrying until it is: one step, since an actor acting between those calls only makes the adapter retry |
+//! | `read` | the committed record or an error (a planted file is corrupt or not a file) |
+//! | `probe` | the generation's own file (the tag the record names) locked: live; unlocked: dead; anything else: unknown |
+//! | `lock_live`, `ensure_live` | **publish**: the generation's file appears already locked under its name, or nothing changes there (its temporary name is unique: no actor can reach it by name) |
+//! | `write_temp`, `sync_temp` | this transition's own temporary record |
+//! | `rename` | **commit**: only if the lock held is still the file at `<stem>.lock` (the check and the rename are one step: see the README for the one-system-call window) |
+//! | `sync_dir` | the visible record becomes the durable one |
+//! | cleanup | closes, unlinks; the takeover's directory listing runs at the next transition's unlock |
+//!
 //! Besides, it notes (in [`Ghost`]) what the properties need to know about the call.
 
 use std::io;
 
 use flocklease::driver::Transaction;
-use flocklease::machine::{Liveness, Local};
+use flocklease::machine::{self, Liveness, Local};
 use flocklease::{Error, Record, Timestamp};
 
-use crate::{Backend, State, Temp, at};
+use crate::props::{self, names};
+use crate::{Backend, LiveFile, LockAt, Locker, Planted, State, Temp, What, at};
 
 /// What a call saw and did, for the properties (never read by the code under test).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Ghost {
     /// The record, the time and the local generation the call read under the lock.
     pub seen: Option<Seen>,
-    /// The probe found the recorded generation without a running holder: its file unlocked,
-    /// or never created (its holder crashed before locking it) and not deleted by hand.
+    /// The probe found the recorded generation dead (its own file, unlocked).
     pub probed_dead: bool,
+    /// The probe found something that is not the generation's own file at its name.
+    pub probed_planted: bool,
     /// The call renamed a record into place.
     pub renamed: bool,
+    /// The record it renamed into place (what the record was right after its commit; with a
+    /// replaced transition lock, another transition may commit after it before it ends).
+    pub committed: Option<Record>,
     /// The call unlocked or deleted a liveness lock held by another process.
     pub touched_other: bool,
 }
@@ -40,6 +55,8 @@ pub struct Seen {
     pub local: Option<Local>,
     /// Who held the recorded generation's liveness lock.
     pub holder: Option<usize>,
+    /// The liveness tag the record named (the process that published the generation).
+    pub tag: Option<usize>,
 }
 
 /// The driver's transaction over the model's state, for process `p`.
@@ -53,6 +70,8 @@ pub struct ModelTx<'a> {
     /// Whether fsyncs happen (`Durability::Full`).
     pub(crate) durable: bool,
     pub(crate) backend: Backend,
+    /// A bug planted on purpose, to show the checker catches it.
+    pub(crate) planted: Option<Planted>,
     pub(crate) ghost: Ghost,
 }
 
@@ -71,18 +90,108 @@ impl ModelTx<'_> {
     }
 
     fn unlock(&mut self, token: u64) {
-        if let Some(h) = self.state.live.get_mut(&token)
-            && *h == Some(self.p)
+        if let Some(f) = self.state.live.get_mut(&token)
+            && f.holder == Some(Locker::Proc(self.p))
         {
-            *h = None;
+            f.holder = None;
         }
     }
 
+    /// Unlinks the file at generation `token`'s name (a directory stays: `unlink` fails).
     fn remove_file(&mut self, token: u64) {
-        if let Some(Some(q)) = self.state.live.remove(&token)
+        if self
+            .state
+            .live
+            .get(&token)
+            .is_some_and(|f| f.what == What::Dir)
+        {
+            return;
+        }
+        if let Some(f) = self.state.live.remove(&token)
+            && let Some(Locker::Proc(q)) = f.holder
             && q != self.p
+            && self.keeps(q, token)
         {
             self.ghost.touched_other = true;
+        }
+    }
+
+    /// Publishes generation `token`'s file, locked by this process: replaces whatever stands at
+    /// the name in one rename (a directory makes the rename fail).
+    fn publish(&mut self, token: u64) -> Result<(), Error> {
+        if self
+            .state
+            .live
+            .get(&token)
+            .is_some_and(|f| f.what == What::Dir)
+        {
+            return Err(Error::NotAFile {
+                path: format!("model.{token}.live").into(),
+            });
+        }
+        self.state.live.insert(
+            token,
+            LiveFile {
+                what: What::Own(self.p),
+                holder: Some(Locker::Proc(self.p)),
+                shared: false,
+            },
+        );
+        Ok(())
+    }
+
+    /// Whether process `q` keeps generation `token`: its local generation, or a new one its
+    /// transition locked and may still commit (its transition lock is still the lock). A
+    /// transition on a replaced lock cannot commit: a listing that removes its new file
+    /// harms nobody.
+    fn keeps(&self, q: usize, token: u64) -> bool {
+        let proc = &self.state.procs[q];
+        let pending = proc
+            .call
+            .as_ref()
+            .and_then(|c| c.run.pending())
+            .is_some_and(|l| l.token == token);
+        let may_commit = proc
+            .stable
+            .is_some_and(|i| self.state.lock_at == LockAt::File(i));
+        proc.local.as_ref().is_some_and(|l| l.token == token) || (pending && may_commit)
+    }
+
+    /// Whether generation `token` is kept by a running process: its local generation, or a
+    /// new one it locked and has not adopted yet.
+    fn alive(&self, token: u64) -> bool {
+        self.state.procs.iter().enumerate().any(|(q, proc)| {
+            q != self.p
+                && (proc.local.as_ref().is_some_and(|l| l.token == token)
+                    || proc
+                        .call
+                        .as_ref()
+                        .and_then(|c| c.run.pending())
+                        .is_some_and(|l| l.token == token))
+        })
+    }
+
+    /// The directory listing a takeover left to this process's next transition: liveness files
+    /// below the bound the machine gives for the record this transition read, and leftover
+    /// temporary records.
+    fn run_carried_sweep(&mut self) {
+        let Some(below) = self.state.procs[self.p].carried.take() else {
+            return;
+        };
+        let Some(seen) = self.ghost.seen.as_ref() else {
+            // The transition did not read the record: the listing waits for the next one.
+            self.state.procs[self.p].keep_sweep(below);
+            return;
+        };
+        let token = seen.record.as_ref().map(|r| r.token);
+        if let Some(below) = machine::deferred_sweep_below(below, token) {
+            let doomed: Vec<u64> = self.state.live.range(..below).map(|(t, _)| *t).collect();
+            for t in doomed {
+                self.remove_file(t);
+            }
+            for temp in &mut self.state.temps {
+                *temp = None;
+            }
         }
     }
 }
@@ -91,19 +200,36 @@ impl Transaction for ModelTx<'_> {
     type Pending = u64;
 
     fn lock_stable(&mut self) -> Result<bool, Error> {
-        match self.state.stable {
-            Some(q) if q != self.p => Ok(false),
-            _ => {
-                self.state.stable = Some(self.p);
-                Ok(true)
+        let inode = match self.state.lock_at {
+            LockAt::NotAFile => {
+                return Err(Error::NotAFile {
+                    path: "model.lock".into(),
+                });
             }
+            LockAt::Missing => {
+                let i = self.state.next_lock;
+                self.state.next_lock += 1;
+                self.state.lock_at = LockAt::File(i);
+                i
+            }
+            LockAt::File(i) => i,
+        };
+        let busy = self
+            .state
+            .procs
+            .iter()
+            .enumerate()
+            .any(|(q, proc)| q != self.p && proc.stable == Some(inode));
+        if busy {
+            return Ok(false);
         }
+        self.state.procs[self.p].stable = Some(inode);
+        Ok(true)
     }
 
     fn unlock_stable(&mut self) {
-        if self.state.stable == Some(self.p) {
-            self.state.stable = None;
-        }
+        self.run_carried_sweep();
+        self.state.procs[self.p].stable = None;
     }
 
     fn now(&self) -> Timestamp {
@@ -112,15 +238,24 @@ impl Transaction for ModelTx<'_> {
 
     fn read(&mut self) -> Result<Option<Record>, Error> {
         self.fault("read")?;
+        if self.state.record_bad.is_some() {
+            return Err(Error::NotAFile {
+                path: "model.lease.json".into(),
+            });
+        }
         let record = self.state.record.clone();
-        let holder = record
-            .as_ref()
-            .and_then(|r| self.state.live.get(&r.token).copied().flatten());
+        let holder = record.as_ref().and_then(|r| {
+            match self.state.live.get(&r.token).and_then(|f| f.holder) {
+                Some(Locker::Proc(q)) => Some(q),
+                _ => None,
+            }
+        });
         self.ghost.seen = Some(Seen {
             record: record.clone(),
             now: self.state.now,
             local: self.local(),
             holder,
+            tag: self.state.record_tag,
         });
         Ok(record)
     }
@@ -137,29 +272,64 @@ impl Transaction for ModelTx<'_> {
 
     fn probe(&mut self, token: u64) -> Result<Liveness, Error> {
         self.fault("lock")?;
-        let liveness = match self.state.live.get(&token) {
+        let tag = self.ghost.seen.as_ref().and_then(|x| x.tag);
+        let file = self.state.live.get(&token).copied();
+        let liveness = match file {
             None => Liveness::Unknown,
-            Some(None) => Liveness::Dead,
-            Some(Some(_)) => Liveness::Live,
+            // The generation's own file: the one carrying the tag the record names.
+            Some(f) if matches!(f.what, What::Own(q) if Some(q) == tag) => {
+                if f.holder.is_some() {
+                    Liveness::Live
+                } else {
+                    Liveness::Dead
+                }
+            }
+            Some(_) => {
+                self.ghost.probed_planted = true;
+                Liveness::Unknown
+            }
         };
-        let never_created = !self.state.was_created(token);
-        self.ghost.probed_dead = liveness == Liveness::Dead
-            || (liveness == Liveness::Unknown && never_created && self.backend == Backend::Flock);
+        // SPEC §6.9: the answer is the truth about the generation's holder.
+        let lied = match liveness {
+            Liveness::Dead => self.alive(token),
+            Liveness::Live => match file.and_then(|f| f.holder) {
+                Some(Locker::Go) => false,
+                Some(Locker::Proc(q)) => {
+                    let proc = &self.state.procs[q];
+                    let keeps = proc.local.as_ref().is_some_and(|l| l.token == token)
+                        || proc
+                            .call
+                            .as_ref()
+                            .and_then(|c| c.run.pending())
+                            .is_some_and(|l| l.token == token);
+                    !keeps
+                }
+                None => true,
+            },
+            Liveness::Unknown => false,
+        };
+        if lied && self.backend == Backend::Flock {
+            self.state.violations |= props::bit(names::PROBE_TRUTH);
+        }
+        self.ghost.probed_dead = liveness == Liveness::Dead;
         Ok(liveness)
     }
 
     fn lock_live(&mut self, token: u64) -> Result<u64, Error> {
         self.fault("lock")?;
-        self.state.note_created(token);
-        match self.state.live.entry(token).or_insert(None) {
-            Some(_) => Err(Error::LiveLockBusy {
+        // A live holder at the name of the generation about to be granted: refused.
+        if self
+            .state
+            .live
+            .get(&token)
+            .is_some_and(|f| matches!(f.what, What::Own(_) | What::Plain) && f.holder.is_some())
+        {
+            return Err(Error::LiveLockBusy {
                 path: format!("model.{token}.live").into(),
-            }),
-            h => {
-                *h = Some(self.p);
-                Ok(token)
-            }
+            });
         }
+        self.publish(token)?;
+        Ok(token)
     }
 
     fn abandon(&mut self, token: u64) {
@@ -167,21 +337,48 @@ impl Transaction for ModelTx<'_> {
     }
 
     fn ensure_live(&mut self, token: u64) -> Result<(), Error> {
-        self.fault("stat")?;
-        self.state.note_created(token);
-        if let Some(Some(q)) = self.state.live.insert(token, Some(self.p))
-            && q != self.p
-        {
-            self.ghost.touched_other = true;
+        if self.planted == Some(Planted::CreateThenLock) {
+            // The old restore: create the file at its final name, then lock it. A failure of
+            // the lock (a fault, or a prober's shared lock on the fresh file) leaves it there,
+            // unlocked.
+            let ours = self.state.live.get(&token).is_some_and(|f| {
+                f.what == What::Own(self.p) && f.holder == Some(Locker::Proc(self.p))
+            });
+            if !ours {
+                self.state.live.insert(
+                    token,
+                    LiveFile {
+                        what: What::Own(self.p),
+                        holder: None,
+                        shared: false,
+                    },
+                );
+                self.fault("lock")?;
+                if let Some(f) = self.state.live.get_mut(&token) {
+                    f.holder = Some(Locker::Proc(self.p));
+                }
+            }
+            return Ok(());
         }
-        Ok(())
+        self.fault("stat")?;
+        let ours =
+            self.state.live.get(&token).is_some_and(|f| {
+                f.what == What::Own(self.p) && f.holder == Some(Locker::Proc(self.p))
+            });
+        if ours {
+            return Ok(());
+        }
+        self.publish(token)
     }
 
     fn write_temp(&mut self, record: &Record) -> Result<(), Error> {
         self.fault("write")?;
-        // A file found at the temporary name is removed and created anew.
-        self.state.temp = Some(Temp {
+        // The tag of the generation the record names: this process's (a new generation it
+        // published, or its local one); none for a tombstone.
+        let tag = (!record.is_tombstone()).then_some(self.p);
+        self.state.temps[self.p] = Some(Temp {
             record: record.clone(),
+            tag,
             synced: false,
         });
         Ok(())
@@ -192,7 +389,7 @@ impl Transaction for ModelTx<'_> {
             return Ok(());
         }
         self.fault("fsync")?;
-        if let Some(t) = self.state.temp.as_mut() {
+        if let Some(t) = self.state.temps[self.p].as_mut() {
             t.synced = true;
         }
         Ok(())
@@ -200,22 +397,48 @@ impl Transaction for ModelTx<'_> {
 
     fn rename(&mut self) -> Result<(), Error> {
         self.fault("rename")?;
-        // Whatever stands at the temporary path is renamed; nothing there: ENOENT.
-        let Some(temp) = self.state.temp.take() else {
+        // The commit only under the lock everyone else takes.
+        let held = self.state.procs[self.p].stable;
+        if held.is_none() || self.state.lock_at != held.map_or(LockAt::Missing, LockAt::File) {
+            return Err(Error::LockReplaced {
+                path: "model.lock".into(),
+            });
+        }
+        if self.state.record_bad == Some(crate::Plant::Dir) {
+            return Err(Error::NotAFile {
+                path: "model.lease.json".into(),
+            });
+        }
+        // A cleaner deleted this transition's temporary file: ENOENT.
+        let Some(temp) = self.state.temps[self.p].take() else {
             return Err(Error::Io {
                 op: "rename",
                 path: "model.lease.json".into(),
                 source: io::Error::from(io::ErrorKind::NotFound),
             });
         };
+        // SPEC §6.2, judged at the commit: a new generation's token exceeds every one
+        // committed before (reports may come later, and out of order, from a transition on a
+        // replaced lock).
+        let read = self.ghost.seen.as_ref().and_then(|x| x.record.as_ref());
+        let new_generation = read.is_none_or(|r| r.token != temp.record.token);
+        if new_generation {
+            if temp.record.token <= self.state.max_committed {
+                self.state.violations |= props::bit(names::INCREASE);
+            }
+            self.state.max_committed = temp.record.token;
+        }
+        self.ghost.committed = Some(temp.record.clone());
         self.state.record = Some(temp.record);
+        self.state.record_tag = temp.tag;
         self.state.record_synced = temp.synced;
+        self.state.record_bad = None;
         self.ghost.renamed = true;
         Ok(())
     }
 
     fn discard_temp(&mut self) {
-        self.state.temp = None;
+        self.state.temps[self.p] = None;
     }
 
     fn sync_dir(&mut self) -> Result<(), Error> {
@@ -225,10 +448,10 @@ impl Transaction for ModelTx<'_> {
         self.fault("fsync")?;
         // The name is durable now; contents never synced would read back torn after a power
         // loss — as good as no record, which the token property sees.
-        self.state.durable = if self.state.record_synced {
-            self.state.record.clone()
+        (self.state.durable, self.state.durable_tag) = if self.state.record_synced {
+            (self.state.record.clone(), self.state.record_tag)
         } else {
-            None
+            (None, None)
         };
         Ok(())
     }
@@ -246,11 +469,11 @@ impl Transaction for ModelTx<'_> {
     }
 
     fn sweep(&mut self, below: u64) {
-        let doomed: Vec<u64> = self.state.live.range(..below).map(|(t, _)| *t).collect();
-        for t in doomed {
-            self.remove_file(t);
+        // The dead generation's file at once; the listing at this process's next transition.
+        if let Some(dead) = below.checked_sub(1) {
+            self.remove_file(dead);
         }
-        self.state.temp = None;
+        self.state.procs[self.p].keep_sweep(below);
     }
 
     fn adopt(&mut self, token: u64, local: Local) {

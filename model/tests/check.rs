@@ -2,7 +2,7 @@
 
 use flocklease::driver::Io;
 use flocklease_model::props::names;
-use flocklease_model::{Action, LeaseModel, report};
+use flocklease_model::{Action, Change, LeaseModel, Planted, Tamper, Target, report};
 
 /// The default configuration: every property verified, every scenario witnessed, and the full
 /// state space explored (a pinned count, so a silently truncated search fails).
@@ -13,9 +13,9 @@ fn default_configuration_holds_exhaustively() {
     for v in &outcome.verdicts {
         assert!(v.ok, "{} {} failed", v.expectation, v.name);
     }
-    assert_eq!(outcome.verdicts.len(), 19);
+    assert_eq!(outcome.verdicts.len(), 22);
     assert_eq!(
-        outcome.unique_states, 2_232_462,
+        outcome.unique_states, 4_547_497,
         "state space changed: re-pin after review"
     );
 }
@@ -28,7 +28,7 @@ fn without_fsync_tokens_can_go_back() {
     let model = LeaseModel {
         durable: false,
         host_crash: true,
-        cleaner: false,
+        cleaner: 0,
         faults: 0,
         ..LeaseModel::default()
     };
@@ -57,7 +57,7 @@ fn without_fsync_tokens_can_go_back() {
 fn smaller_configurations_hold() {
     let model = LeaseModel {
         host_crash: false,
-        cleaner: false,
+        cleaner: 0,
         faults: 0,
         ..LeaseModel::default()
     };
@@ -87,8 +87,8 @@ fn postgres_holds() {
     );
 }
 
-/// The larger configuration CI runs (`check --config large`): 25.3 M states, about 6 minutes
-/// and 5 GiB in release on 2 cores; run with
+/// The larger configuration CI runs (`check --config large`: the cleaner's changes to the
+/// lock, the record and the temporary records, and the observer); run with
 /// `cargo test --release -p flocklease-model -- --ignored`.
 #[test]
 #[ignore = "stress: the large configuration"]
@@ -102,5 +102,48 @@ fn assert_all_hold(model: &LeaseModel) {
         outcome.verdicts.iter().all(|v| v.ok),
         "{:?}",
         outcome.verdicts
+    );
+}
+
+/// The restore of a deleted liveness file as it was before publishing became atomic: created
+/// at its final name, then locked. A failure of the lock leaves the live holder's generation
+/// unlocked under its name, and the checker finds the rival's grant while the holder runs
+/// (property [1]) and the probe that read a live holder as dead (property [9]).
+#[test]
+fn the_old_create_then_lock_restore_is_caught() {
+    let model = LeaseModel {
+        planted: Some(Planted::CreateThenLock),
+        max_token: 1,
+        host_crash: false,
+        tamper: Tamper::DELETE_LIVE,
+        observer: false,
+        go_prober: false,
+        ..LeaseModel::default()
+    };
+    let outcome = report::explore(&model);
+    let failed: Vec<&str> = outcome
+        .verdicts
+        .iter()
+        .filter(|v| !v.ok && v.expectation == "always")
+        .map(|v| v.name)
+        .collect();
+    assert!(!failed.is_empty(), "the planted bug went unseen");
+    let path = report::shortest(&model, names::PROBE_TRUTH).expect("a counterexample for [9]");
+    let actions = path.into_actions();
+    // The holder's renew fails while restoring its deleted file; the rival's probe reads the
+    // unlocked file as dead.
+    assert!(
+        actions.contains(&Action::Tamper(Target::Live, Change::Delete)),
+        "{actions:?}"
+    );
+    assert!(
+        actions
+            .iter()
+            .any(|a| matches!(a, Action::Fail(_, Io::Prepare(_)))),
+        "{actions:?}"
+    );
+    assert!(
+        matches!(actions.last(), Some(Action::Step(_, Io::Probe { .. }))),
+        "{actions:?}"
     );
 }

@@ -31,12 +31,17 @@ use crate::record::{self, LiveTag, Record};
 
 mod files;
 pub(crate) mod live;
+#[cfg(feature = "fault-injection")]
+mod step;
 mod tx;
 mod wait;
 
 use files::{Access, DEFAULT_FILE_MODE, Opener, Paths, read_bounded};
-use tx::{FlockTx, Slot};
+use tx::{FlockTx, Slot, TxState};
 use wait::{Cancel, Gate};
+
+#[cfg(feature = "fault-injection")]
+pub use step::Stepper;
 
 /// The default bound on waiting for an id's transition lock: 5 seconds.
 pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -319,30 +324,32 @@ impl FlockLease {
         };
         let mut slot = lock(&entry.state);
         let lock = self.lock_stable(&paths.lock, slot.lock.take(), deadline, started)?;
-        let carried_sweep = slot.pending_sweep.take();
+        let mut st = TxState {
+            carried_sweep: slot.pending_sweep.take(),
+            ..TxState::default()
+        };
         let mut tx = FlockTx {
             lease: self,
             paths,
             slot: &mut slot,
             stable: &lock.file,
             stable_id: (lock.dev, lock.ino),
-            temp: None,
-            unlocked: false,
-            carried_sweep,
-            seen_token: None,
-            seen_tag: None,
-            commit_tag: None,
+            st: &mut st,
         };
         let outcome = driver::run(&mut tx, id, self.ttl, event);
-        // The driver ends every run by releasing the lock, which runs the carried listing; if
-        // it did not, the listing waits for the next transition.
-        if let Some(below) = tx.carried_sweep.take() {
-            tx.keep_sweep(below);
-        }
-        let unlocked = tx.unlocked;
         drop(tx);
-        slot.lock = self.keep_lock(lock, unlocked);
+        self.end_transition(&mut slot, lock, st);
         outcome
+    }
+
+    /// After a run: the carried listing waits for the next transition if the run did not get
+    /// to it (the driver ends every run by releasing the lock, which runs it), and the
+    /// transition lock's descriptor is kept for the next transition on the id.
+    fn end_transition(&self, slot: &mut Slot, lock: StableLock, mut st: TxState) {
+        if let Some(below) = st.carried_sweep.take() {
+            slot.pending_sweep = Some(slot.pending_sweep.map_or(below, |b| b.max(below)));
+        }
+        slot.lock = self.keep_lock(lock, st.unlocked);
     }
 
     /// Unlocks the transition lock (unless the run did) and keeps its descriptor for the next
@@ -431,11 +438,24 @@ impl FlockLease {
                 .faults
                 .check(FaultPoint::LockStable, path)
                 .and_then(|()| {
+                    // Busy: wait for it only while it is still the file at the path (a lock
+                    // kept from an earlier transition may have been replaced since).
+                    if lock.file.try_lock().is_err() && !self.still_at(path, &lock) {
+                        return Ok(false);
+                    }
                     wait::try_lock_until(&lock.file, deadline)
                         .map_err(|e| Error::io("lock", path, e))
                 });
             match locked {
                 Ok(true) => {}
+                Ok(false) if !self.still_at(path, &lock) => {
+                    // Replaced while we waited or before: lock the file at the path now.
+                    self.uncount(lock.counted);
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Err(timeout());
+                    }
+                    continue;
+                }
                 failed => {
                     // Dropping the descriptor: it no longer counts against the cache.
                     self.uncount(lock.counted);
@@ -469,6 +489,11 @@ impl FlockLease {
                 return Err(timeout());
             }
         }
+    }
+
+    /// Whether `lock` is still the file at `path` (a stat of the path).
+    fn still_at(&self, path: &Path, lock: &StableLock) -> bool {
+        fs::symlink_metadata(path).is_ok_and(|m| m.dev() == lock.dev && m.ino() == lock.ino)
     }
 
     /// Opens (creating) `<stem>.lock` and notes which file it is.

@@ -43,6 +43,7 @@ pub(super) struct LocalGen {
 /// rename happened but the directory sync failed, the record names this generation, and a
 /// present, unlocked file lets the next acquire see it dead and replace it at once; otherwise
 /// the next takeover reuses the same name.
+#[derive(Debug)]
 pub(super) struct PendingLive {
     file: File,
     dev: u64,
@@ -58,15 +59,16 @@ pub(super) struct FlockTx<'a> {
     pub(super) stable: &'a File,
     /// The (device, inode) of the locked `<stem>.lock`, checked again just before the commit.
     pub(super) stable_id: (u64, u64),
+    /// What the transition carries from one step to the next.
+    pub(super) st: &'a mut TxState,
+}
+
+/// What one transition carries from one of its steps to the next.
+#[derive(Debug, Default)]
+pub(super) struct TxState {
     /// The temporary record this transition created (under a name of its own) and has not
     /// renamed yet.
     pub(super) temp: Option<(File, std::path::PathBuf)>,
-    /// The liveness tag the record read names.
-    pub(super) seen_tag: Option<LiveTag>,
-    /// The tag of the generation the record to commit names: the new generation's
-    /// ([`Transaction::lock_live`]) or the local one's ([`Transaction::ensure_live`]); none for
-    /// a tombstone.
-    pub(super) commit_tag: Option<LiveTag>,
     /// Whether the driver released the transition lock (then the adapter need not again).
     pub(super) unlocked: bool,
     /// The listing an earlier takeover left to this transition (see [`Transaction::sweep`]
@@ -75,6 +77,12 @@ pub(super) struct FlockTx<'a> {
     /// The token of the record this transition read: `None` before the read, `Some(None)`
     /// when there was no record.
     pub(super) seen_token: Option<Option<u64>>,
+    /// The liveness tag the record read names.
+    pub(super) seen_tag: Option<LiveTag>,
+    /// The tag of the generation the record to commit names: the new generation's
+    /// ([`Transaction::lock_live`]) or the local one's ([`Transaction::ensure_live`]); none for
+    /// a tombstone.
+    pub(super) commit_tag: Option<LiveTag>,
 }
 
 impl FlockTx<'_> {
@@ -115,10 +123,10 @@ impl FlockTx<'_> {
     /// hand (or lost with [`Durability::NoSync`]) since the takeover. A transition that did not
     /// get to read the record keeps the listing for the next one.
     fn run_carried_sweep(&mut self) {
-        let Some(below) = self.carried_sweep.take() else {
+        let Some(below) = self.st.carried_sweep.take() else {
             return;
         };
-        match self.seen_token {
+        match self.st.seen_token {
             Some(token) => {
                 if let Some(below) = machine::deferred_sweep_below(below, token) {
                     self.sweep_listing(below);
@@ -183,7 +191,7 @@ impl Transaction for FlockTx<'_> {
     fn unlock_stable(&mut self) {
         self.run_carried_sweep();
         // If this fails, the adapter closes the descriptor, which releases the lock too.
-        self.unlocked = self.stable.unlock().is_ok();
+        self.st.unlocked = self.stable.unlock().is_ok();
     }
 
     fn now(&self) -> crate::Timestamp {
@@ -195,7 +203,7 @@ impl Transaction for FlockTx<'_> {
         let file = match self.open(path, Access::Read) {
             Ok(f) => f,
             Err(e) if e.io_kind() == Some(io::ErrorKind::NotFound) => {
-                self.seen_token = Some(None);
+                self.st.seen_token = Some(None);
                 return Ok(None);
             }
             Err(e) => return Err(e),
@@ -205,12 +213,19 @@ impl Transaction for FlockTx<'_> {
             Some(nix::libc::EISDIR) => Error::NotAFile { path: path.clone() },
             _ => Error::io("read", path, e),
         })?;
-        let (record, tag) = record::decode_tagged(&buf).map_err(|source| Error::Corrupt {
-            path: path.clone(),
-            source,
+        let (record, tag) = record::decode_tagged(&buf).map_err(|source| {
+            // Bytes that are no record: a FIFO reads as empty, so say what the file is when
+            // it is not a regular file (a stat only on this path, never on a good record's).
+            match file.metadata() {
+                Ok(m) if !m.is_file() => Error::NotAFile { path: path.clone() },
+                _ => Error::Corrupt {
+                    path: path.clone(),
+                    source,
+                },
+            }
         })?;
-        self.seen_token = Some(Some(record.token));
-        self.seen_tag = tag;
+        self.st.seen_token = Some(Some(record.token));
+        self.st.seen_tag = tag;
         Ok(Some(record))
     }
 
@@ -220,7 +235,7 @@ impl Transaction for FlockTx<'_> {
 
     fn probe(&mut self, token: u64) -> Result<Liveness, Error> {
         let path = self.paths.live(token);
-        let found = live::identify(self.open(&path, Access::Probe), &path, self.seen_tag)?;
+        let found = live::identify(self.open(&path, Access::Probe), &path, self.st.seen_tag)?;
         if matches!(found, Found::Own(_)) {
             self.check(FaultPoint::LockProbe, &path)?;
         }
@@ -244,7 +259,7 @@ impl Transaction for FlockTx<'_> {
         }
         let tag = live::fresh_tag();
         let published = live::publish(&self.lease.opener, &path, tag)?;
-        self.commit_tag = Some(tag);
+        self.st.commit_tag = Some(tag);
         Ok(PendingLive {
             file: published.file,
             dev: published.dev,
@@ -266,7 +281,7 @@ impl Transaction for FlockTx<'_> {
         self.check(FaultPoint::StatLive, &path)?;
         match fs::symlink_metadata(&path) {
             Ok(m) if m.dev() == generation.dev && m.ino() == generation.ino => {
-                self.commit_tag = Some(generation.tag);
+                self.st.commit_tag = Some(generation.tag);
                 return Ok(());
             }
             // Deleted, or something else stands at our path: publish a new file, already
@@ -286,7 +301,7 @@ impl Transaction for FlockTx<'_> {
                 generation.tag,
             ) = (published.file, published.dev, published.ino, tag);
         }
-        self.commit_tag = Some(tag);
+        self.st.commit_tag = Some(tag);
         Ok(())
     }
 
@@ -294,10 +309,10 @@ impl Transaction for FlockTx<'_> {
         let path = self.paths.temp(live::fresh_tag());
         let mut tmp = self.open(&path, Access::Temp)?;
         self.check(FaultPoint::WriteTemp, &path)?;
-        let written = tmp.write_all(&record::encode_tagged(record, self.commit_tag));
+        let written = tmp.write_all(&record::encode_tagged(record, self.st.commit_tag));
         let failed = written.map_err(|e| Error::io("write", &path, e));
         // Kept even on failure, so the driver's discard removes what was created.
-        self.temp = Some((tmp, path));
+        self.st.temp = Some((tmp, path));
         failed
     }
 
@@ -305,7 +320,7 @@ impl Transaction for FlockTx<'_> {
         if !self.durable() {
             return Ok(());
         }
-        match &self.temp {
+        match &self.st.temp {
             Some((tmp, path)) => {
                 self.check(FaultPoint::SyncTemp, path)?;
                 tmp.sync_data().map_err(|e| Error::io("fsync", path, e))
@@ -316,7 +331,7 @@ impl Transaction for FlockTx<'_> {
 
     fn rename(&mut self) -> Result<(), Error> {
         let to = &self.paths.record;
-        let Some((_, from)) = &self.temp else {
+        let Some((_, from)) = &self.st.temp else {
             return Err(Error::io(
                 "rename",
                 to,
@@ -329,13 +344,13 @@ impl Transaction for FlockTx<'_> {
         self.check_stable()?;
         self.check(FaultPoint::Rename, to)?;
         fs::rename(from, to).map_err(|e| Error::io("rename", to, e))?;
-        self.temp = None;
+        self.st.temp = None;
         Ok(())
     }
 
     fn discard_temp(&mut self) {
         // Only a file this transition created: a refused foreign file is not ours to remove.
-        if let Some((_, path)) = self.temp.take() {
+        if let Some((_, path)) = self.st.temp.take() {
             let _ = fs::remove_file(path);
         }
     }

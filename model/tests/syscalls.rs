@@ -1,0 +1,271 @@
+//! What the model assumes of each step, checked against the real system calls: the real
+//! adapter runs a fixed schedule one I/O step at a time under `strace`, with a marker system
+//! call before each step, and each step's calls are held to the contract the model gives it
+//! (`model/src/tx.rs`):
+//!
+//! - `LockStable`: a non-blocking exclusive `flock` of `<stem>.lock`, then a stat of its path;
+//! - `Probe`: a shared non-blocking `flock` of the generation's file, opened without
+//!   `O_CREAT`, after reading its tag;
+//! - `Prepare` (publish): the file created exclusively under a unique temporary name, the tag
+//!   written, an exclusive `flock`, and only then the rename to the generation's name; never an
+//!   open of the generation's name with `O_CREAT`;
+//! - `SyncTemp`: an `fdatasync` of the temporary record;
+//! - `Rename` (commit): a stat of `<stem>.lock` before the rename over the record;
+//! - `SyncDir`: an `fsync` of the lease directory's descriptor.
+//!
+//! `strace` is required when `FLOCKLEASE_REQUIRE_STRACE` is set (CI sets it); otherwise the
+//! test says it is skipped.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use flocklease::driver::{Io, Step};
+use flocklease::machine::Event;
+use flocklease::{Durability, FlockLease, ManualClock, Timestamp};
+use flocklease_model::{owner, session};
+
+const CHILD: &str = "FLOCKLEASE_TRACE_CHILD";
+const MARK: &str = "/flocklease-trace-step/";
+
+/// The traced schedule (run in the child): a fresh acquire, a renew that restores a deleted
+/// liveness file, a rival's acquire answered held after its probe.
+#[test]
+fn traced_schedule() {
+    let Ok(dir) = std::env::var(CHILD) else {
+        return;
+    };
+    let dir = Path::new(&dir);
+    let clock = ManualClock::new(Timestamp::from_unix_secs(1_700_000_000).unwrap());
+    let open = || {
+        FlockLease::builder(dir)
+            .clock(Arc::new(clock.clone()))
+            .ttl(Duration::from_secs(30))
+            .durability(Durability::Full)
+            .open()
+            .unwrap()
+    };
+    let (a, b) = (open(), open());
+    mark("open-done");
+    let acquire = Event::Acquire { owner: owner(0) };
+    let token = match run(&a, "a-acquire", acquire) {
+        flocklease::machine::Outcome::Granted { token, .. } => token,
+        other => panic!("{other:?}"),
+    };
+    std::fs::remove_file(dir.join(format!("{}.{token}.live", session().stem()))).unwrap();
+    run(
+        &a,
+        "a-renew",
+        Event::Renew {
+            owner: owner(0),
+            token,
+        },
+    );
+    run(&b, "b-acquire", Event::Acquire { owner: owner(1) });
+    mark("end");
+}
+
+fn run(lease: &FlockLease, call: &str, event: Event) -> flocklease::machine::Outcome {
+    let mut stepper = lease.stepper(&session(), event);
+    loop {
+        let io = stepper.peek().expect("a step");
+        mark(&format!("{call}/{}", label(io)));
+        match stepper.next(lease) {
+            Step::Continue => {}
+            Step::Done(result) => return result.unwrap(),
+            Step::Blocked => panic!("blocked"),
+        }
+    }
+}
+
+fn label(io: Io) -> String {
+    match io {
+        Io::Probe { .. } => "Probe".into(),
+        Io::Prepare(_) => "Prepare".into(),
+        Io::Cleanup(_) => "Cleanup".into(),
+        other => format!("{other:?}"),
+    }
+}
+
+/// A system call strace shows with the marker's name: a stat of a path that does not exist.
+fn mark(name: &str) {
+    let _ = std::fs::symlink_metadata(format!("{MARK}{name}"));
+}
+
+#[test]
+fn each_step_makes_the_system_calls_the_model_assumes() {
+    if std::env::var(CHILD).is_ok() {
+        return;
+    }
+    let strace = Command::new("strace").arg("-V").output();
+    if strace.is_err() {
+        assert!(
+            std::env::var("FLOCKLEASE_REQUIRE_STRACE").is_err(),
+            "strace is required (FLOCKLEASE_REQUIRE_STRACE is set) but not found"
+        );
+        eprintln!("skipped: strace not found");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace");
+    let leases = dir.path().join("leases");
+    let status = Command::new("strace")
+        .args(["-f", "-qq", "-s", "256", "-o"])
+        .arg(&trace)
+        .args([
+            "-e",
+            "trace=openat,flock,fsync,fdatasync,rename,renameat,renameat2,newfstatat,statx,\
+             lstat,stat,write,pread64,read",
+        ])
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "traced_schedule",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD, &leases)
+        .status()
+        .unwrap();
+    assert!(status.success(), "the traced child failed");
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let steps = split(&text);
+    let dir_fd = dir_fd(&text, &leases);
+    let get = |name: &str| -> &Vec<String> {
+        steps
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, calls)| calls)
+            .unwrap_or_else(|| panic!("no step {name} in the trace"))
+    };
+    for call in ["a-acquire", "a-renew", "b-acquire"] {
+        let lock = get(&format!("{call}/LockStable"));
+        assert_order(
+            lock,
+            &[
+                r"flock\([0-9]+, LOCK_EX\|LOCK_NB\) *= 0",
+                r#"stat[a-z]*\(.*\.lock""#,
+            ],
+            &format!("{call}: lock, then the identity check"),
+        );
+    }
+    for call in ["a-acquire", "a-renew"] {
+        let prepare = get(&format!("{call}/Prepare"));
+        assert_order(
+            prepare,
+            &[
+                r#"openat\(.*\.1\.live\.[0-9a-f]{16}\.tmp", [^)]*O_CREAT\|O_EXCL"#,
+                r#"write\([0-9]+, "[0-9a-f]{16}", 16\) *= 16"#,
+                r"flock\([0-9]+, LOCK_EX\|LOCK_NB\) *= 0",
+                r#"rename[a-z0-9]*\(.*\.1\.live\.[0-9a-f]{16}\.tmp", .*\.1\.live"(, 0)?\) *= 0"#,
+            ],
+            &format!("{call}: publish = create a unique name, tag, lock, rename into place"),
+        );
+        assert!(
+            !prepare
+                .iter()
+                .any(|l| has(l, r#"openat\(.*\.1\.live", [^)]*O_CREAT"#)),
+            "{call}: the generation's name was opened with O_CREAT: {prepare:#?}"
+        );
+        let sync = get(&format!("{call}/SyncTemp"));
+        assert_order(
+            sync,
+            &[r"fdatasync\([0-9]+\) *= 0"],
+            &format!("{call}: fdatasync"),
+        );
+        let rename = get(&format!("{call}/Rename"));
+        assert_order(
+            rename,
+            &[
+                r#"stat[a-z]*\(.*\.lock""#,
+                r#"rename[a-z0-9]*\(.*\.lease\.json\.[0-9a-f]{16}\.tmp", .*\.lease\.json"(, 0)?\) *= 0"#,
+            ],
+            &format!("{call}: the lock's identity checked, then the rename"),
+        );
+    }
+    let sync_dir = get("a-acquire/SyncDir");
+    assert_order(
+        sync_dir,
+        &[&format!(r"^fsync\({dir_fd}\) *= 0")],
+        "a-acquire: the directory's descriptor fsynced",
+    );
+    let probe = get("b-acquire/Probe");
+    assert_order(
+        probe,
+        &[
+            r#"openat\(.*\.1\.live", O_RDONLY\|O_NONBLOCK\|O_NOFOLLOW\|O_CLOEXEC\) *= [0-9]+"#,
+            r#"pread64\([0-9]+, "[0-9a-f]{16}""#,
+            r"flock\([0-9]+, LOCK_SH\|LOCK_NB\) *= -1 EAGAIN|flock\([0-9]+, LOCK_SH\|LOCK_NB\) *= -1 EWOULDBLOCK",
+        ],
+        "b-acquire: the probe reads the tag, then a shared non-blocking lock, held",
+    );
+    println!(
+        "syscalls: {} steps traced, each held to its contract",
+        steps.len()
+    );
+}
+
+/// The trace cut at the markers: (step name, its system calls without the pid).
+fn split(text: &str) -> Vec<(String, Vec<String>)> {
+    let mut steps: Vec<(String, Vec<String>)> = vec![];
+    for line in text.lines() {
+        // "PID syscall(...) = ..." under -f.
+        let call = line.split_once(' ').map_or(line, |(_, rest)| rest).trim();
+        if let Some(at) = call.find(MARK) {
+            let name = &call[at + MARK.len()..];
+            let name = name.split('"').next().unwrap_or_default();
+            steps.push((name.to_owned(), vec![]));
+        } else if let Some((_, calls)) = steps.last_mut() {
+            calls.push(call.to_owned());
+        }
+    }
+    steps
+}
+
+/// The descriptor the instance opened the lease directory with.
+fn dir_fd(text: &str, dir: &Path) -> String {
+    let needle = format!("\"{}\", O_RDONLY|O_CLOEXEC) = ", dir.display());
+    text.lines()
+        .filter_map(|l| l.split_once(&needle).map(|(_, fd)| fd.trim().to_owned()))
+        .next()
+        .unwrap_or_else(|| panic!("the lease directory was never opened: {needle}"))
+}
+
+fn has(line: &str, pattern: &str) -> bool {
+    !matching(&[line.to_owned()], pattern).is_empty()
+}
+
+/// Asserts that `calls` contains a line matching each pattern, in this order.
+fn assert_order(calls: &[String], patterns: &[&str], what: &str) {
+    let mut at = 0;
+    for p in patterns {
+        match matching(calls, p).into_iter().find(|&i| i >= at) {
+            Some(i) => at = i + 1,
+            None => panic!("{what}: no call matching {p:?} (after the earlier ones) in {calls:#?}"),
+        }
+    }
+}
+
+/// The indexes of the lines of `calls` that match the extended regular expression
+/// `pattern`, by `grep -nE` (one process per pattern; no regex crate for a test).
+fn matching(calls: &[String], pattern: &str) -> Vec<usize> {
+    use std::io::Write;
+    let mut child = Command::new("grep")
+        .args(["-nE", pattern])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(calls.join("\n").as_bytes()).unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split(':').next()?.parse::<usize>().ok())
+        .map(|n| n - 1)
+        .collect()
+}

@@ -1,0 +1,144 @@
+//! [`Stepper`]: one transition of a real [`FlockLease`] advanced one I/O step at a time, for
+//! the lockstep harness that runs the model's schedules against the real adapter (feature
+//! `fault-injection`; never for production use).
+//!
+//! A stepper does what [`FlockLease`]'s calls do, but for the in-process turn on the id (the
+//! harness never runs two calls of one instance at once) and the wait for the transition
+//! lock: its [`Io::LockStable`] step is one attempt — open (creating) `<stem>.lock`, a
+//! non-blocking lock, the identity check, reopened while the file at the path changed — and
+//! answers [`Step::Blocked`] when another transition holds the lock.
+
+use std::fs::TryLockError;
+use std::path::Path;
+use std::sync::Arc;
+
+use super::tx::{FlockTx, PendingLive, TxState};
+use super::{FlockLease, SlotEntry, StableLock, lock};
+use crate::driver::{Io, Run, Step};
+use crate::error::Error;
+use crate::machine::Event;
+use crate::name::SessionId;
+
+/// One transition of a [`FlockLease`] in progress, advanced by [`Stepper::next`].
+///
+/// Dropping it mid-way closes what it holds (the transition lock, a new generation's liveness
+/// file): what a crash of the process would do to them.
+#[derive(Debug)]
+pub struct Stepper {
+    id: SessionId,
+    entry: Arc<SlotEntry>,
+    run: Run<PendingLive>,
+    lock: Option<StableLock>,
+    st: TxState,
+    /// The first step failed before the run started.
+    failed: bool,
+}
+
+impl FlockLease {
+    /// A transition for `event` on `id`, not started: see [`Stepper`].
+    pub fn stepper(&self, id: &SessionId, event: Event) -> Stepper {
+        Stepper {
+            id: id.clone(),
+            entry: self.slot(id.stem()),
+            run: Run::new(event, self.ttl),
+            lock: None,
+            st: TxState::default(),
+            failed: false,
+        }
+    }
+}
+
+impl Stepper {
+    /// The step the next call of [`Stepper::next`] performs (`None`: the run is over).
+    pub fn peek(&self) -> Option<Io> {
+        if self.failed {
+            return None;
+        }
+        self.run.peek()
+    }
+
+    /// The temporary record this transition wrote and has not renamed yet.
+    pub fn temp_path(&self) -> Option<&Path> {
+        self.st.temp.as_ref().map(|(_, p)| p.as_path())
+    }
+
+    /// Performs the next I/O step on `lease` (the instance that made this stepper).
+    ///
+    /// # Panics
+    ///
+    /// When called after [`Step::Done`].
+    pub fn next(&mut self, lease: &FlockLease) -> Step {
+        let entry = Arc::clone(&self.entry);
+        let mut slot = lock(&entry.state);
+        if self.run.peek() == Some(Io::LockStable) && self.lock.is_none() {
+            match lease.lock_stable_once(&entry.paths.lock, slot.lock.take()) {
+                Ok(Some(l)) => {
+                    self.lock = Some(l);
+                    self.st.carried_sweep = slot.pending_sweep.take();
+                }
+                Ok(None) => return Step::Blocked,
+                Err(e) => {
+                    // Nothing was started: the run ends here, as the call would.
+                    self.failed = true;
+                    return Step::Done(Err(e));
+                }
+            }
+        }
+        let lock = self.lock.as_ref().expect("locked before the run's steps");
+        let mut tx = FlockTx {
+            lease,
+            paths: &entry.paths,
+            slot: &mut slot,
+            stable: &lock.file,
+            stable_id: (lock.dev, lock.ino),
+            st: &mut self.st,
+        };
+        let step = self.run.next(&mut tx, &self.id);
+        if matches!(step, Step::Done(_))
+            && let Some(lock) = self.lock.take()
+        {
+            lease.end_transition(&mut slot, lock, std::mem::take(&mut self.st));
+        }
+        step
+    }
+}
+
+impl FlockLease {
+    /// One attempt at `<stem>.lock`: `None` when another transition holds it.
+    fn lock_stable_once(
+        &self,
+        path: &Path,
+        mut cached: Option<StableLock>,
+    ) -> Result<Option<StableLock>, Error> {
+        // The file at the path can change between the open and the check only if another
+        // actor acts inside this step: a few reopenings settle it.
+        for _ in 0..4 {
+            let lock = match cached.take() {
+                Some(lock) => lock,
+                None => self.open_stable(path)?,
+            };
+            match lock.file.try_lock() {
+                Ok(()) => {}
+                // Busy, and still the file at the path: another transition holds it.
+                Err(TryLockError::WouldBlock) if self.still_at(path, &lock) => {
+                    self.uncount(lock.counted);
+                    return Ok(None);
+                }
+                // Busy, but replaced: whoever holds it holds a lock nobody else takes.
+                Err(TryLockError::WouldBlock) => {
+                    self.uncount(lock.counted);
+                    continue;
+                }
+                Err(TryLockError::Error(e)) => {
+                    self.uncount(lock.counted);
+                    return Err(Error::io("lock", path, e));
+                }
+            }
+            if self.still_at(path, &lock) {
+                return Ok(Some(lock));
+            }
+            self.uncount(lock.counted);
+        }
+        Ok(None)
+    }
+}
