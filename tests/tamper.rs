@@ -194,6 +194,9 @@ fn a_replaced_liveness_file_is_unknown_never_dead() {
     }
 }
 
+/// The rival's acquire, run on a thread of its own.
+type Rival = std::thread::JoinHandle<Result<Grant, Error>>;
+
 /// Scenario 3: `<stem>.lock` deleted while a transition holds it. A second transition then
 /// locks a new `.lock` and runs beside the first; the first must not commit over it, nor the
 /// two share a temporary file (the first would rename the second's record into place).
@@ -222,7 +225,7 @@ fn a_transition_whose_lock_was_deleted_never_commits() {
             .open()
             .unwrap(),
     );
-    let rival: Arc<Mutex<Option<std::thread::JoinHandle<Result<Grant, Error>>>>> = Arc::default();
+    let rival: Arc<Mutex<Option<Rival>>> = Arc::default();
     let armed = Arc::new(AtomicBool::new(false));
     // The holder: once its temporary record is written, a tmp cleaner deletes the lock and the
     // rival runs up to its own commit.

@@ -585,10 +585,19 @@ impl LeaseModel {
     /// What the interpreter reports (token exhausted, a busy liveness lock).
     pub fn apply(&self, state: &mut State, p: usize, event: Event) -> Result<Outcome, Error> {
         let mut run = Run::new(event, self.ttl());
+        let mut ghost = Ghost::default();
+        state.procs[p].carried = state.procs[p].sweep.take();
         loop {
-            let (step, _) = self.advance(state, p, &mut run, Ghost::default(), false);
+            let (step, (g, _)) = self.advance(state, p, &mut run, ghost, false);
+            ghost = g;
             match step {
-                Step::Done(result) => return result,
+                Step::Done(result) => {
+                    let proc = &mut state.procs[p];
+                    if let Some(below) = proc.carried.take() {
+                        proc.keep_sweep(below);
+                    }
+                    return result;
+                }
                 Step::Continue => {}
                 Step::Blocked => panic!("transition lock held by another process"),
             }

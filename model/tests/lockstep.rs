@@ -50,6 +50,8 @@ fn model() -> LeaseModel {
         name: "lockstep",
         tamper: Tamper::ALL,
         cleaner: 2,
+        observer: true,
+        go_prober: true,
         ..LeaseModel::default()
     }
 }

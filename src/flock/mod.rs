@@ -328,16 +328,17 @@ impl FlockLease {
             carried_sweep: slot.pending_sweep.take(),
             ..TxState::default()
         };
-        let mut tx = FlockTx {
-            lease: self,
-            paths,
-            slot: &mut slot,
-            stable: &lock.file,
-            stable_id: (lock.dev, lock.ino),
-            st: &mut st,
+        let outcome = {
+            let mut tx = FlockTx {
+                lease: self,
+                paths,
+                slot: &mut slot,
+                stable: &lock.file,
+                stable_id: (lock.dev, lock.ino),
+                st: &mut st,
+            };
+            driver::run(&mut tx, id, self.ttl, event)
         };
-        let outcome = driver::run(&mut tx, id, self.ttl, event);
-        drop(tx);
         self.end_transition(&mut slot, lock, st);
         outcome
     }
