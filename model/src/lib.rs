@@ -637,6 +637,20 @@ impl LeaseModel {
         (step, (tx.ghost, tx.fired))
     }
 
+    /// The event process `p`'s call of `kind` carries from state `s`: acquire for its owner,
+    /// or renew and release of the lease (current or stale) it holds there.
+    pub fn call_event(&self, s: &State, p: usize, kind: Kind) -> Event {
+        self.event(p, kind, Self::view(s, p, kind))
+    }
+
+    fn view(s: &State, p: usize, kind: Kind) -> Option<LeaseView> {
+        match kind {
+            Kind::Acquire => None,
+            Kind::Renew | Kind::Release => s.procs[p].lease,
+            Kind::RenewStale | Kind::ReleaseStale => s.procs[p].stale,
+        }
+    }
+
     fn event(&self, p: usize, kind: Kind, view: Option<LeaseView>) -> Event {
         let owner = self.owner(p);
         match (kind, view) {
@@ -656,11 +670,7 @@ impl LeaseModel {
 
     /// Process `p` starts a call and takes its first step; `None` if that is not possible.
     fn call(&self, last: &State, p: usize, kind: Kind) -> Option<State> {
-        let view = match kind {
-            Kind::Acquire => None,
-            Kind::Renew | Kind::Release => last.procs[p].lease,
-            Kind::RenewStale | Kind::ReleaseStale => last.procs[p].stale,
-        };
+        let view = Self::view(last, p, kind);
         let mut s = last.clone();
         s.scenario = None;
         // The listing an earlier takeover left goes with this call.

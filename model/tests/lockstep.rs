@@ -28,12 +28,12 @@ use std::time::Duration;
 use flocklease::driver::Step;
 use flocklease::fault::FaultHook;
 use flocklease::flock::Stepper;
-use flocklease::machine::{Event, Outcome};
+use flocklease::machine::Outcome;
 use flocklease::record::{self, LiveTag};
 use flocklease::{Durability, FlockLease, ManualClock};
 use flocklease_model::{
-    Action, Change, Kind, LeaseModel, LockAt, Locker, Plant, Planted, Said, State, Tamper, Target,
-    What, at, report, session, ticks,
+    Action, Change, LeaseModel, LockAt, Locker, Plant, Planted, Said, State, Tamper, Target, What,
+    at, report, session, ticks,
 };
 use stateright::{Checker, HasDiscoveries, Model};
 
@@ -138,53 +138,57 @@ fn lockstep_with_the_real_adapter() {
 fn regressions() {
     use Action::*;
     use Change::*;
-    use Kind::*;
     use Plant::*;
     use Target::*;
     use flocklease::driver::Io::*;
+    use flocklease_model::Kind::*;
     let m = model();
+    // Process 0 acquired the lease: every step of its fresh acquire.
+    let acquired = vec![
+        (Call(0, Acquire), 0),
+        (Step(0, Read), 0),
+        (Step(0, Prepare(0)), 0),
+        (Step(0, WriteTemp), 0),
+        (Step(0, SyncTemp), 0),
+        (Step(0, Rename), 0),
+        (Step(0, SyncDir), 0),
+        (Step(0, Adopt), 0),
+        (Step(0, UnlockStable), 0),
+    ];
     for schedule in [
         // The planted create-then-lock restore's counterexample, as far as it is a schedule
-        // of the correct adapter: the restore fails, the rival is answered held.
-        vec![
-            (Call(0, Acquire), 0),
-            (Step(0, Read), 0),
-            (Step(0, Prepare(0)), 0),
-            (Step(0, WriteTemp), 0),
-            (Step(0, SyncTemp), 0),
-            (Step(0, Rename), 0),
-            (Step(0, SyncDir), 0),
-            (Step(0, Adopt), 0),
-            (Step(0, UnlockStable), 0),
-            (Tamper(Live, Delete), 0),
-            (Call(0, Renew), 0),
-            (Step(0, Read), 0),
-            (Fail(0, Prepare(0)), 1),
-            (Call(1, Acquire), 0),
-            (Step(1, Read), 0),
-            (Step(1, Probe { token: 1 }), 0),
-            (Step(1, UnlockStable), 0),
-        ],
-        // A liveness file replaced by a directory: the renew cannot publish over it.
-        vec![
-            (Call(0, Acquire), 0),
-            (Step(0, Read), 0),
-            (Step(0, Prepare(0)), 0),
-            (Step(0, WriteTemp), 0),
-            (Step(0, SyncTemp), 0),
-            (Step(0, Rename), 0),
-            (Step(0, SyncDir), 0),
-            (Step(0, Adopt), 0),
-            (Step(0, UnlockStable), 0),
-            (Tamper(Live, Replace(Dir)), 0),
-            (ObserverLock, 0),
-            (Call(0, Renew), 0),
-            (Step(0, Read), 0),
-            (Step(0, Prepare(0)), 0),
-            (ObserverUnlock, 0),
-            (Tamper(Lock, Replace(Fifo)), 0),
-            (Call(1, Acquire), 0),
-        ],
+        // of the correct adapter: the restore fails (at its lock, the second fault point of
+        // the step), the rival is answered held.
+        [
+            acquired.clone(),
+            vec![
+                (Tamper(Live, Delete), 0),
+                (Call(0, Renew), 0),
+                (Step(0, Read), 0),
+                (Fail(0, Prepare(0)), 1),
+                (Call(1, Acquire), 0),
+                (Step(1, Read), 0),
+                (Step(1, Probe { token: 1 }), 0),
+                (Step(1, UnlockStable), 0),
+            ],
+        ]
+        .concat(),
+        // A liveness file replaced by a directory: the renew cannot publish over it; a FIFO
+        // at the lock's name fails the next call.
+        [
+            acquired.clone(),
+            vec![
+                (Tamper(Live, Replace(Dir)), 0),
+                (ObserverLock, 0),
+                (Call(0, Renew), 0),
+                (Step(0, Read), 0),
+                (Step(0, Prepare(0)), 0),
+                (ObserverUnlock, 0),
+                (Tamper(Lock, Replace(Fifo)), 0),
+                (Call(1, Acquire), 0),
+            ],
+        ]
+        .concat(),
     ] {
         replay(&m, &schedule, true).unwrap_or_else(|r| panic!("{r}"));
     }
@@ -349,7 +353,7 @@ impl Real {
             .ok_or_else(|| format!("the model cannot take {a:?}"))?;
         match a {
             Action::Call(p, kind) => {
-                let event = event(m, s, p, kind);
+                let event = m.call_event(s, p, kind);
                 self.calls[p] = Some(self.insts[p].stepper(&session(), event));
                 self.step(p, &n, None)?;
             }
@@ -645,29 +649,6 @@ enum LiveKind {
     Plain,
     Fifo,
     Dir,
-}
-
-/// The event process `p`'s call of `kind` carries from state `s` (as the model builds it).
-fn event(m: &LeaseModel, s: &State, p: usize, kind: Kind) -> Event {
-    let owner = m.owner(p);
-    let proc = &s.procs[p];
-    let view = match kind {
-        Kind::Acquire => None,
-        Kind::Renew | Kind::Release => proc.lease,
-        Kind::RenewStale | Kind::ReleaseStale => proc.stale,
-    };
-    match (kind, view) {
-        (Kind::Acquire, _) => Event::Acquire { owner },
-        (Kind::Renew | Kind::RenewStale, Some(v)) => Event::Renew {
-            owner,
-            token: v.token,
-        },
-        (Kind::Release | Kind::ReleaseStale, Some(v)) => Event::Release {
-            owner,
-            token: v.token,
-        },
-        _ => unreachable!("the model offers lease calls only with a lease"),
-    }
 }
 
 /// Opens a liveness file as a probe does (read-only, no link followed, never blocking).
