@@ -19,6 +19,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::fs::{self, File, OpenOptions, TryLockError};
+use std::io::Write as _;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -125,7 +126,10 @@ fn lockstep_with_the_real_adapter() {
         }
     }
     let n = schedules.len() + WALKS as usize;
-    println!(
+    // Written to the process's stderr directly, past the test harness's capture, so that
+    // `cargo test` (and CI's log) shows the count.
+    let _ = writeln!(
+        std::io::stderr(),
         "lockstep: {n} schedules ({from_checker} from the checker, {WALKS} random walks), \
          {steps} steps compared, {divergences} divergences"
     );
