@@ -292,3 +292,33 @@ fn an_old_transition_lock_is_touched_when_locked() {
     let after = fs::metadata(lock_path(dir.path())).unwrap().mtime();
     assert!(after > before + 86_400, "{before} -> {after}");
 }
+
+/// A record moved back (restored from a backup) under a live holder of the next generation:
+/// the takeover it invites would publish over that holder's file. The publish refuses.
+#[test]
+fn a_takeover_never_replaces_a_live_holders_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(START);
+    let a = open_manual(dir.path(), &clock);
+    a.acquire(&id("s"), &owner("a")).unwrap().lease().unwrap();
+    let record = dir.path().join(format!("{}.lease.json", id("s").stem()));
+    let backup = fs::read(&record).unwrap();
+    clock.advance(Duration::from_secs(31));
+    let b = open_manual(dir.path(), &clock);
+    let taken = b.acquire(&id("s"), &owner("b")).unwrap().lease().unwrap();
+    assert_eq!(taken.token, 2);
+    // The old record (token 1, expired) comes back.
+    fs::write(&record, backup).unwrap();
+    let c = open_manual(dir.path(), &clock);
+    let err = c.acquire(&id("s"), &owner("c")).unwrap_err();
+    assert!(matches!(err, Error::LiveLockBusy { .. }), "{err}");
+    // The holder of token 2 keeps its file, locked.
+    let f = File::open(live_path(dir.path(), 2)).unwrap();
+    assert!(
+        f.try_lock_shared().is_err(),
+        "the holder's file was replaced"
+    );
+    // Nothing was committed: the restored record stands.
+    let rec = flocklease::record::decode(&fs::read(&record).unwrap()).unwrap();
+    assert_eq!(rec.token, 1);
+}

@@ -161,7 +161,7 @@ fn each_step_makes_the_system_calls_the_model_assumes() {
                 r#"openat\(.*\.1\.live\.[0-9a-f]{16}\.tmp", [^)]*O_CREAT\|O_EXCL"#,
                 r#"write\([0-9]+, "[0-9a-f]{16}", 16\) *= 16"#,
                 r"flock\([0-9]+, LOCK_EX\|LOCK_NB\) *= 0",
-                r#"rename[a-z0-9]*\(.*\.1\.live\.[0-9a-f]{16}\.tmp", .*\.1\.live"(, 0)?\) *= 0"#,
+                r#"rename[a-z0-9]*\(.*\.1\.live\.[0-9a-f]{16}\.tmp", .*\.1\.live"(, [A-Z_0-9]+)?\) *= 0"#,
             ],
             &format!("{call}: publish = create a unique name, tag, lock, rename into place"),
         );

@@ -83,28 +83,41 @@ pub(crate) fn identify(
         }
         Err(e) => return Err(e),
     };
-    let meta = file.metadata().map_err(|e| Error::io("stat", path, e))?;
-    let kind = meta.file_type();
-    if !kind.is_file() {
-        let what = if kind.is_dir() {
-            "a directory"
-        } else if kind.is_fifo() {
-            "a FIFO"
-        } else if kind.is_socket() {
-            "a socket"
-        } else {
-            "not a regular file"
-        };
-        return Ok(Found::NotOwn(format!(
+    let not_own = |what: &str| {
+        Found::NotOwn(format!(
             "{}: {what}, not the liveness file its generation published",
             path.display()
-        )));
-    }
-    let Some(tag) = tag else {
-        return Ok(Found::Own(file));
+        ))
     };
+    let Some(tag) = tag else {
+        // No tag to read: the file's type decides.
+        let meta = file.metadata().map_err(|e| Error::io("stat", path, e))?;
+        let kind = meta.file_type();
+        return Ok(if kind.is_file() {
+            Found::Own(file)
+        } else if kind.is_dir() {
+            not_own("a directory")
+        } else if kind.is_fifo() {
+            not_own("a FIFO")
+        } else if kind.is_socket() {
+            not_own("a socket")
+        } else {
+            not_own("not a regular file")
+        });
+    };
+    // Reading the tag tells the type too, with no stat: a directory answers EISDIR, a FIFO
+    // ESPIPE (a positioned read), a regular file its contents.
     let mut buf = [0u8; 17];
-    let n = read_prefix(&file, &mut buf).map_err(|e| Error::io("read", path, e))?;
+    let n = match read_prefix(&file, &mut buf) {
+        Ok(n) => n,
+        Err(e) if e.raw_os_error() == Some(nix::libc::EISDIR) => {
+            return Ok(not_own("a directory"));
+        }
+        Err(e) if e.raw_os_error() == Some(nix::libc::ESPIPE) => {
+            return Ok(not_own("a FIFO"));
+        }
+        Err(e) => return Err(Error::io("read", path, e)),
+    };
     if buf[..n] == tag.to_hex() {
         Ok(Found::Own(file))
     } else {
@@ -168,18 +181,35 @@ pub(super) struct Published {
     pub(super) ino: u64,
 }
 
-/// Publishes generation file `path` carrying `tag`: creates `<path>.<tag>.tmp` exclusively,
-/// writes the tag, locks it exclusively, and renames it over `path`. Whatever stood at `path`
-/// is replaced in one step (a file that is not a live holder's: the caller holds the
+/// What a publish may replace at the generation's name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Over {
+    /// Anything: the generation is this instance's own (a restore).
+    Anything,
+    /// Anything but a file whose lock is held ([`Error::LiveLockBusy`]): a new generation,
+    /// whose name a live holder can stand at only if the record was moved back under it. A
+    /// symbolic link there is refused ([`Error::Symlink`]).
+    NotHeld,
+}
+
+/// Publishes generation file `path` (in the lease directory `dir`) carrying `tag`: creates
+/// `<path>.<tag>.tmp` exclusively, writes the tag, locks it exclusively, and renames it over
+/// `path`. What stood at `path` is replaced in one step as `over` allows (the caller holds the
 /// transition lock and publishes only its own generations).
 ///
 /// # Errors
 ///
 /// Any step failing; the temporary file is then removed and `path` is untouched.
-pub(super) fn publish(opener: &Opener, path: &Path, tag: LiveTag) -> Result<Published, Error> {
+pub(super) fn publish(
+    opener: &Opener,
+    dir: &File,
+    path: &Path,
+    tag: LiveTag,
+    over: Over,
+) -> Result<Published, Error> {
     let temp = temp_path(path, tag);
     let file = opener.open(&temp, Access::LiveCreate)?;
-    match lock_and_place(opener, &file, &temp, path, tag) {
+    match lock_and_place(opener, dir, &file, (&temp, path), tag, over) {
         Ok((dev, ino)) => Ok(Published { file, dev, ino }),
         Err(e) => {
             // Closing drops the lock; the name goes. Nothing was placed at `path`.
@@ -192,10 +222,11 @@ pub(super) fn publish(opener: &Opener, path: &Path, tag: LiveTag) -> Result<Publ
 
 fn lock_and_place(
     opener: &Opener,
+    dir: &File,
     file: &File,
-    temp: &Path,
-    path: &Path,
+    (temp, path): (&Path, &Path),
     tag: LiveTag,
+    over: Over,
 ) -> Result<(u64, u64), Error> {
     let faults = &opener.faults;
     faults.check(FaultPoint::WriteLive, temp)?;
@@ -216,6 +247,23 @@ fn lock_and_place(
     faults.check(FaultPoint::StatNewLive, temp)?;
     let m = file.metadata().map_err(|e| Error::io("stat", temp, e))?;
     faults.check(FaultPoint::PublishLive, path)?;
+    if over == Over::NotHeld {
+        if place_new(dir, temp, path)? {
+            return Ok((m.dev(), m.ino()));
+        }
+        // Something stands at the name: replaced unless a holder keeps it locked.
+        let opened = opener.open(path, Access::Probe);
+        if let Err(e @ Error::Symlink { .. }) = opened {
+            return Err(e);
+        }
+        if let Found::Own(held) = identify(opened, path, None)?
+            && !holder_gone(&held).map_err(|e| Error::io("lock", path, e))?
+        {
+            return Err(Error::LiveLockBusy {
+                path: path.to_owned(),
+            });
+        }
+    }
     fs::rename(temp, path).map_err(|e| match e.raw_os_error() {
         Some(nix::libc::EISDIR | nix::libc::ENOTEMPTY | nix::libc::EEXIST) => Error::NotAFile {
             path: path.to_owned(),
@@ -223,6 +271,29 @@ fn lock_and_place(
         _ => Error::io("rename", path, e),
     })?;
     Ok((m.dev(), m.ino()))
+}
+
+/// Renames `temp` to `path` only if nothing stands at `path` (one `renameat2` with
+/// `RENAME_NOREPLACE`, relative to the lease directory): `Ok(false)` when something does, or
+/// when the file system cannot tell (the caller then looks).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn place_new(dir: &File, temp: &Path, path: &Path) -> Result<bool, Error> {
+    use nix::errno::Errno;
+    use nix::fcntl::{RenameFlags, renameat2};
+    let (Some(from), Some(to)) = (temp.file_name(), path.file_name()) else {
+        return Ok(false);
+    };
+    match renameat2(dir, from, dir, to, RenameFlags::RENAME_NOREPLACE) {
+        Ok(()) => Ok(true),
+        Err(Errno::EEXIST | Errno::EINVAL | Errno::ENOSYS) => Ok(false),
+        Err(e) => Err(Error::io("rename", path, std::io::Error::from(e))),
+    }
+}
+
+/// Without `renameat2`: the caller always looks at what stands at `path` first.
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn place_new(_dir: &File, _temp: &Path, _path: &Path) -> Result<bool, Error> {
+    Ok(false)
 }
 
 /// The unique temporary name a generation's file is published from.

@@ -244,21 +244,17 @@ impl Transaction for FlockTx<'_> {
 
     fn lock_live(&mut self, token: u64) -> Result<PendingLive, Error> {
         let path = self.paths.live(token);
-        let opened = self.open(&path, Access::Probe);
-        // A symbolic link planted at the name is refused, as everywhere in the directory
-        // (publishing would only replace the link, but it says someone meddles).
-        if let Err(e @ Error::Symlink { .. }) = opened {
-            return Err(e);
-        }
-        // A live holder of the generation about to be granted: the record was moved back
-        // under it. Publishing would replace its file; refuse instead.
-        if let Found::Own(file) = live::identify(opened, &path, None)?
-            && !live::holder_gone(&file).map_err(|e| Error::io("lock", &path, e))?
-        {
-            return Err(Error::LiveLockBusy { path });
-        }
+        // A live holder of the generation about to be granted (the record was moved back
+        // under it) keeps its file: the publish refuses to replace a locked file. A symbolic
+        // link planted at the name is refused too, as everywhere in the directory.
         let tag = live::fresh_tag();
-        let published = live::publish(&self.lease.opener, &path, tag)?;
+        let published = live::publish(
+            &self.lease.opener,
+            &self.lease.dir_file,
+            &path,
+            tag,
+            live::Over::NotHeld,
+        )?;
         self.st.commit_tag = Some(tag);
         Ok(PendingLive {
             file: published.file,
@@ -292,7 +288,13 @@ impl Transaction for FlockTx<'_> {
             Err(e) => return Err(Error::io("stat", &path, e)),
         }
         let tag = generation.tag;
-        let published = live::publish(&self.lease.opener, &path, tag)?;
+        let published = live::publish(
+            &self.lease.opener,
+            &self.lease.dir_file,
+            &path,
+            tag,
+            live::Over::Anything,
+        )?;
         if let Some(generation) = self.slot.local.as_mut() {
             (
                 generation.file,
