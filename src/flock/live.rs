@@ -30,14 +30,16 @@ use crate::fault::FaultPoint;
 use crate::machine::Liveness;
 use crate::record::LiveTag;
 
-/// A new tag, unique with overwhelming probability: the process id, a counter and the time,
-/// hashed with std's randomly keyed SipHash (its keys come from the operating system's
-/// random source). Not a secret — anyone who can read the lease directory can read it — only
-/// a name no other file can carry by accident.
+/// A new tag, unique with overwhelming probability: a process-wide counter and the time,
+/// hashed with std's randomly keyed SipHash (its keys come from the operating system's random
+/// source, once per thread). Not a secret — anyone who can read the lease directory can read
+/// it — only a name no other file can carry by accident. (No process id: reading it is a
+/// system call. A forked child shares its parent's keys and counter but not its clock
+/// reading, and two equal tags would matter only for one generation's name, which one
+/// process publishes at a time under the transition lock.)
 pub(crate) fn fresh_tag() -> LiveTag {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let mut h = RandomState::new().build_hasher();
-    std::process::id().hash(&mut h);
     COUNTER.fetch_add(1, Ordering::Relaxed).hash(&mut h);
     std::time::SystemTime::now().hash(&mut h);
     LiveTag(h.finish())

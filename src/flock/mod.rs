@@ -439,9 +439,12 @@ impl FlockLease {
                 .faults
                 .check(FaultPoint::LockStable, path)
                 .and_then(|()| {
+                    if lock.file.try_lock().is_ok() {
+                        return Ok(true);
+                    }
                     // Busy: wait for it only while it is still the file at the path (a lock
                     // kept from an earlier transition may have been replaced since).
-                    if lock.file.try_lock().is_err() && !self.still_at(path, &lock) {
+                    if !self.still_at(path, &lock) {
                         return Ok(false);
                     }
                     wait::try_lock_until(&lock.file, deadline)
