@@ -143,7 +143,8 @@ pub enum DirSync {
 /// A step before the commit.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Prepare {
-    /// Create (if needed) and lock the liveness file of generation `token` without blocking.
+    /// Publish the liveness file of generation `token`, already locked, without blocking (a
+    /// backend makes it appear locked under its name, or not at all).
     /// On commit it becomes this instance's local generation for `owner`.
     LockLive {
         /// The new generation's token.
@@ -152,7 +153,8 @@ pub enum Prepare {
         owner: Owner,
     },
     /// Make sure the liveness file of the locally held generation `token` is still the file
-    /// this instance has locked; restore it if it was deleted.
+    /// this instance has locked; publish it again, already locked, if it was deleted or
+    /// replaced.
     EnsureLive {
         /// The local generation's token.
         token: u64,

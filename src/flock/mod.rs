@@ -5,8 +5,13 @@
 //! | file | role |
 //! | --- | --- |
 //! | `<stem>.lock` | stable transition lock, held only during one acquire/renew/release |
-//! | `<stem>.<token>.live` | liveness lock of one generation, held by its process for its whole life |
-//! | `<stem>.lease.json` | the record, replaced atomically through `<stem>.lease.json.tmp` |
+//! | `<stem>.<token>.live` | liveness lock of one generation, held by its process for its whole life; it carries the generation's tag, which the record names |
+//! | `<stem>.lease.json` | the record, replaced atomically through a temporary file of the transition's own, `<stem>.lease.json.<random>.tmp` |
+//!
+//! A generation's liveness file is published already locked: it never stands
+//! unlocked under its name while its holder runs, and a probe counts only the file carrying the
+//! record's tag as the generation's. A transition commits only while the `<stem>.lock` it holds
+//! is still the file at that path.
 //!
 //! This module only does file work; every decision comes from [`machine`]
 //! through [`driver::run`].

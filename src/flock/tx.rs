@@ -167,8 +167,8 @@ impl FlockTx<'_> {
             else {
                 continue;
             };
-            // Leftover temporary files: records (`lease.json.tmp` of older versions and of the
-            // Go package, `lease.json.<tag>.tmp`) and liveness files being published
+            // Leftover temporary files: records (`lease.json.tmp` of older versions,
+            // `lease.json.<tag>.tmp`) and liveness files being published
             // (`<token>.live.<tag>.tmp`). Only a crash leaves them: both are created and
             // renamed or removed within one transition.
             let stale = rest == b"lease.json.tmp"
