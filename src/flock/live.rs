@@ -175,12 +175,16 @@ pub(crate) fn holder_gone(file: &File) -> io::Result<bool> {
     }
 }
 
-/// A published generation's file: open, exclusively locked, at its final name.
+/// A published generation's file: open, exclusively locked, at its final name (when
+/// published), with its identity and the tag it carries.
 #[derive(Debug)]
 pub(super) struct Published {
     pub(super) file: File,
+    /// The (device, inode) of `file`, to check it is still the one at its path.
     pub(super) dev: u64,
     pub(super) ino: u64,
+    /// The tag `file` carries, which the record names.
+    pub(super) tag: LiveTag,
 }
 
 /// What a publish may replace at the generation's name.
@@ -212,7 +216,12 @@ pub(super) fn publish(
     let temp = temp_path(path, tag);
     let file = opener.open(&temp, Access::LiveCreate)?;
     match lock_and_place(opener, dir, &file, (&temp, path), tag, over) {
-        Ok((dev, ino)) => Ok(Published { file, dev, ino }),
+        Ok((dev, ino)) => Ok(Published {
+            file,
+            dev,
+            ino,
+            tag,
+        }),
         Err(e) => {
             // Closing drops the lock; the name goes. Nothing was placed at `path`.
             drop(file);

@@ -867,6 +867,7 @@ impl FlockLease {
             {
                 // `try_clone` duplicates with F_DUPFD_CLOEXEC.
                 let copy = generation
+                    .live
                     .file
                     .try_clone()
                     .map_err(|e| Error::io("duplicate", &entry.paths.live(lease.token), e))?;

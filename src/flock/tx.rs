@@ -7,7 +7,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 
 use super::files::{Access, Paths, read_bounded};
-use super::live::{self, Found};
+use super::live::{self, Found, Published};
 use super::{Durability, FlockLease};
 use crate::driver::Transaction;
 use crate::error::Error;
@@ -30,26 +30,16 @@ pub(super) struct Slot {
 #[derive(Debug)]
 pub(super) struct LocalGen {
     pub(super) local: Local,
-    pub(super) file: File,
-    /// The (device, inode) of `file`, to check it is still the one at its path.
-    dev: u64,
-    ino: u64,
-    /// The tag `file` carries, which the record names.
-    tag: LiveTag,
+    pub(super) live: Published,
 }
 
 /// A new generation's locked liveness file, not yet adopted. Dropping it un-adopted (the
 /// commit failed) closes the descriptor, which releases the lock. The file stays: if the
 /// rename happened but the directory sync failed, the record names this generation, and a
 /// present, unlocked file lets the next acquire see it dead and replace it at once; otherwise
-/// the next takeover reuses the same name.
+/// the next takeover publishes over it.
 #[derive(Debug)]
-pub(super) struct PendingLive {
-    file: File,
-    dev: u64,
-    ino: u64,
-    tag: LiveTag,
-}
+pub(super) struct PendingLive(Published);
 
 pub(super) struct FlockTx<'a> {
     pub(super) lease: &'a FlockLease,
@@ -96,6 +86,15 @@ impl FlockTx<'_> {
 
     fn open(&self, path: &std::path::Path, access: Access) -> Result<File, Error> {
         self.lease.opener.open(path, access)
+    }
+
+    /// Publishes generation `token`'s liveness file carrying `tag` (see [`live::publish`]);
+    /// the record this transition commits names that tag.
+    fn publish(&mut self, token: u64, tag: LiveTag, over: live::Over) -> Result<Published, Error> {
+        let path = self.paths.live(token);
+        let published = live::publish(&self.lease.opener, &self.lease.dir_file, &path, tag, over)?;
+        self.st.commit_tag = Some(tag);
+        Ok(published)
     }
 
     /// Checks that the transition lock this transition holds is still the file at
@@ -171,8 +170,7 @@ impl FlockTx<'_> {
             // `lease.json.<tag>.tmp`) and liveness files being published
             // (`<token>.live.<tag>.tmp`). Only a crash leaves them: both are created and
             // renamed or removed within one transition.
-            let stale = rest == b"lease.json.tmp"
-                || rest.ends_with(b".tmp")
+            let stale = rest.ends_with(b".tmp")
                 || rest
                     .strip_suffix(b".live")
                     .and_then(|t| std::str::from_utf8(t).ok())
@@ -243,25 +241,11 @@ impl Transaction for FlockTx<'_> {
     }
 
     fn lock_live(&mut self, token: u64) -> Result<PendingLive, Error> {
-        let path = self.paths.live(token);
         // A live holder of the generation about to be granted (the record was moved back
         // under it) keeps its file: the publish refuses to replace a locked file. A symbolic
         // link planted at the name is refused too, as everywhere in the directory.
-        let tag = live::fresh_tag();
-        let published = live::publish(
-            &self.lease.opener,
-            &self.lease.dir_file,
-            &path,
-            tag,
-            live::Over::NotHeld,
-        )?;
-        self.st.commit_tag = Some(tag);
-        Ok(PendingLive {
-            file: published.file,
-            dev: published.dev,
-            ino: published.ino,
-            tag,
-        })
+        let published = self.publish(token, live::fresh_tag(), live::Over::NotHeld)?;
+        Ok(PendingLive(published))
     }
 
     fn abandon(&mut self, pending: PendingLive) {
@@ -275,9 +259,10 @@ impl Transaction for FlockTx<'_> {
             return Ok(());
         };
         self.check(FaultPoint::StatLive, &path)?;
+        let ours = &generation.live;
         match fs::symlink_metadata(&path) {
-            Ok(m) if m.dev() == generation.dev && m.ino() == generation.ino => {
-                self.st.commit_tag = Some(generation.tag);
+            Ok(m) if m.dev() == ours.dev && m.ino() == ours.ino => {
+                self.st.commit_tag = Some(ours.tag);
                 return Ok(());
             }
             // Deleted, or something else stands at our path: publish a new file, already
@@ -287,23 +272,10 @@ impl Transaction for FlockTx<'_> {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(Error::io("stat", &path, e)),
         }
-        let tag = generation.tag;
-        let published = live::publish(
-            &self.lease.opener,
-            &self.lease.dir_file,
-            &path,
-            tag,
-            live::Over::Anything,
-        )?;
+        let published = self.publish(token, ours.tag, live::Over::Anything)?;
         if let Some(generation) = self.slot.local.as_mut() {
-            (
-                generation.file,
-                generation.dev,
-                generation.ino,
-                generation.tag,
-            ) = (published.file, published.dev, published.ino, tag);
+            generation.live = published;
         }
-        self.st.commit_tag = Some(tag);
         Ok(())
     }
 
@@ -402,18 +374,9 @@ impl Transaction for FlockTx<'_> {
     }
 
     fn adopt(&mut self, pending: PendingLive, local: Local) {
-        let PendingLive {
-            file,
-            dev,
-            ino,
-            tag,
-        } = pending;
         self.slot.local = Some(LocalGen {
             local,
-            file,
-            dev,
-            ino,
-            tag,
+            live: pending.0,
         });
     }
 }
