@@ -353,7 +353,7 @@ impl FlockLease {
     /// transition lock's descriptor is kept for the next transition on the id.
     fn end_transition(&self, slot: &mut Slot, lock: StableLock, mut st: TxState) {
         if let Some(below) = st.carried_sweep.take() {
-            slot.pending_sweep = Some(slot.pending_sweep.map_or(below, |b| b.max(below)));
+            slot.keep_sweep(below);
         }
         slot.lock = self.keep_lock(lock, st.unlocked);
     }

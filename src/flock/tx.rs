@@ -26,6 +26,13 @@ pub(super) struct Slot {
     pub(super) pending_sweep: Option<u64>,
 }
 
+impl Slot {
+    /// Leaves a listing below `below` to this id's next transition here.
+    pub(super) fn keep_sweep(&mut self, below: u64) {
+        self.pending_sweep = Some(self.pending_sweep.map_or(below, |b| b.max(below)));
+    }
+}
+
 /// A generation this instance holds: the locked liveness file stays open for its whole life.
 #[derive(Debug)]
 pub(super) struct LocalGen {
@@ -131,13 +138,8 @@ impl FlockTx<'_> {
                     self.sweep_listing(below);
                 }
             }
-            None => self.keep_sweep(below),
+            None => self.slot.keep_sweep(below),
         }
-    }
-
-    /// Leaves a listing below `below` to this id's next transition here.
-    pub(super) fn keep_sweep(&mut self, below: u64) {
-        self.slot.pending_sweep = Some(self.slot.pending_sweep.map_or(below, |b| b.max(below)));
     }
 
     /// Removes every liveness file of this id below `below` and a leftover temporary record:
@@ -370,7 +372,7 @@ impl Transaction for FlockTx<'_> {
         if let Some(dead) = below.checked_sub(1) {
             self.delete_live(dead);
         }
-        self.keep_sweep(below);
+        self.slot.keep_sweep(below);
     }
 
     fn adopt(&mut self, pending: PendingLive, local: Local) {
