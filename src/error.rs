@@ -199,12 +199,13 @@ pub enum Error {
         /// The schemas holding a lease table.
         schemas: Vec<String>,
     },
-    /// The connection does not keep session state: a transaction-mode pooler (PgBouncer
-    /// `pool_mode = transaction`) sits between the library and the server, which breaks the
-    /// session advisory locks that keep leases alive. Seen when a connection is opened (its
-    /// server session changed between two statements, or is already another open
-    /// connection's) or when a liveness lock is taken in another session than its
-    /// connection's.
+    /// The connection does not keep a server session of its own: a transaction- or
+    /// statement-mode pooler (PgBouncer `pool_mode = transaction` or `statement`) sits between
+    /// the library and the server, which breaks the session advisory locks that keep leases
+    /// alive. Every statement that takes, keeps or gives up a lock proves in itself that it
+    /// runs in the server session its connection marked when it was opened; this error is
+    /// the proof failing (or the pooler's own refusal, or a prepared statement unknown to the
+    /// session that got it), before anything is granted or committed.
     ///
     /// Remedy: connect directly to the server, or through a session-mode pooler.
     SessionNotKept {
@@ -221,6 +222,14 @@ pub enum Error {
         /// What is missing.
         detail: String,
     },
+    /// A blocking [`PgLease`](crate::pg::PgLease) call was made from a task of a
+    /// current-thread async runtime, which would stall every other task of that runtime for
+    /// the call's round trips. (From a multi-thread runtime the call works: it is announced
+    /// with `tokio::task::block_in_place`, which moves the worker's other tasks elsewhere.)
+    ///
+    /// Remedy: make the call in `tokio::task::spawn_blocking`, or from a multi-thread
+    /// runtime.
+    AsyncContext,
     /// A PostgreSQL `COMMIT` got no reply and its outcome could not be settled: the server
     /// stopped answering and its session could not be confirmed ended, or the row could not be
     /// re-read after that. The row may name the new generation (whose liveness lock this
@@ -276,6 +285,7 @@ impl Error {
             | Error::SchemaVersion { .. }
             | Error::SharedLockSpace { .. }
             | Error::SessionNotKept { .. }
+            | Error::AsyncContext
             | Error::TlsSetup { .. }
             | Error::AdvisoryLockBusy { .. } => None,
         }
@@ -369,7 +379,15 @@ impl fmt::Display for Error {
                 if let Some(id) = id {
                     write!(f, " (session {id})")?;
                 }
-                write!(f, ": {source}")
+                write!(f, ": {source}")?;
+                // The driver's error says only its kind ("db error"); the server's or the
+                // pooler's own message is its cause.
+                let mut cause = source.source();
+                while let Some(c) = cause {
+                    write!(f, ": {c}")?;
+                    cause = c.source();
+                }
+                Ok(())
             }
             Error::RowLockTimeout { id, waited } => write!(
                 f,
@@ -393,8 +411,13 @@ impl fmt::Display for Error {
             Error::TlsSetup { detail } => write!(f, "postgresql TLS: {detail}"),
             Error::SessionNotKept { detail } => write!(
                 f,
-                "the postgresql connection does not keep its session ({detail}): a \
-                 transaction-mode pooler? connect directly or through a session-mode pooler"
+                "the postgresql connection does not keep a server session of its own \
+                 ({detail}): a transaction- or statement-mode pooler? connect directly or \
+                 through a session-mode pooler"
+            ),
+            Error::AsyncContext => f.write_str(
+                "a blocking postgresql call was made on a current-thread async runtime; call \
+                 it in tokio::task::spawn_blocking, or from a multi-thread runtime",
             ),
             Error::CommitUnknown { id, detail } => write!(
                 f,

@@ -13,7 +13,8 @@ mod pg;
 mod pgbouncer;
 mod support;
 
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
 use flocklease::pg::PgLease;
@@ -70,7 +71,10 @@ fn transaction_pooler_reusing_the_last_idle_server_connection_is_refused_at_conn
     let url = bouncer.url(&db);
     // A fresh pooler: the server connection released last serves the next statement.
     let text = refused_at_connect(&url, &admin);
-    assert!(text.contains("transaction-mode pooler"), "{text}");
+    assert!(
+        text.contains("transaction- or statement-mode pooler"),
+        "{text}"
+    );
     // Several idle server connections: LIFO reuse still hands the last one to every client.
     bouncer.open_server_connections(&db, 3);
     assert!(bouncer.server_connections() >= 3);
@@ -205,4 +209,160 @@ fn session_pooler_keeps_the_server_side_settings_the_row_lock_bound_included() {
         .lease()
         .unwrap();
     assert_eq!(again.token, lease.token + 1);
+}
+
+/// Other clients keep the pooler's server connections busy: `clients` connections through the
+/// pooler, each running short transactions back to back (so server connections change hands
+/// all the time, as under `pgbench`) until the guard is dropped.
+struct Load {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<u64>>,
+}
+
+impl Load {
+    fn start(url: &str, clients: usize) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (url, flag) = (url.to_owned(), Arc::clone(&stop));
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let mut tasks = Vec::new();
+                for _ in 0..clients {
+                    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                        .await
+                        .unwrap();
+                    tokio::spawn(conn);
+                    let flag = Arc::clone(&flag);
+                    tasks.push(tokio::spawn(async move {
+                        let mut n = 0u64;
+                        while !flag.load(Ordering::Relaxed) {
+                            // The simple protocol: no prepared statement left on the server.
+                            if client
+                                .simple_query("BEGIN; SELECT count(*) FROM pg_class; COMMIT")
+                                .await
+                                .is_err()
+                            {
+                                break;
+                            }
+                            n += 1;
+                        }
+                        n
+                    }));
+                }
+                let mut total = 0;
+                for t in tasks {
+                    total += t.await.unwrap_or(0);
+                }
+                total
+            })
+        });
+        Load {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops the load; returns how many transactions it ran.
+    fn stop(mut self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.take().unwrap().join().unwrap()
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// 100 attempts, alternating between two kinds of instance (connect, then acquire `job` for a
+/// new owner each time), while `load` runs through the same pooler. Every instance that was
+/// granted the lease is kept (TTL one hour, never released), so any second grant is a second
+/// holder. Returns the grants and the failures' texts.
+fn attempts_under_load(url: &str) -> (Vec<u64>, Vec<String>, usize) {
+    let mut kept = Vec::new();
+    let mut failures = Vec::new();
+    let mut held = 0;
+    for i in 0..100 {
+        let who = if i % 2 == 0 { "a" } else { "b" };
+        let leases = match PgLease::builder(url)
+            .ttl(Duration::from_secs(3600))
+            .lock_timeout(Duration::from_millis(500))
+            .connect()
+        {
+            Ok(l) => l,
+            Err(e) => {
+                failures.push(format!("connect: {e:?}: {e}"));
+                continue;
+            }
+        };
+        match leases.acquire(&id("job"), &owner(&format!("{who}{i}"))) {
+            Ok(flocklease::Grant::Granted(lease)) => kept.push((leases, lease)),
+            Ok(flocklease::Grant::Held) => held += 1,
+            Err(e) => failures.push(format!("acquire: {e:?}: {e}")),
+        }
+    }
+    (kept.iter().map(|(_, l)| l.token).collect(), failures, held)
+}
+
+fn never_two_holders_through(mode: PoolMode) {
+    let mut options = Options::new(mode);
+    options.pool_size = 4;
+    let Some((db, admin, bouncer)) = setup(&options) else {
+        return;
+    };
+    let url = bouncer.url(&db);
+    // The tables, created directly: the pooler modes under test cannot run that transaction.
+    drop(PgLease::connect(&pg::server().unwrap().url(&db)).unwrap());
+    let load = Load::start(&url, 8);
+    let (grants, failures, held) = attempts_under_load(&url);
+    let ran = load.stop();
+    eprintln!(
+        "{mode:?}: {} grants, {held} held, {} failures, {ran} load transactions; first failures: \
+         {:#?}",
+        grants.len(),
+        failures.len(),
+        &failures[..failures.len().min(3)]
+    );
+    assert!(ran > 100, "the load ran ({ran} transactions)");
+    // A grant is possible (an acquire that ran in the session its connection marked); a
+    // second one would be a second holder: every grant is kept alive for an hour.
+    assert!(grants.len() <= 1, "two holders at once: tokens {grants:?}");
+    for f in &failures {
+        assert!(
+            f.contains("SessionNotKept") && f.contains("transaction- or statement-mode pooler"),
+            "a failure other than the pooler's refusal: {f}"
+        );
+    }
+    assert_eq!(grants.len() + failures.len() + held, 100);
+    drop(admin);
+}
+
+#[test]
+fn transaction_pooler_under_load_never_gives_two_holders_and_always_says_why() {
+    never_two_holders_through(PoolMode::Transaction);
+}
+
+#[test]
+fn statement_pooler_under_load_never_gives_two_holders_and_always_says_why() {
+    never_two_holders_through(PoolMode::Statement);
+}
+
+#[test]
+fn session_pooler_under_load_grants_once_and_holds_for_the_rest() {
+    let mut options = Options::new(PoolMode::Session);
+    options.pool_size = 120;
+    let Some((db, _admin, bouncer)) = setup(&options) else {
+        return;
+    };
+    let url = bouncer.url(&db);
+    let load = Load::start(&url, 8);
+    let (grants, failures, held) = attempts_under_load(&url);
+    load.stop();
+    assert_eq!(failures, Vec::<String>::new());
+    assert_eq!(grants, vec![1]);
+    assert_eq!(held, 99);
 }

@@ -93,6 +93,8 @@ pub(super) struct Conn {
     disowned: AtomicBool,
     pub(super) ended: Arc<Ended>,
     pub(super) stmts: Stmts,
+    /// The mark of its server session (see [`claim`]).
+    pub(super) nonce: String,
     /// Set when a step's outcome is unknown: the connection must not be reused.
     poisoned: AtomicBool,
     /// Its entry among the instance's open connections, removed when it is dropped.
@@ -207,6 +209,8 @@ pub(super) enum Fail {
     SessionNotKept(String),
     /// No reply within this bound: the server (or the network to it) is stuck.
     NoReply(Duration),
+    /// Called from a task of a current-thread async runtime (see [`block`]).
+    AsyncContext,
 }
 
 impl Fail {
@@ -220,14 +224,18 @@ impl Fail {
         match self {
             Fail::Db(e) => e.as_db_error().is_none(),
             Fail::LostReply | Fail::NoReply(_) => true,
-            Fail::SessionNotKept(_) => false,
+            Fail::SessionNotKept(_) | Fail::AsyncContext => false,
         }
     }
 
     /// The caller's error.
     pub(super) fn into_error(self, op: &'static str, id: Option<&SessionId>) -> Error {
         let source: Box<dyn std::error::Error + Send + Sync> = match self {
-            Fail::Db(e) => Box::new(e),
+            Fail::Db(e) => match pooler_symptom(&e) {
+                Some(detail) => return Error::SessionNotKept { detail },
+                None => Box::new(e),
+            },
+            Fail::AsyncContext => return Error::AsyncContext,
             Fail::LostReply => "injected fault: the reply was lost".into(),
             Fail::NoReply(bound) => format!(
                 "no reply from the server within {} ms (stuck, or unreachable); the connection \
@@ -245,6 +253,27 @@ impl Fail {
     }
 }
 
+/// What an error says about the connection's server session, when it is the mark of a
+/// pooler that does not keep one session per client: a statement prepared on this connection
+/// is unknown to the server session that got the next message (or one prepared by another
+/// client is there already), or a protocol violation, which the driver never commits: a
+/// pooler's refusal (PgBouncer's statement mode refuses every transaction block). The
+/// server's or pooler's own message is kept.
+pub(super) fn pooler_symptom(e: &tokio_postgres::Error) -> Option<String> {
+    let db = e.as_db_error()?;
+    let code = db.code();
+    if code == &SqlState::INVALID_SQL_STATEMENT_NAME || code == &SqlState::DUPLICATE_PSTATEMENT {
+        Some(format!(
+            "a statement prepared on this connection met another server session: \"{}\"",
+            db.message()
+        ))
+    } else if code == &SqlState::PROTOCOL_VIOLATION {
+        Some(format!("refused in between: \"{}\"", db.message()))
+    } else {
+        None
+    }
+}
+
 /// Runs `f` on `rt`, giving up after `bound`: a server that stops answering (a stopped or
 /// stuck backend, a network that drops everything while TCP keepalives are still answered by
 /// the peer's kernel) never blocks a caller for longer.
@@ -254,8 +283,54 @@ pub(super) fn within<T>(
     f: impl Future<Output = T>,
 ) -> Result<T, Fail> {
     // The timer is made inside the runtime, whose time driver it needs.
-    rt.block_on(async { tokio::time::timeout(bound, f).await })
-        .map_err(|_| Fail::NoReply(bound))
+    block(rt, async { tokio::time::timeout(bound, f).await })?.map_err(|_| Fail::NoReply(bound))
+}
+
+/// The private runtime, shut down without waiting when it is dropped from inside an async
+/// runtime (where a blocking shutdown would panic).
+pub(super) struct Rt(Option<Runtime>);
+
+impl Rt {
+    pub(super) fn new(rt: Runtime) -> Rt {
+        Rt(Some(rt))
+    }
+}
+
+impl std::ops::Deref for Rt {
+    type Target = Runtime;
+
+    fn deref(&self) -> &Runtime {
+        self.0.as_ref().expect("taken only on drop")
+    }
+}
+
+impl Drop for Rt {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take()
+            && tokio::runtime::Handle::try_current().is_ok()
+        {
+            // Its connections' tasks stop; their sockets close, and the server ends their
+            // sessions (and unlocks what they held).
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// Runs `f` to completion on the private runtime `rt`, from any thread.
+///
+/// Called from a task of a multi-thread async runtime (the caller's, or the private one's
+/// own thread), the wait is announced to that runtime first (`block_in_place`): it moves the
+/// worker's other tasks to another thread, so the caller's executor is not blocked. A
+/// current-thread runtime has no other thread to move them to: the call is refused
+/// ([`Fail::AsyncContext`]) rather than stalling every task of that runtime, or panicking.
+pub(super) fn block<F: Future>(rt: &Runtime, f: F) -> Result<F::Output, Fail> {
+    match tokio::runtime::Handle::try_current() {
+        Err(_) => Ok(rt.block_on(f)),
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            Ok(tokio::task::block_in_place(|| rt.block_on(f)))
+        }
+        Ok(_) => Err(Fail::AsyncContext),
+    }
 }
 
 /// Runs the future `f` (a statement on `conn`) as step `step`, through the fault seam, within
@@ -312,12 +387,13 @@ where
     F: Future<Output = Result<T, tokio_postgres::Error>>,
 {
     match fault {
-        PgFault::Fail => match rt.block_on(conn.client.simple_query("SELECT 1/0")) {
-            Err(e) => Fail::Db(e),
-            Ok(_) => Fail::LostReply,
+        PgFault::Fail => match block(rt, conn.client.simple_query("SELECT 1/0")) {
+            Ok(Err(e)) => Fail::Db(e),
+            Ok(Ok(_)) => Fail::LostReply,
+            Err(fail) => fail,
         },
         PgFault::LoseReply => {
-            let _ = rt.block_on(f(conn));
+            let _ = block(rt, f(conn));
             conn.poison();
             Fail::LostReply
         }
@@ -467,15 +543,21 @@ pub(super) fn connect_unset(
             signal.fire();
         })
         .abort_handle();
-        let first = backend_pid(&client).await?;
+        let nonce = fresh_nonce();
+        let first = claim(&client, &nonce).await?;
         // The second read is polled first, so it is sent ahead of the preparations: the next
-        // transaction of this client after the first read.
-        let (again, stmts) = tokio::join!(backend_pid(&client), prepare(&client));
-        let again = again?;
-        if again != first {
+        // transaction of this client after the claim.
+        let (again, stmts) = tokio::join!(owner_of(&client), prepare(&client, &nonce));
+        let (again, mark) = again?;
+        if again != first || mark.as_deref() != Some(nonce.as_str()) {
             return Err(Fail::SessionNotKept(format!(
                 "one connection's consecutive statements ran in server sessions {first} and \
-                 {again}"
+                 {again}, the second {} this connection's mark",
+                if mark.as_deref() == Some(nonce.as_str()) {
+                    "with"
+                } else {
+                    "without"
+                }
             )));
         }
         // Compared before the preparations' outcome: a pooler that mixes sessions may have
@@ -488,6 +570,7 @@ pub(super) fn connect_unset(
             client,
             ended,
             stmts: stmts.map_err(Fail::Db)?,
+            nonce,
             poisoned: AtomicBool::new(false),
             _open: registered,
             idle_since: std::time::Instant::now(),
@@ -498,24 +581,84 @@ pub(super) fn connect_unset(
     })?
 }
 
-/// The server session's pid, by the simple protocol: one message, which a transaction-mode
-/// pooler runs on one server connection, and no statement left prepared on it.
-async fn backend_pid(c: &Client) -> Result<i32, Fail> {
-    let reply = c
-        .simple_query("SELECT pg_backend_pid()")
-        .await
-        .map_err(Fail::Db)?;
+/// The server-side setting that marks a server session as one connection's own.
+pub(super) const MARK: &str = "flocklease.session";
+
+/// A fresh random mark (32 hex digits) for a new connection's server session.
+fn fresh_nonce() -> String {
+    let (a, b) = (
+        crate::flock::live::fresh_tag(),
+        crate::flock::live::fresh_tag(),
+    );
+    let hex = |t: crate::record::LiveTag| String::from_utf8_lossy(&t.to_hex()).into_owned();
+    format!("{}{}", hex(a), hex(b))
+}
+
+/// An SQL boolean expression: whether the statement runs in the server session marked with
+/// `nonce` (see [`claim`]). Put in every statement that takes, keeps or gives up a lock the
+/// session is to hold: the proof and the lock are one statement, so no pooler can put a
+/// statement of this connection in another client's session unseen.
+pub(super) fn ours(nonce: &str) -> String {
+    format!("coalesce(current_setting('{MARK}', true) = '{nonce}', false)")
+}
+
+/// Marks the connection's server session as its own, by the simple protocol (one message,
+/// which any pooler runs in one server session, and no statement left prepared): sets
+/// [`MARK`] to `nonce` for the session, unless the session holds advisory locks, which can
+/// only be another connection's (a fresh session, or one reset by a session-mode pooler, holds
+/// none). Returns the session's pid.
+///
+/// With every lock statement proving the mark ([`ours`]), this makes "each advisory lock a
+/// session holds was taken by the connection whose mark the session bears" an invariant: a
+/// mark changes only in a session that holds no advisory lock, and a lock is taken only in a
+/// session bearing the taker's mark. Through a transaction- or statement-mode pooler, a
+/// statement that lands in another session than the one this connection marked is refused,
+/// whoever's session it is.
+async fn claim(c: &Client, nonce: &str) -> Result<i32, Fail> {
+    let sql = format!(
+        "SELECT pg_backend_pid(), CASE WHEN NOT EXISTS (SELECT 1 FROM pg_locks \
+         WHERE pid = pg_backend_pid() AND locktype = 'advisory') \
+         THEN set_config('{MARK}', '{nonce}', false) END"
+    );
+    let reply = c.simple_query(&sql).await.map_err(Fail::Db)?;
+    let row = reply
+        .iter()
+        .find_map(|m| match m {
+            SimpleQueryMessage::Row(row) => Some(row),
+            _ => None,
+        })
+        .ok_or_else(|| Fail::SessionNotKept("the session's mark could not be read".into()))?;
+    let pid: i32 = row
+        .get(0)
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(|| Fail::SessionNotKept("pg_backend_pid() returned no pid".into()))?;
+    if row.get(1) != Some(nonce) {
+        return Err(Fail::SessionNotKept(format!(
+            "a new connection was given server session {pid}, which holds another \
+             connection's advisory locks"
+        )));
+    }
+    Ok(pid)
+}
+
+/// The server session's pid and its [`MARK`], by the simple protocol.
+async fn owner_of(c: &Client) -> Result<(i32, Option<String>), Fail> {
+    let sql = format!("SELECT pg_backend_pid(), current_setting('{MARK}', true)");
+    let reply = c.simple_query(&sql).await.map_err(Fail::Db)?;
     reply
         .iter()
         .find_map(|m| match m {
-            SimpleQueryMessage::Row(row) => row.get(0)?.parse().ok(),
+            SimpleQueryMessage::Row(row) => {
+                Some((row.get(0)?.parse().ok()?, row.get(1).map(str::to_owned)))
+            }
             _ => None,
         })
         .ok_or_else(|| Fail::SessionNotKept("pg_backend_pid() returned no pid".into()))
 }
 
-async fn prepare(c: &Client) -> Result<Stmts, tokio_postgres::Error> {
+async fn prepare(c: &Client, nonce: &str) -> Result<Stmts, tokio_postgres::Error> {
     let t = schema::TABLE;
+    let ours = ours(nonce);
     let lock_row = format!("SELECT key, owner, token, expiry FROM {t} WHERE id = $1 FOR UPDATE");
     let insert_row = format!(
         "INSERT INTO {t} (id, owner, token, expiry) VALUES ($1, '', 0, 'epoch') \
@@ -531,12 +674,24 @@ async fn prepare(c: &Client) -> Result<Stmts, tokio_postgres::Error> {
     // An acquire's commit on the liveness connection that is to hold the new generation: the
     // generation's session lock is tried first (the CTE is evaluated once), and the row is
     // updated only if it was granted. Returns whether it was, and the rows updated.
+    // The lock is tried only in this connection's own server session (see `claim`); the
+    // third column says whether it was that session.
     let commit_live = format!(
-        "WITH live AS MATERIALIZED (SELECT pg_try_advisory_lock($1::int4, $5::int4) AS got), \
+        "WITH mine AS MATERIALIZED (SELECT {ours} AS ours), \
+         live AS MATERIALIZED (SELECT CASE WHEN ours THEN \
+         pg_try_advisory_lock($1::int4, $5::int4) ELSE false END AS got, ours FROM mine), \
          upd AS (UPDATE {t} SET owner = $2, token = $3, expiry = $4 FROM live \
          WHERE key = $1 AND live.got RETURNING 1) \
-         SELECT got, (SELECT count(*) FROM upd) FROM live"
+         SELECT got, (SELECT count(*) FROM upd), ours FROM live"
     );
+    // The clock, with the transaction's server session and whether it is this connection's.
+    let clock = format!("SELECT clock_timestamp(), pg_backend_pid(), {ours}");
+    // NULL when the statement ran in another server session than this connection's.
+    let lock_live = format!(
+        "SELECT CASE WHEN {ours} THEN pg_try_advisory_lock($1::int4, $2::int4) END, \
+         pg_backend_pid()"
+    );
+    let unlock = format!("SELECT CASE WHEN {ours} THEN pg_advisory_unlock($1::int4, $2::int4) END");
     // One pipeline: a single round trip.
     let (
         begin,
@@ -559,15 +714,15 @@ async fn prepare(c: &Client) -> Result<Stmts, tokio_postgres::Error> {
         c.prepare("ROLLBACK"),
         c.prepare(&lock_row),
         c.prepare(&insert_row),
-        c.prepare("SELECT clock_timestamp(), pg_backend_pid()"),
+        c.prepare(&clock),
         c.prepare("SELECT pg_try_advisory_xact_lock_shared($1::int4, $2::int4)"),
         c.prepare(&probe_row),
         c.prepare(&update),
         c.prepare("SELECT set_config('lock_timeout', $1, true)"),
         c.prepare("SELECT pg_advisory_xact_lock_shared($1::int4, $2::int4)"),
-        c.prepare("SELECT pg_try_advisory_lock($1::int4, $2::int4), pg_backend_pid()"),
+        c.prepare(&lock_live),
         c.prepare(&commit_live),
-        c.prepare("SELECT pg_advisory_unlock($1::int4, $2::int4)"),
+        c.prepare(&unlock),
     )?;
     Ok(Stmts {
         begin,
@@ -653,11 +808,26 @@ impl Configs {
         if base.get_application_name().is_none() {
             liveness.application_name("flocklease-liveness");
         }
+        let bounds = ServerBounds::new(lock_timeout, ttl);
+        // The server side of both roles: TCP keepalives and a user timeout, so a session whose
+        // client host vanished is ended by the server (and what it holds released) within a
+        // third of the TTL; and an open transaction left idle is ended after
+        // `idle_in_transaction` (a client stopped, hung, or gone silent in the middle of a
+        // transition, holding the row lock).
+        let tcp = format!(
+            "SET tcp_keepalives_idle = {}; SET tcp_keepalives_interval = {}; \
+             SET tcp_keepalives_count = 2; SET tcp_user_timeout = {}; \
+             SET idle_in_transaction_session_timeout = {}",
+            idle.as_secs(),
+            interval.as_secs(),
+            user_timeout.as_millis(),
+            bounds.idle_in_transaction.as_millis(),
+        );
         Configs {
             connector,
             transition: Role {
                 config: transition,
-                settings: format!("SET lock_timeout = {lock_ms}"),
+                settings: format!("SET lock_timeout = {lock_ms}; {tcp}"),
                 reply_bound,
                 liveness: false,
             },
@@ -665,16 +835,31 @@ impl Configs {
                 config: liveness,
                 settings: format!(
                     "SET lock_timeout = {lock_ms}; SET idle_session_timeout = 0; \
-                     SET statement_timeout = 0; SET tcp_keepalives_idle = {}; \
-                     SET tcp_keepalives_interval = {}; SET tcp_keepalives_count = 2; \
-                     SET tcp_user_timeout = {}",
-                    idle.as_secs(),
-                    interval.as_secs(),
-                    user_timeout.as_millis()
+                     SET statement_timeout = 0; {tcp}"
                 ),
                 reply_bound,
                 liveness: true,
             },
+        }
+    }
+}
+
+/// How long the server keeps a session whose client went silent.
+#[derive(Clone, Copy, Debug)]
+struct ServerBounds {
+    /// `idle_in_transaction_session_timeout` of every session the library opens: the row lock
+    /// of a transition whose client stopped answering between two of its round trips is held
+    /// at most this long. The lock timeout, at most a third of the TTL, at least 1 s: a rival
+    /// queued behind such a transition is given the row within its own lock timeout, and the
+    /// lease's holder (renewing every third of the TTL) within its next renew. A transition
+    /// of ours waits for no one between its round trips, so it never comes near this.
+    idle_in_transaction: Duration,
+}
+
+impl ServerBounds {
+    fn new(lock_timeout: Duration, ttl: Duration) -> ServerBounds {
+        ServerBounds {
+            idle_in_transaction: lock_timeout.min(ttl / 3).max(Duration::from_secs(1)),
         }
     }
 }

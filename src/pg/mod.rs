@@ -108,7 +108,6 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::runtime::Runtime;
 use tokio_postgres::Row;
 
 use crate::clock::{Clock, SystemClock};
@@ -462,13 +461,13 @@ impl Drop for PgLease {
         for entry in ids {
             if let Some(generation) = lock(&entry).local.take() {
                 generation.conn.ended.clear();
-                let unlock = generation
-                    .conn
-                    .client
-                    .simple_query("SELECT pg_advisory_unlock_all()");
-                let _ = inner
-                    .rt
-                    .block_on(async { tokio::time::timeout(Duration::from_secs(2), unlock).await });
+                // Only in the connection's own server session (see `conn::ours`).
+                let sql = format!(
+                    "SELECT CASE WHEN {} THEN pg_advisory_unlock_all() END",
+                    conn::ours(&generation.conn.nonce)
+                );
+                let unlock = generation.conn.client.simple_query(&sql);
+                let _ = conn::within(&inner.rt, Duration::from_secs(2), unlock);
             }
         }
     }
@@ -572,6 +571,7 @@ impl PgLeaseBuilder {
             .thread_name("flocklease-pg")
             .enable_all()
             .build()
+            .map(conn::Rt::new)
             .map_err(|e| db("start the runtime")(Box::new(e)))?;
         let connector = tls::Connector::choose(self.tls.as_ref(), &mut base)?;
         let configs = Configs::new(connector, &base, self.lock_timeout, self.ttl);
@@ -646,7 +646,7 @@ struct Ids {
 
 /// Everything but the public face, so the transaction can borrow it.
 pub(crate) struct Inner {
-    rt: Runtime,
+    rt: conn::Rt,
     configs: Configs,
     ttl: Duration,
     lock_timeout: Duration,

@@ -181,17 +181,18 @@ impl Inner {
         token: u64,
         row: &tokio_postgres::Row,
     ) -> Result<Conn, Error> {
-        let (locked, pid): (bool, i32) = (row.get(0), row.get(1));
-        if pid != conn.pid {
+        let (locked, pid): (Option<bool>, i32) = (row.get(0), row.get(1));
+        let Some(locked) = locked.filter(|_| pid == conn.pid) else {
+            // Not tried: the statement ran in a session without this connection's mark.
             let opened = conn.pid;
-            self.disowned(conn, locked.then_some(pid));
+            self.disowned(conn, None);
             return Err(Error::SessionNotKept {
                 detail: format!(
-                    "the liveness lock was taken in server session {pid}, the connection \
-                     opened in session {opened}"
+                    "the liveness lock was to be taken in server session {pid}, the \
+                     connection opened and marked session {opened}"
                 ),
             });
-        }
+        };
         if !locked {
             self.give_back(conn);
             return Err(Error::AdvisoryLockBusy {
@@ -288,8 +289,14 @@ impl Inner {
             &conn,
             |c| async move { c.client.query_one(&c.stmts.unlock, &[&key, &gk]).await },
         );
-        match done {
-            Ok(row) if row.get::<_, bool>(0) => self.give_back(conn),
+        match done.map(|row| row.get::<_, Option<bool>>(0)) {
+            Ok(Some(true)) => self.give_back(conn),
+            Ok(None) => {
+                // Another server session than the one holding the lock: never unlocked or
+                // ended there (it may serve other clients).
+                conn.disown();
+                self.give_back(conn);
+            }
             _ => self.discard(conn),
         }
     }

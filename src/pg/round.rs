@@ -83,15 +83,16 @@ impl Inner {
         // The transaction's server session must be the connection's own: through a
         // transaction-mode pooler an acquire's generation lock, taken in this transaction,
         // would stay with a server connection that the pooler hands to other clients.
-        let pid: i32 = clock.get(1);
-        if pid != conn.pid {
+        let (pid, ours): (i32, bool) = (clock.get(1), clock.get(2));
+        if pid != conn.pid || !ours {
             // Rolled back, then closed at the end of the transition, never pooled; and
             // neither session is ended on its account (both may serve other clients).
             conn.disown();
             return Err(Error::SessionNotKept {
                 detail: format!(
-                    "a transaction ran in server session {pid}, the connection opened in \
-                     session {}",
+                    "a transaction ran in server session {pid} ({} this connection's mark), \
+                     the connection opened in session {}",
+                    if ours { "with" } else { "without" },
                     conn.pid
                 ),
             });

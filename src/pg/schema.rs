@@ -49,10 +49,13 @@ pub(super) fn ensure(
     bound: Duration,
 ) -> Result<(), Error> {
     let db = |op| {
-        move |e: tokio_postgres::Error| Error::Database {
-            op,
-            id: None,
-            source: Box::new(e),
+        move |e: tokio_postgres::Error| match super::conn::pooler_symptom(&e) {
+            Some(detail) => Error::SessionNotKept { detail },
+            None => Error::Database {
+                op,
+                id: None,
+                source: Box::new(e),
+            },
         }
     };
     within(rt, bound, async {

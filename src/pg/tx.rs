@@ -280,7 +280,7 @@ impl<'a> Transaction for PgTx<'a> {
                     );
                     let rows = updated?;
                     committed?;
-                    Ok((true, rows))
+                    Ok((Some(true), rows))
                 }
                 Some(t) => {
                     let gk = gen_key(t);
@@ -292,12 +292,30 @@ impl<'a> Transaction for PgTx<'a> {
                     );
                     let row = updated?;
                     committed?;
-                    Ok((row.get::<_, bool>(0), row.get::<_, i64>(1) as u64))
+                    if !row.get::<_, bool>(2) {
+                        // Another server session than the connection's: nothing was tried.
+                        return Ok((None, 0));
+                    }
+                    Ok((Some(row.get::<_, bool>(0)), row.get::<_, i64>(1) as u64))
                 }
             }
         });
         match done {
-            Ok((got, rows)) => {
+            Ok((None, _)) => {
+                // Committed nothing (the row update depended on the lock); the connection's
+                // own session may serve other clients: closed, never ended on its account.
+                self.finished = true;
+                self.live = LiveLock::None;
+                self.conn.disown();
+                Err(Error::SessionNotKept {
+                    detail: format!(
+                        "the generation's lock was to be taken in another server session than \
+                         session {}, which this connection marked",
+                        self.conn.pid
+                    ),
+                })
+            }
+            Ok((Some(got), rows)) => {
                 self.finished = true;
                 if let Some(t) = live {
                     self.live = if got { LiveLock::Held } else { LiveLock::None };

@@ -40,6 +40,8 @@ pub enum PoolMode {
     /// A server connection per transaction: consecutive transactions of one client may run
     /// on different server connections, and one server connection serves many clients.
     Transaction,
+    /// A server connection per statement; multi-statement transactions are refused.
+    Statement,
 }
 
 impl PoolMode {
@@ -47,6 +49,7 @@ impl PoolMode {
         match self {
             PoolMode::Session => "session",
             PoolMode::Transaction => "transaction",
+            PoolMode::Statement => "statement",
         }
     }
 }
