@@ -1,0 +1,186 @@
+//! `PgLease` at its edges: a client stopped in the middle of a transition (the server ends
+//! its session, so the row lock it held is free again for everyone else), calls from inside
+//! async runtimes (never a panic), and database errors that carry the server's own message.
+//! Synchronisation is on protocol lines from children and on server state read with SQL,
+//! never on sleeps.
+
+#![cfg(feature = "postgres")]
+#![allow(clippy::unwrap_used)]
+
+#[path = "support/pg.rs"]
+mod pg;
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use flocklease::pg::{PgLease, PgStep};
+use flocklease::{Error, SessionLease};
+use nix::sys::signal::{Signal, kill};
+use support::{RoleChild, hear, id, owner, role, tell, wait_stopped};
+
+const ENTRY: &str = "child_entry";
+
+/// The roles. `stuck URL`: acquires `job` (TTL 6 s, lock timeout 1 s), says `token N`,
+/// then renews; the renew's transaction, once its row is locked, says `stuck PID` (the
+/// transition's server session) before its commit and waits there for the parent's SIGSTOP.
+#[test]
+fn child_entry() {
+    let Some((role, args)) = role() else { return };
+    match role.as_str() {
+        "stuck" => {
+            let armed = Arc::new(AtomicBool::new(false));
+            let hook_armed = Arc::clone(&armed);
+            let leases = PgLease::builder(&args[0])
+                .ttl(Duration::from_secs(6))
+                .lock_timeout(Duration::from_secs(1))
+                .faults(Arc::new(move |step, pid| {
+                    if step == PgStep::Commit && hook_armed.swap(false, Ordering::SeqCst) {
+                        tell(&format!("stuck {pid}"));
+                        // Stopped here by the parent; resumed only to be killed.
+                        let _ = hear();
+                    }
+                    None
+                }))
+                .connect()
+                .unwrap();
+            let lease = leases
+                .acquire(&id("job"), &owner("stuck"))
+                .unwrap()
+                .lease()
+                .unwrap();
+            tell(&format!("token {}", lease.token));
+            armed.store(true, Ordering::SeqCst);
+            let _ = leases.renew(&lease);
+            while hear().is_some() {}
+        }
+        other => panic!("unknown role {other}"),
+    }
+}
+
+/// A fresh database on the shared server, or `None` (skip) without PostgreSQL.
+fn fresh() -> Option<(String, pg::Admin)> {
+    let server = pg::server()?;
+    let db = server.fresh_db();
+    Some((server.url(&db), server.admin(&db)))
+}
+
+/// A holder SIGSTOPped in the middle of its renew's transaction holds the lease row locked;
+/// the server ends that session within the idle-in-transaction bound (here 1 s: the lock
+/// timeout), so a rival's acquire is answered again — `Held`, since the stopped holder's
+/// liveness session is intact — instead of failing with `RowLockTimeout` until the holder
+/// runs again. (Without the bound, every attempt below timed out.)
+#[test]
+fn a_client_stopped_mid_transaction_does_not_keep_the_row_locked() {
+    let Some((url, admin)) = fresh() else { return };
+    let mut child = RoleChild::spawn(ENTRY, "stuck", &[&url]);
+    assert_eq!(child.line(), "token 1");
+    let stuck: i32 = child
+        .line()
+        .strip_prefix("stuck ")
+        .unwrap()
+        .parse()
+        .unwrap();
+    kill(child.pid(), Signal::SIGSTOP).unwrap();
+    wait_stopped(child.pid());
+    let in_tx = admin.query(
+        "SELECT state FROM pg_stat_activity WHERE pid = $1",
+        &[&stuck],
+    );
+    assert_eq!(
+        in_tx[0].get::<_, String>(0),
+        "idle in transaction",
+        "the stopped holder's transition holds the row in an open transaction"
+    );
+    let rival = PgLease::builder(&url)
+        .lock_timeout(Duration::from_millis(300))
+        .connect()
+        .unwrap();
+    // At most 20 attempts of 300 ms each: four times the bound.
+    let mut timeouts = 0;
+    let answer = loop {
+        match rival.acquire(&id("job"), &owner("rival")) {
+            Err(Error::RowLockTimeout { .. }) if timeouts < 20 => timeouts += 1,
+            other => break other,
+        }
+    };
+    eprintln!("answered after {timeouts} row-lock timeouts of 300 ms");
+    assert!(
+        matches!(answer, Ok(flocklease::Grant::Held)),
+        "the rival is answered, and the stopped holder still holds: {answer:?}"
+    );
+    admin.until_ended(stuck);
+    kill(child.pid(), Signal::SIGCONT).unwrap();
+    child.kill();
+}
+
+/// From a task of a multi-thread runtime every call works (the wait is announced with
+/// `block_in_place`), dropping the instance included; from a current-thread runtime a call is
+/// refused with `Error::AsyncContext`, and dropping an instance there does not panic either.
+#[test]
+fn calls_from_inside_async_runtimes_work_or_are_refused_never_panic() {
+    let Some((url, admin)) = fresh() else { return };
+    let multi = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let token = multi.block_on({
+        let url = url.clone();
+        async move {
+            tokio::spawn(async move {
+                let leases = PgLease::connect(&url).unwrap();
+                let lease = leases
+                    .acquire(&id("job"), &owner("a"))
+                    .unwrap()
+                    .lease()
+                    .unwrap();
+                let lease = leases.renew(&lease).unwrap().lease().unwrap();
+                leases.release(&lease).unwrap();
+                let again = leases.acquire(&id("job"), &owner("a")).unwrap().lease();
+                drop(leases); // inside the runtime: unlocks, then shuts its runtime down
+                again.unwrap().token
+            })
+            .await
+            .unwrap()
+        }
+    });
+    assert_eq!(token, 2);
+    // Dropped in the task: the generation's lock is gone, not left to a stray connection.
+    pg::until("the dropped instance's lock to go", || {
+        admin.advisory_locks() == 0
+    });
+    let outside = PgLease::connect(&url).unwrap();
+    let single = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    single.block_on(async {
+        match PgLease::connect(&url) {
+            Err(Error::AsyncContext) => {}
+            other => panic!("expected Error::AsyncContext, got {other:?}"),
+        }
+        match outside.acquire(&id("job"), &owner("b")) {
+            Err(e @ Error::AsyncContext) => {
+                assert!(e.to_string().contains("spawn_blocking"), "{e}");
+            }
+            other => panic!("expected Error::AsyncContext, got {other:?}"),
+        }
+        drop(outside);
+    });
+}
+
+/// An error from the server reads with the server's own message, not only "db error".
+#[test]
+fn database_errors_carry_the_servers_message() {
+    let Some(server) = pg::server() else { return };
+    let url = server.url("no_such_database_here");
+    let err = PgLease::connect(&url).unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, Error::Database { .. }), "{err:?}");
+    assert!(
+        text.contains("database \"no_such_database_here\" does not exist"),
+        "{text}"
+    );
+}
