@@ -68,6 +68,20 @@ pub trait World {
 
     /// Stores `record` for `id` directly, as an operator or an older process might have.
     fn set_record(&self, id: &SessionId, record: Record);
+
+    /// A new instance like [`World::instance`] whose bound on waiting for `id`'s transition
+    /// lock is `timeout`, and that lock held from outside every instance (as by a stuck
+    /// process) until the returned guard is dropped. `None` (the default) for a backend
+    /// without such a lock: [`queued_callers_each_keep_their_own_deadline`] then checks
+    /// nothing.
+    fn stuck_transition(
+        &self,
+        id: &SessionId,
+        timeout: Duration,
+    ) -> Option<(Self::Lease, Box<dyn std::any::Any>)> {
+        let _ = (id, timeout);
+        None
+    }
 }
 
 /// Generates one `#[test]` per conformance case, each on a fresh world from `$make`.
@@ -96,6 +110,7 @@ macro_rules! conformance_tests {
             stale_release_leaves_successor_held,
             token_never_wraps,
             release_writes_a_tombstone,
+            queued_callers_each_keep_their_own_deadline,
         );
     };
 }
@@ -402,5 +417,41 @@ pub fn release_writes_a_tombstone<W: World>(w: &W) {
             token: a.token,
             expiry: at(5),
         })
+    );
+}
+
+/// Callers queued on one id in one instance each wait for their own deadline: with the
+/// transition lock stuck and a 100 ms bound, six concurrent callers are all answered with an
+/// error by about 100 ms, not one after the other (the sixth after 600 ms). The bound checked
+/// is loose on purpose (3.5 times the timeout).
+pub fn queued_callers_each_keep_their_own_deadline<W: World>(w: &W) {
+    let timeout = Duration::from_millis(100);
+    let Some((leases, _stuck)) = w.stuck_transition(&id("s"), timeout) else {
+        return;
+    };
+    let answered: Vec<Duration> = std::thread::scope(|s| {
+        let callers: Vec<_> = (0..6)
+            .map(|i| {
+                let leases = &leases;
+                s.spawn(move || {
+                    let started = std::time::Instant::now();
+                    let got = leases.acquire(&id("s"), &owner(&format!("c{i}")));
+                    (got, started.elapsed())
+                })
+            })
+            .collect();
+        callers
+            .into_iter()
+            .map(|c| {
+                let (got, took) = c.join().expect("caller panicked");
+                assert!(got.is_err(), "the stuck lock answered {got:?}");
+                took
+            })
+            .collect()
+    });
+    let slowest = answered.iter().max().copied().unwrap_or_default();
+    assert!(
+        slowest < timeout * 7 / 2,
+        "deadlines added up: answered after {answered:?}"
     );
 }

@@ -153,6 +153,7 @@
 pub mod conformance;
 pub mod driver;
 pub mod flock;
+mod gate;
 pub mod keepalive;
 pub mod machine;
 pub mod memory;

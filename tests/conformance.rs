@@ -54,6 +54,27 @@ impl World for FlockWorld {
         let path = self.dir.path().join(format!("{}.lease.json", id.stem()));
         std::fs::write(path, record::encode(&r)).expect("write record");
     }
+    fn stuck_transition(
+        &self,
+        id: &SessionId,
+        timeout: std::time::Duration,
+    ) -> Option<(FlockLease, Box<dyn std::any::Any>)> {
+        let leases = FlockLease::builder(self.dir.path())
+            .clock(Arc::new(self.clock.clone()))
+            .ttl(TTL)
+            .lock_timeout(timeout)
+            .open()
+            .expect("open lease directory");
+        let lock = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(self.dir.path().join(format!("{}.lock", id.stem())))
+            .unwrap();
+        lock.lock().unwrap();
+        Some((leases, Box::new(lock)))
+    }
 }
 
 mod memory {

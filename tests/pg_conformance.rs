@@ -67,6 +67,31 @@ impl World for PgWorld {
             &[&id.as_str(), &r.owner, &(r.token as i64), &micros],
         );
     }
+    fn stuck_transition(
+        &self,
+        id: &SessionId,
+        timeout: Duration,
+    ) -> Option<(PgLease, Box<dyn std::any::Any>)> {
+        let leases = PgLease::builder(&self.url)
+            .clock(Arc::new(self.clock.clone()))
+            .ttl(TTL)
+            .lock_timeout(timeout)
+            .connect()
+            .expect("connect");
+        // The row, locked in an open transaction of a session of its own.
+        let stuck = pg::Admin::connect(&self.url);
+        stuck.execute(
+            "INSERT INTO flocklease_leases (id, owner, token, expiry) \
+             VALUES ($1, '', 0, 'epoch') ON CONFLICT (id) DO NOTHING",
+            &[&id.as_str()],
+        );
+        stuck.execute("BEGIN", &[]);
+        stuck.query(
+            "SELECT 1 FROM flocklease_leases WHERE id = $1 FOR UPDATE",
+            &[&id.as_str()],
+        );
+        Some((leases, Box::new(stuck)))
+    }
 }
 
 // A missing server skips every case (returning early from it), after a loud notice.

@@ -41,9 +41,10 @@ mod step;
 mod tx;
 mod wait;
 
+use crate::gate::Gate;
 use files::{Access, DEFAULT_FILE_MODE, Opener, Paths, read_bounded};
 use tx::{FlockTx, Slot, TxState};
-use wait::{Cancel, Gate};
+use wait::Cancel;
 
 #[cfg(feature = "fault-injection")]
 pub use step::Stepper;

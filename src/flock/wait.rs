@@ -2,8 +2,8 @@
 //! at most two idle inotify instances per lease manager, see [`Watches`]), and every wait ends
 //! by its deadline:
 //!
-//! - [`Gate`]: the in-process turn on one id, a condition variable with a timed wait, so the
-//!   k-th caller waits for its own deadline, not k lock timeouts.
+//! - [`Gate`](crate::gate::Gate) (shared with the PostgreSQL backend): the in-process turn on
+//!   one id, so the k-th caller waits for its own deadline, not k lock timeouts.
 //! - [`try_lock_until`]: the transition lock, taken with non-blocking attempts and an
 //!   exponential backoff (20 µs to 1 ms) until the deadline. Transitions hold it for
 //!   microseconds to a few milliseconds, so the backoff stays close to that.
@@ -19,7 +19,7 @@ use std::io::{self, PipeReader, PipeWriter};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -78,76 +78,6 @@ impl Cancel {
 /// Whether `cancel` asks the wait to end.
 pub(super) fn cancelled(cancel: Option<&Cancel>) -> bool {
     cancel.is_some_and(Cancel::is_cancelled)
-}
-
-/// One id's in-process turn: at most one caller of an instance runs a transition on an id.
-#[derive(Debug, Default)]
-pub(super) struct Gate {
-    state: Mutex<GateState>,
-    free: Condvar,
-}
-
-#[derive(Debug, Default)]
-struct GateState {
-    busy: bool,
-    /// Callers waiting for the turn: only then does leaving it wake anyone (a condition
-    /// variable's notify is a system call even with nobody waiting).
-    waiting: usize,
-}
-
-impl Gate {
-    /// Takes the turn, waiting until `deadline` at most (`None`: no limit). Returns `None` at
-    /// the deadline.
-    pub(super) fn enter(&self, deadline: Option<Instant>) -> Option<Turn<'_>> {
-        let mut st = lock(&self.state);
-        while st.busy {
-            let left = match deadline {
-                None => None,
-                Some(d) => {
-                    let left = d.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return None;
-                    }
-                    Some(left)
-                }
-            };
-            st.waiting += 1;
-            st = match left {
-                None => self.free.wait(st).unwrap_or_else(PoisonError::into_inner),
-                Some(left) => {
-                    self.free
-                        .wait_timeout(st, left)
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .0
-                }
-            };
-            st.waiting -= 1;
-        }
-        st.busy = true;
-        Some(Turn { gate: self })
-    }
-
-    /// Whether nobody has the turn now (for pruning idle ids).
-    pub(super) fn is_free(&self) -> bool {
-        self.state
-            .try_lock()
-            .is_ok_and(|st| !st.busy && st.waiting == 0)
-    }
-}
-
-/// A caller's turn on an id; dropping it (also on unwinding) lets the next caller in.
-pub(super) struct Turn<'a> {
-    gate: &'a Gate,
-}
-
-impl Drop for Turn<'_> {
-    fn drop(&mut self) {
-        let mut st = lock(&self.gate.state);
-        st.busy = false;
-        if st.waiting > 0 {
-            self.gate.free.notify_one();
-        }
-    }
 }
 
 /// Locks `file` exclusively, retrying a busy lock with a growing pause until `deadline`

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::mem;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::runtime::Runtime;
@@ -439,7 +439,21 @@ pub(super) async fn lock_and_read(
     id: &str,
     probe: Option<Option<i64>>,
     wait: Option<HolderWait>,
+    lock_left: Option<Duration>,
 ) -> Result<FirstRead, tokio_postgres::Error> {
+    let left = lock_left.map(|d| format!("{}ms", d.as_millis().clamp(1, i32::MAX as u128)));
+    let left_params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&left];
+    let shorten = async {
+        match &left {
+            // For this transaction only: the caller waited for its turn already.
+            Some(_) => c
+                .client
+                .query_one(&c.stmts.wait_timeout, &left_params)
+                .await
+                .map(drop),
+            None => Ok(()),
+        }
+    };
     let wait = wait.map(|w| {
         let ms = format!("{}ms", w.wait.as_millis().clamp(1, i32::MAX as u128));
         (w.key, super::tx::gen_key(w.token), ms)
@@ -474,9 +488,10 @@ pub(super) async fn lock_and_read(
             None => Ok(None),
         }
     };
-    let (waited, begin, row, clock, probe) = tokio::join!(
+    let (waited, begin, shortened, row, clock, probe) = tokio::join!(
         waited,
         c.client.execute(&c.stmts.begin, &[]),
+        shorten,
         c.client.query_opt(&c.stmts.lock_row, &params),
         c.client.query_one(&c.stmts.clock, &[]),
         speculate,
@@ -484,6 +499,7 @@ pub(super) async fn lock_and_read(
     // The first failure in statement order is the cause (the later ones only say "aborted").
     waited?;
     begin?;
+    shortened?;
     let row = row?;
     let clock = clock?;
     let probe = probe?.map(|r| (r.get(0), r.get(1)));
@@ -816,12 +832,11 @@ impl Configs {
         // transition, holding the row lock).
         let tcp = format!(
             "SET tcp_keepalives_idle = {}; SET tcp_keepalives_interval = {}; \
-             SET tcp_keepalives_count = 2; SET tcp_user_timeout = {}; \
-             SET idle_in_transaction_session_timeout = {}",
+             SET tcp_keepalives_count = 2; SET tcp_user_timeout = {}; {}",
             idle.as_secs(),
             interval.as_secs(),
             user_timeout.as_millis(),
-            bounds.idle_in_transaction.as_millis(),
+            bounds.setting(),
         );
         Configs {
             connector,
@@ -862,25 +877,25 @@ impl ServerBounds {
             idle_in_transaction: lock_timeout.min(ttl / 3).max(Duration::from_secs(1)),
         }
     }
+
+    /// The statement that sets the bound, unless the session has a shorter one already (the
+    /// database's or role's own setting, which is never loosened).
+    fn setting(&self) -> String {
+        let ms = self
+            .idle_in_transaction
+            .as_millis()
+            .clamp(1, i32::MAX as u128);
+        format!(
+            "SELECT set_config('idle_in_transaction_session_timeout', \
+             (CASE WHEN s = 0 OR s > {ms} THEN {ms} ELSE s END)::text, false) \
+             FROM (SELECT (extract(epoch FROM \
+             current_setting('idle_in_transaction_session_timeout')::interval) * 1000)::int8 \
+             AS s) AS current"
+        )
+    }
 }
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Pools and per-id states are changed in single steps: usable after a panic elsewhere.
     m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// [`lock`] if it is free, or becomes free within `bound` (tried between yields of the
-/// thread).
-pub(super) fn try_lock_within<T>(m: &Mutex<T>, bound: Duration) -> Option<MutexGuard<'_, T>> {
-    let deadline = std::time::Instant::now() + bound;
-    loop {
-        match m.try_lock() {
-            Ok(guard) => return Some(guard),
-            Err(TryLockError::Poisoned(e)) => return Some(e.into_inner()),
-            Err(TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
-                std::thread::yield_now();
-            }
-            Err(TryLockError::WouldBlock) => return None,
-        }
-    }
 }

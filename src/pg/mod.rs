@@ -129,7 +129,8 @@ mod sqltime;
 mod tls;
 mod tx;
 
-use conn::{Configs, Conn, HolderWait, OpenSessions, lock, try_lock_within};
+use crate::gate::Gate;
+use conn::{Configs, Conn, HolderWait, OpenSessions, lock};
 use fault::Faults;
 #[cfg(feature = "fault-injection")]
 pub use fault::PgFaultHook;
@@ -299,6 +300,13 @@ impl PgLease {
         wait: Option<HolderWait>,
     ) -> Result<(Outcome, Option<(HolderWait, Instant)>), Error> {
         let inner = &self.inner;
+        let started = Instant::now();
+        // This caller's own bound on waiting for its turn and the row, whoever queued first.
+        let deadline = started.checked_add(inner.lock_timeout);
+        let timeout = || Error::RowLockTimeout {
+            id: id.clone(),
+            waited: started.elapsed(),
+        };
         let entry = inner.id_state(id);
         let acquire = matches!(event, Event::Acquire { .. });
         // An acquire may need a probe: send it speculatively in the first round trip, except
@@ -314,24 +322,52 @@ impl PgLease {
             // the row; a call that released the lease holds it until its unlock's reply). If
             // it stays busy, or the instance's generation changed meanwhile, the transaction
             // is rolled back and the transition starts over below, in order.
-            let local = local_of(&lock(&entry));
+            let local = {
+                let Some(_turn) = entry.gate.enter(deadline) else {
+                    return Err(timeout());
+                };
+                local_of(&lock(&entry.state))
+            };
             let conn = inner.live_conn(id)?;
-            match inner.begin(id, &conn, Some(local), Some(wait)) {
+            match inner.begin(id, &conn, Some(local), Some(wait), None) {
                 Err(e) => {
                     inner.end_tx(conn, false);
                     return Err(e);
                 }
-                Ok(read) => match try_lock_within(&entry, IN_PROCESS_HANDOFF) {
-                    Some(state) if local_of(&state) == local => begun = Some((state, conn, read)),
-                    _ => inner.end_tx(conn, false),
+                Ok(read) => match entry
+                    .gate
+                    .enter(Instant::now().checked_add(IN_PROCESS_HANDOFF))
+                {
+                    Some(turn) => {
+                        let state = lock(&entry.state);
+                        if local_of(&state) == local {
+                            begun = Some((turn, state, conn, read));
+                        } else {
+                            drop(state);
+                            inner.end_tx(conn, false);
+                        }
+                    }
+                    None => inner.end_tx(conn, false),
                 },
             }
         }
-        let (mut state, mut conn, (key, record, server_now, probed)) = match begun {
+        let (_turn, mut state, mut conn, (key, record, server_now, probed)) = match begun {
             Some(begun) => begun,
             None => {
-                // In-process serialization of one id; across processes the row lock does it.
-                let state = lock(&entry);
+                // In-process serialization of one id, bounded by this caller's own deadline;
+                // across processes the row lock does it.
+                let Some(turn) = entry.gate.enter(deadline) else {
+                    return Err(timeout());
+                };
+                // The row lock's wait gets what is left of the caller's bound, if its turn
+                // took a noticeable part of it (else the session's own `lock_timeout`).
+                let left = deadline
+                    .map(|d| d.saturating_duration_since(Instant::now()))
+                    .filter(|left| inner.lock_timeout - *left >= Duration::from_millis(1));
+                if left == Some(Duration::ZERO) {
+                    return Err(timeout());
+                }
+                let state = lock(&entry.state);
                 // An acquire runs on an idle liveness connection, which keeps the new
                 // generation's lock if one is taken: the lock goes with the commit statement
                 // (see `PgTx::rename`).
@@ -341,8 +377,8 @@ impl PgLease {
                     inner.tx_conn(Some(id))?
                 };
                 let probe = acquire.then(|| local_of(&state));
-                match inner.begin(id, &conn, probe, None) {
-                    Ok(read) => (state, conn, read),
+                match inner.begin(id, &conn, probe, None, left) {
+                    Ok(read) => (turn, state, conn, read),
                     Err(e) => {
                         inner.end_tx(conn, false);
                         return Err(e);
@@ -433,7 +469,7 @@ impl SessionLease for PgLease {
     /// it has, or if this instance does not hold the generation).
     fn on_liveness_lost(&self, lease: &Lease, notify: Box<dyn FnOnce() + Send>) {
         let entry = self.inner.id_state(&lease.session_id);
-        let state = lock(&entry);
+        let state = lock(&entry.state);
         match &state.local {
             Some(g) if g.local.token == lease.token && g.local.owner == lease.owner => {
                 // Under the id's lock: the connection cannot be given up meanwhile.
@@ -459,7 +495,7 @@ impl Drop for PgLease {
         let inner = &self.inner;
         let ids: Vec<_> = lock(&inner.ids).map.values().cloned().collect();
         for entry in ids {
-            if let Some(generation) = lock(&entry).local.take() {
+            if let Some(generation) = lock(&entry.state).local.take() {
                 generation.conn.ended.clear();
                 // Only in the connection's own server session (see `conn::ours`).
                 let sql = format!(
@@ -639,8 +675,18 @@ impl Clock for ServerClock {
     }
 }
 
+/// One id's in-process turn and what this instance holds for it.
+#[derive(Default)]
+struct IdEntry {
+    /// Taken for a whole transition: one at a time per id, each caller waiting for its own
+    /// deadline.
+    gate: Gate,
+    /// Locked while a transition runs, and for moments by the calls that only look.
+    state: Mutex<IdState>,
+}
+
 struct Ids {
-    map: HashMap<SessionId, Arc<Mutex<IdState>>>,
+    map: HashMap<SessionId, Arc<IdEntry>>,
     prune_at: usize,
 }
 
@@ -662,18 +708,20 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
-    fn id_state(&self, id: &SessionId) -> Arc<Mutex<IdState>> {
+    fn id_state(&self, id: &SessionId) -> Arc<IdEntry> {
         let mut ids = lock(&self.ids);
         if let Some(entry) = ids.map.get(id) {
             return Arc::clone(entry);
         }
         if ids.map.len() >= ids.prune_at {
             ids.map.retain(|_, e| {
-                Arc::strong_count(e) > 1 || e.try_lock().map_or(true, |s| s.local.is_some())
+                Arc::strong_count(e) > 1
+                    || !e.gate.is_free()
+                    || e.state.try_lock().map_or(true, |s| s.local.is_some())
             });
             ids.prune_at = (ids.map.len() * 2).max(PRUNE_AT);
         }
-        let entry = Arc::new(Mutex::new(IdState::default()));
+        let entry = Arc::new(IdEntry::default());
         ids.map.insert(id.clone(), Arc::clone(&entry));
         entry
     }

@@ -1,6 +1,6 @@
 //! A transition's first round trip (with a waiting acquire's wait ahead of it) and its end.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::conn::{self, Conn, Fail, HolderWait, exec, exec_within, within};
 use super::fault::PgStep;
@@ -22,6 +22,7 @@ impl Inner {
         conn: &Conn,
         probe: Option<Option<i64>>,
         wait: Option<HolderWait>,
+        lock_left: Option<Duration>,
     ) -> Result<(i32, Option<Record>, Timestamp, Option<(i32, bool)>), Error> {
         let started = Instant::now();
         let map = |e: Fail| {
@@ -44,7 +45,7 @@ impl Inner {
             w.wait.saturating_add(conn.reply_bound)
         });
         let first = exec_within(&self.rt, &self.faults, PgStep::LockRow, conn, bound, |c| {
-            conn::lock_and_read(c, idp, probe, wait)
+            conn::lock_and_read(c, idp, probe, wait, lock_left)
         })
         .map_err(map)?;
         let (row, clock, probe) = match first.row {
@@ -65,7 +66,7 @@ impl Inner {
                 )
                 .map_err(map)?;
                 let again = exec(&self.rt, &self.faults, PgStep::LockRow, conn, |c| {
-                    conn::lock_and_read(c, idp, probe, None)
+                    conn::lock_and_read(c, idp, probe, None, lock_left)
                 })
                 .map_err(map)?;
                 match again.row {
