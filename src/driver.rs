@@ -496,9 +496,46 @@ pub(crate) fn grant(outcome: Outcome, id: &SessionId, owner: &crate::Owner) -> c
     }
 }
 
+/// How many renews [`unexpired`] tries on a grant that keeps expiring before it is returned.
+const RECLAIMS: usize = 3;
+
+/// Never hands out a lease already expired: `first` (an acquire's or a renew's answer) is
+/// returned if it is not a grant, or if its expiry is still ahead of the backend's clock
+/// (`now`) as the call returns. A grant that expired before the call could return (a stopped
+/// or descheduled process between the commit and the return) is renewed with `renew` — which
+/// succeeds only if nobody took over meanwhile (the machine decides) — up to [`RECLAIMS`]
+/// times; a lease still expired after that (a TTL shorter than a call) is answered as lost:
+/// [`Grant::Held`](crate::Grant::Held).
+///
+/// # Errors
+///
+/// A renew's error: the lease is still recorded as the caller's, and expired.
+pub(crate) fn unexpired(
+    first: crate::Grant,
+    now: impl Fn() -> crate::Timestamp,
+    mut renew: impl FnMut(&crate::Lease) -> Result<crate::Grant, crate::Error>,
+) -> Result<crate::Grant, crate::Error> {
+    let mut grant = first;
+    for _ in 0..RECLAIMS {
+        match &grant {
+            crate::Grant::Granted(lease) if machine::is_expired(lease.expiry, now()) => {
+                grant = renew(lease)?;
+            }
+            _ => return Ok(grant),
+        }
+    }
+    match grant {
+        crate::Grant::Granted(lease) if machine::is_expired(lease.expiry, now()) => {
+            Ok(crate::Grant::Held)
+        }
+        grant => Ok(grant),
+    }
+}
+
 /// Implements [`SessionLease`](crate::SessionLease) for an adapter with a method
-/// `fn transition(&self, id: &SessionId, event: Event) -> Result<Outcome, Error>`: builds the
-/// event from the call and turns the outcome into the caller's answer. Also gives the adapter
+/// `fn transition(&self, id: &SessionId, event: Event) -> Result<Outcome, Error>` and a field
+/// `clock: Arc<dyn Clock>`: builds the event from the call and turns the outcome into the
+/// caller's answer, never a grant already expired (see [`unexpired`]). Also gives the adapter
 /// inherent `acquire`, `renew`, `release` and `acquire_guard` methods that forward to the
 /// trait, so callers need not import it.
 macro_rules! session_lease_via_transition {
@@ -512,24 +549,17 @@ macro_rules! session_lease_via_transition {
                 let event = $crate::machine::Event::Acquire {
                     owner: owner.clone(),
                 };
-                Ok($crate::driver::grant(
-                    self.transition(id, event)?,
-                    id,
-                    owner,
-                ))
+                let first = $crate::driver::grant(self.transition(id, event)?, id, owner);
+                $crate::driver::unexpired(first, || self.clock.now(), |l| self.renew_once(l))
             }
 
             fn renew(&self, lease: &$crate::Lease) -> Result<$crate::Grant, $crate::Error> {
-                let event = $crate::machine::Event::Renew {
-                    owner: lease.owner.clone(),
-                    token: lease.token,
-                };
-                let outcome = self.transition(&lease.session_id, event)?;
-                Ok($crate::driver::grant(
-                    outcome,
-                    &lease.session_id,
-                    &lease.owner,
-                ))
+                let first = self.renew_once(lease)?;
+                $crate::driver::unexpired(first, || self.clock.now(), |l| self.renew_once(l))
+            }
+
+            fn clock(&self) -> std::sync::Arc<dyn $crate::Clock> {
+                std::sync::Arc::clone(&self.clock)
             }
 
             fn release(&self, lease: &$crate::Lease) -> Result<(), $crate::Error> {
@@ -542,6 +572,20 @@ macro_rules! session_lease_via_transition {
         }
 
         impl $adapter {
+            /// One renew transition, as answered (see [`unexpired`]).
+            fn renew_once(&self, lease: &$crate::Lease) -> Result<$crate::Grant, $crate::Error> {
+                let event = $crate::machine::Event::Renew {
+                    owner: lease.owner.clone(),
+                    token: lease.token,
+                };
+                let outcome = self.transition(&lease.session_id, event)?;
+                Ok($crate::driver::grant(
+                    outcome,
+                    &lease.session_id,
+                    &lease.owner,
+                ))
+            }
+
             /// [`SessionLease::acquire`](crate::SessionLease::acquire), callable without
             /// importing the trait.
             ///

@@ -7,7 +7,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use crate::clock::{Clock, SystemClock};
+use crate::clock::Clock;
 use crate::error::Error;
 use crate::lease::{Grant, Lease, SessionLease};
 use crate::machine;
@@ -80,8 +80,9 @@ impl<L: SessionLease + 'static> KeepAliveBuilder<L> {
         self
     }
 
-    /// The clock the lease's expiry is compared with (default: [`SystemClock`]); use the
-    /// lease manager's clock.
+    /// The clock the lease's expiry is compared with (default: the lease manager's,
+    /// [`SessionLease::clock`]: for a [`PgLease`](crate::pg::PgLease) its estimate of the
+    /// server's clock, by which the server judges expiry).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self
@@ -110,11 +111,18 @@ impl<L: SessionLease + 'static> KeepAliveBuilder<L> {
     /// If a thread cannot be started, the keep-alive starts lost ([`Loss::RenewerFailed`]);
     /// [`KeepAlive::release`] still releases the lease.
     ///
+    /// A lease already expired on the clock is renewed first, at once (a renew succeeds when
+    /// nobody took over); if that answers held or fails, the keep-alive starts lost
+    /// ([`Loss::TakenOver`], [`Loss::Expired`] with the error).
+    ///
     /// # Errors
     ///
     /// [`Error::InvalidInterval`] when the interval is zero, not shorter than the time the
-    /// lease has left, or too large for the clock.
-    pub fn start(self) -> Result<KeepAlive<L>, Error> {
+    /// (unexpired) lease has left, or too large for the clock.
+    pub fn start(mut self) -> Result<KeepAlive<L>, Error> {
+        if let Some(loss) = self.reclaim_if_expired() {
+            return Ok(self.spawn_lost(loss));
+        }
         let left = self
             .lease
             .expiry
@@ -127,6 +135,33 @@ impl<L: SessionLease + 'static> KeepAliveBuilder<L> {
             return Err(Error::InvalidInterval { interval, left });
         }
         Ok(self.spawn(interval))
+    }
+
+    /// Renews the lease at once if it has expired on the clock: `None` when it is unexpired
+    /// (renewed, or it was), else the loss to start with.
+    fn reclaim_if_expired(&mut self) -> Option<Loss> {
+        if !machine::is_expired(self.lease.expiry, self.clock.now()) {
+            return None;
+        }
+        match self.leases.renew(&self.lease) {
+            // Unexpired on the backend's clock (its contract); this clock may differ.
+            Ok(Grant::Granted(renewed)) => {
+                self.lease = renewed;
+                machine::is_expired(self.lease.expiry, self.clock.now())
+                    .then_some(Loss::Expired { last_error: None })
+            }
+            Ok(Grant::Held) => Some(Loss::TakenOver),
+            Err(e) => Some(Loss::Expired {
+                last_error: Some(e.to_string()),
+            }),
+        }
+    }
+
+    /// A keep-alive that is lost from the start: it never renews.
+    fn spawn_lost(self, loss: Loss) -> KeepAlive<L> {
+        let keep = self.spawn(Duration::from_secs(3600));
+        keep.shared.lose(loss);
+        keep
     }
 
     fn spawn(self, interval: Duration) -> KeepAlive<L> {
@@ -246,11 +281,14 @@ pub struct KeepAlive<L: SessionLease + 'static> {
 }
 
 impl<L: SessionLease + 'static> KeepAlive<L> {
-    /// Keeps `lease` alive with the default options. A lease with less than 3 ms left, whose
-    /// default interval cannot be shorter than its time left, starts lost
-    /// ([`Loss::Expired`]).
+    /// Keeps `lease` alive with the default options. A lease already expired is renewed at
+    /// once (see [`KeepAliveBuilder::start`]); one with less than 3 ms left, whose default
+    /// interval cannot be shorter than its time left, starts lost ([`Loss::Expired`]).
     pub fn start(leases: Arc<L>, lease: Lease) -> KeepAlive<L> {
-        let builder = KeepAlive::builder(leases, lease);
+        let mut builder = KeepAlive::builder(leases, lease);
+        if let Some(loss) = builder.reclaim_if_expired() {
+            return builder.spawn_lost(loss);
+        }
         let left = builder
             .lease
             .expiry
@@ -268,11 +306,12 @@ impl<L: SessionLease + 'static> KeepAlive<L> {
 
     /// A builder to set the interval, clock or loss callback.
     pub fn builder(leases: Arc<L>, lease: Lease) -> KeepAliveBuilder<L> {
+        let clock = leases.clock();
         KeepAliveBuilder {
             leases,
             lease,
             interval: None,
-            clock: Arc::new(SystemClock),
+            clock,
             clock_check: DEFAULT_CLOCK_CHECK,
             on_loss: None,
         }

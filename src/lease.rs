@@ -137,6 +137,16 @@ pub trait SessionLease: Send + Sync {
         let _ = (lease, notify);
     }
 
+    /// The clock this backend judges expiry by: [`FlockLease`](crate::FlockLease)'s and
+    /// [`MemLease`](crate::MemLease)'s own clock; [`PgLease`](crate::pg::PgLease)'s estimate
+    /// of the server's. No call returns [`Grant::Granted`] with an expiry at or before this
+    /// clock's time at its return: a grant that expired before the call could return is
+    /// renewed if nobody took over, else answered as lost. [`KeepAlive`](crate::KeepAlive)
+    /// uses it by default. The default is the system clock.
+    fn clock(&self) -> std::sync::Arc<dyn crate::Clock> {
+        std::sync::Arc::new(crate::SystemClock)
+    }
+
     /// Acquires the lease of `id` for a new, distinct owner ([`Owner::unique`]) and returns a
     /// guard that releases it when dropped (also when the holder panics); `None` when another
     /// owner holds it.

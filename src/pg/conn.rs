@@ -70,6 +70,7 @@ pub(super) struct Stmts {
     pub(super) lock_row: Statement,
     pub(super) insert_row: Statement,
     pub(super) clock: Statement,
+    pub(super) arrived: Statement,
     pub(super) probe: Statement,
     pub(super) probe_row: Statement,
     pub(super) update: Statement,
@@ -414,6 +415,9 @@ pub(super) struct FirstRead {
     pub(super) row: Option<tokio_postgres::Row>,
     /// `clock_timestamp()` after the row lock.
     pub(super) clock: tokio_postgres::Row,
+    /// `clock_timestamp()` before it: when the round trip arrived (its wait for a holder,
+    /// if any, aside).
+    pub(super) arrived: super::sqltime::SqlTime,
     /// The recorded generation's liveness, probed under the row lock: `(token mod 2^32 as
     /// the key's int4, free)`.
     pub(super) probe: Option<(i32, bool)>,
@@ -488,9 +492,10 @@ pub(super) async fn lock_and_read(
             None => Ok(None),
         }
     };
-    let (waited, begin, shortened, row, clock, probe) = tokio::join!(
+    let (waited, begin, arrived, shortened, row, clock, probe) = tokio::join!(
         waited,
         c.client.execute(&c.stmts.begin, &[]),
+        c.client.query_one(&c.stmts.arrived, &[]),
         shorten,
         c.client.query_opt(&c.stmts.lock_row, &params),
         c.client.query_one(&c.stmts.clock, &[]),
@@ -499,11 +504,17 @@ pub(super) async fn lock_and_read(
     // The first failure in statement order is the cause (the later ones only say "aborted").
     waited?;
     begin?;
+    let arrived = arrived?.get(0);
     shortened?;
     let row = row?;
     let clock = clock?;
     let probe = probe?.map(|r| (r.get(0), r.get(1)));
-    Ok(FirstRead { row, clock, probe })
+    Ok(FirstRead {
+        row,
+        clock,
+        arrived,
+        probe,
+    })
 }
 
 /// Connects with `config` on `rt`, checks that the connection keeps one server session of its
@@ -716,6 +727,7 @@ async fn prepare(c: &Client, nonce: &str) -> Result<Stmts, tokio_postgres::Error
         lock_row,
         insert_row,
         clock,
+        arrived,
         probe,
         probe_row,
         update,
@@ -731,6 +743,7 @@ async fn prepare(c: &Client, nonce: &str) -> Result<Stmts, tokio_postgres::Error
         c.prepare(&lock_row),
         c.prepare(&insert_row),
         c.prepare(&clock),
+        c.prepare("SELECT clock_timestamp()"),
         c.prepare("SELECT pg_try_advisory_xact_lock_shared($1::int4, $2::int4)"),
         c.prepare(&probe_row),
         c.prepare(&update),
@@ -747,6 +760,7 @@ async fn prepare(c: &Client, nonce: &str) -> Result<Stmts, tokio_postgres::Error
         lock_row,
         insert_row,
         clock,
+        arrived,
         probe,
         probe_row,
         update,

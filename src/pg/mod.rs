@@ -231,9 +231,12 @@ impl PgLease {
     }
 
     /// The clock lease expiries are in: this host's clock corrected by its offset from the
-    /// server's, as measured at the last transition (or the clock given to
-    /// [`PgLeaseBuilder::clock`]). Give it to [`KeepAlive`](crate::KeepAlive) so a host with a
-    /// skewed clock does not think its lease expired early or late.
+    /// server's (or the clock given to [`PgLeaseBuilder::clock`]). The offset is measured at
+    /// each transition as the server's `clock_timestamp()` when the transition's first message
+    /// arrived minus this host's clock just before it was sent: never behind the server's
+    /// clock (ahead by at most the one-way latency, and by any pause of this process between
+    /// the two), so a lease never looks valid here after the server sees it expired.
+    /// [`KeepAlive`](crate::KeepAlive) uses it by default ([`SessionLease::clock`]).
     pub fn clock(&self) -> Arc<dyn Clock> {
         match &self.inner.clock {
             Some(c) => Arc::clone(c),
@@ -272,7 +275,7 @@ impl PgLease {
             };
             let (outcome, next) = self.transition(id, event, wait.take())?;
             if let Grant::Granted(lease) = driver::grant(outcome, id, owner) {
-                return Ok(Grant::Granted(lease));
+                return self.unexpired(Grant::Granted(lease));
             }
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
             if left == Some(Duration::ZERO) {
@@ -351,7 +354,7 @@ impl PgLease {
                 },
             }
         }
-        let (_turn, mut state, mut conn, (key, record, server_now, probed)) = match begun {
+        let (_turn, mut state, mut conn, (key, record, server_now, probed, _)) = match begun {
             Some(begun) => begun,
             None => {
                 // In-process serialization of one id, bounded by this caller's own deadline;
@@ -377,8 +380,12 @@ impl PgLease {
                     inner.tx_conn(Some(id))?
                 };
                 let probe = acquire.then(|| local_of(&state));
+                let sent = inner.local_clock.now();
                 match inner.begin(id, &conn, probe, None, left) {
-                    Ok(read) => (turn, state, conn, read),
+                    Ok(read) => {
+                        inner.measured(read.4, sent);
+                        (turn, state, conn, read)
+                    }
                     Err(e) => {
                         inner.end_tx(conn, false);
                         return Err(e);
@@ -389,13 +396,7 @@ impl PgLease {
         let read_at = Instant::now();
         let now = match &inner.clock {
             Some(c) => truncate_to_micros(c.now()),
-            None => {
-                let local = inner.local_clock.now().unix_nanos();
-                let offset =
-                    (server_now.unix_nanos() - local).clamp(i64::MIN.into(), i64::MAX.into());
-                inner.offset_nanos.store(offset as i64, Ordering::Relaxed);
-                server_now
-            }
+            None => server_now,
         };
         let mut tx = PgTx {
             inner,
@@ -436,25 +437,42 @@ impl PgLease {
     }
 }
 
-impl SessionLease for PgLease {
-    fn acquire(&self, id: &SessionId, owner: &Owner) -> Result<Grant, Error> {
-        let event = Event::Acquire {
-            owner: owner.clone(),
-        };
-        Ok(driver::grant(
-            self.transition(id, event, None)?.0,
-            id,
-            owner,
-        ))
-    }
-
-    fn renew(&self, lease: &Lease) -> Result<Grant, Error> {
+impl PgLease {
+    /// One renew transition, as answered.
+    fn renew_once(&self, lease: &Lease) -> Result<Grant, Error> {
         let event = Event::Renew {
             owner: lease.owner.clone(),
             token: lease.token,
         };
         let (outcome, _) = self.transition(&lease.session_id, event, None)?;
         Ok(driver::grant(outcome, &lease.session_id, &lease.owner))
+    }
+
+    /// `first`, unless it is a grant that expired on [`PgLease::clock`] before it could be
+    /// returned: then renewed, or answered as lost (see [`SessionLease::clock`]).
+    fn unexpired(&self, first: Grant) -> Result<Grant, Error> {
+        let clock = self.clock();
+        driver::unexpired(first, || clock.now(), |l| self.renew_once(l))
+    }
+}
+
+impl SessionLease for PgLease {
+    fn acquire(&self, id: &SessionId, owner: &Owner) -> Result<Grant, Error> {
+        let event = Event::Acquire {
+            owner: owner.clone(),
+        };
+        let first = driver::grant(self.transition(id, event, None)?.0, id, owner);
+        self.unexpired(first)
+    }
+
+    fn renew(&self, lease: &Lease) -> Result<Grant, Error> {
+        let first = self.renew_once(lease)?;
+        self.unexpired(first)
+    }
+
+    /// [`PgLease::clock`]: the server's clock as estimated on this host.
+    fn clock(&self) -> Arc<dyn Clock> {
+        PgLease::clock(self)
     }
 
     fn release(&self, lease: &Lease) -> Result<(), Error> {
@@ -708,6 +726,16 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
+    /// Records the server's clock offset from this host's: `arrived`, the server's clock when
+    /// a round trip's first message arrived, minus `sent`, this host's clock just before it
+    /// was sent (see [`PgLease::clock`]). Not after a wait for a holder ahead of the round
+    /// trip, which would add the wait's length; the call measured it in its first attempt.
+    fn measured(&self, arrived: Timestamp, sent: Timestamp) {
+        let offset =
+            (arrived.unix_nanos() - sent.unix_nanos()).clamp(i64::MIN.into(), i64::MAX.into());
+        self.offset_nanos.store(offset as i64, Ordering::Relaxed);
+    }
+
     fn id_state(&self, id: &SessionId) -> Arc<IdEntry> {
         let mut ids = lock(&self.ids);
         if let Some(entry) = ids.map.get(id) {

@@ -23,7 +23,16 @@ impl Inner {
         probe: Option<Option<i64>>,
         wait: Option<HolderWait>,
         lock_left: Option<Duration>,
-    ) -> Result<(i32, Option<Record>, Timestamp, Option<(i32, bool)>), Error> {
+    ) -> Result<
+        (
+            i32,
+            Option<Record>,
+            Timestamp,
+            Option<(i32, bool)>,
+            Timestamp,
+        ),
+        Error,
+    > {
         let started = Instant::now();
         let map = |e: Fail| {
             if e.is_lock_timeout() {
@@ -48,6 +57,7 @@ impl Inner {
             conn::lock_and_read(c, idp, probe, wait, lock_left)
         })
         .map_err(map)?;
+        let arrived = first.arrived;
         let (row, clock, probe) = match first.row {
             Some(row) => (row, first.clock, first.probe),
             None => {
@@ -106,7 +116,8 @@ impl Inner {
                 id: id.clone(),
                 reason: "the server's clock is outside the years 0001-9999".into(),
             })?;
-        Ok((key, record, now, probe))
+        let arrived = arrived.to_timestamp().unwrap_or(now);
+        Ok((key, record, now, probe, arrived))
     }
 
     /// Ends a transition's transaction: rolls back what was not committed, and keeps the

@@ -1,8 +1,6 @@
 //! Listing the lease table for status reports, without taking any lock a holder or a
 //! transition needs: liveness is read from `pg_locks` (a read-only view), never probed.
 
-use std::sync::atomic::Ordering;
-
 use super::conn::{Fail, within};
 use super::tx::record_of;
 use super::{PgLease, schema};
@@ -94,6 +92,7 @@ impl PgLease {
         let wanted = id.map(SessionId::as_str);
         let clock_sql = "SELECT clock_timestamp()";
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&wanted];
+        let sent = inner.local_clock.now();
         let read = within(&inner.rt, conn.reply_bound, async {
             tokio::try_join!(
                 conn.client.query(&sql, &params),
@@ -120,9 +119,8 @@ impl PgLease {
             .to_timestamp()
             .unwrap_or(Timestamp::MAX);
         if inner.clock.is_none() {
-            let offset = now.unix_nanos() - inner.local_clock.now().unix_nanos();
-            let offset = offset.clamp(i64::MIN.into(), i64::MAX.into()) as i64;
-            inner.offset_nanos.store(offset, Ordering::Relaxed);
+            // Read after the table, so ahead of the server's clock by at most the round trip.
+            inner.measured(now, sent);
         }
         // A row edited by hand is reported as such; the others are listed all the same.
         Ok(rows
