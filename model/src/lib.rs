@@ -40,7 +40,9 @@ pub enum Backend {
     /// Files and `flock(2)`: a liveness lock lasts as long as its process.
     Flock,
     /// PostgreSQL: liveness is a session advisory lock on the holder's connection, which can
-    /// be lost while the holder runs; there is no liveness file to delete.
+    /// be lost while the holder runs; there is no liveness file to delete. A holder keeps its
+    /// generation when the connection ends, and its next renew, under the row lock and only
+    /// if the row still names the generation, locks it again on a fresh connection.
     Postgres,
 }
 
@@ -145,6 +147,13 @@ pub enum Planted {
     /// The restore of a deleted liveness file creates it at its final name, then locks it (the
     /// adapter's code before publishing was atomic): a failure of the lock leaves it unlocked.
     CreateThenLock,
+    /// PostgreSQL: a holder that sees its liveness connection end locks its generation again
+    /// on a fresh connection at once, outside any transition: without the row lock, and
+    /// without reading whether the row still names the generation.
+    RelockOnNotice,
+    /// PostgreSQL: a renew whose liveness connection ended trusts the row alone and commits
+    /// without locking its generation again.
+    RenewWithoutRelock,
 }
 
 /// The named configurations `check --config NAME` knows.
@@ -241,8 +250,9 @@ pub struct Proc {
     pub stale: Option<LeaseView>,
     /// The call under way, if any.
     pub call: Option<Call>,
-    /// PostgreSQL: the generation whose liveness connection dropped, until a call notices.
-    pub lost: Option<u64>,
+    /// PostgreSQL: the local generation's liveness connection, once it is no longer intact
+    /// (until a renew locks the generation again, or the generation is closed).
+    pub loss: Option<Loss>,
     /// The `<stem>.lock` file (by its inode) whose lock it holds.
     pub stable: Option<u8>,
     /// A directory listing a takeover left to its next transition (below this token).
@@ -261,7 +271,7 @@ impl Proc {
 
     fn key(&self) -> impl Hash + PartialEq + '_ {
         (
-            (&self.local, self.lease, self.stale, &self.call, self.lost),
+            (&self.local, self.lease, self.stale, &self.call, self.loss),
             (self.stable, self.sweep, self.carried),
         )
     }
@@ -277,6 +287,29 @@ impl Hash for Proc {
     fn hash<H: Hasher>(&self, h: &mut H) {
         self.key().hash(h);
     }
+}
+
+/// PostgreSQL: how a process's liveness connection ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Loss {
+    /// The generation whose lock the connection held.
+    pub token: u64,
+    /// Whether the process has seen the connection end (and was told: `on_liveness_lost`).
+    /// Until then its adapter counts the connection as live, and a renew does not lock the
+    /// generation again.
+    pub noticed: bool,
+}
+
+/// PostgreSQL: which end of a liveness connection learns first that it ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Cut {
+    /// The server ends the session (`pg_terminate_backend`, `idle_session_timeout`, a
+    /// restart): its locks go at once; the holder sees the connection end a moment later.
+    ServerFirst,
+    /// The holder sees the connection break (its keepalives, `tcp_user_timeout`) while the
+    /// server's session lives on, holding its locks, until the server's own keepalives end
+    /// it.
+    ClientFirst,
 }
 
 /// A call under way: the driver's run and what the properties need to know about it.
@@ -347,6 +380,9 @@ pub enum Locker {
     Proc(usize),
     /// The Go-style prober.
     Go,
+    /// PostgreSQL: a server session of process `p` whose connection `p` has seen end (or
+    /// that outlived `p`), which the server has not ended yet: it still holds its locks.
+    Ended(usize),
 }
 
 /// The file at a liveness name and its locks.
@@ -499,6 +535,12 @@ pub enum Scenario {
     CrashAfterCommit,
     /// PostgreSQL: a rival took over while the old holder, its liveness lost, still ran.
     TakeoverAfterLivenessLoss,
+    /// PostgreSQL: a renew (or refresh) was granted after it locked its generation again on a
+    /// fresh connection.
+    RenewRelocked,
+    /// PostgreSQL: a renew's re-lock found the generation still locked by the holder's old
+    /// session, not yet ended on the server; the renew failed (a later one retries).
+    RelockBusy,
 }
 
 /// A step of the system.
@@ -530,8 +572,15 @@ pub enum Action {
     GoLock,
     /// The Go-style prober drops its lock.
     GoUnlock,
-    /// PostgreSQL: process `p`'s liveness connection drops; the server releases its lock.
-    LoseLiveness(usize),
+    /// PostgreSQL: process `p`'s liveness connection ends, one end learning it first.
+    LoseLiveness(usize, Cut),
+    /// PostgreSQL: process `p` sees its liveness connection end (after the server ended it).
+    NoticeLoss(usize),
+    /// PostgreSQL: the server ends process `p`'s session that `p` had given up; its locks go.
+    SessionEnds(usize),
+    /// PostgreSQL, planted bug [`Planted::RelockOnNotice`]: process `p` locks its generation
+    /// again on a fresh connection, outside any transition.
+    Relock(usize),
 }
 
 /// What a process calls.
@@ -812,13 +861,8 @@ impl Model for LeaseModel {
             if proc.local.is_some() || proc.lease.is_some() || proc.call.is_some() {
                 actions.push(Action::Crash(p));
             }
-            let holds_lock = proc.local.as_ref().is_some_and(|l| {
-                s.live
-                    .get(&l.token)
-                    .is_some_and(|f| f.holder == Some(Locker::Proc(p)))
-            });
-            if s.losses_left > 0 && holds_lock && proc.call.is_none() {
-                actions.push(Action::LoseLiveness(p));
+            if self.backend == Backend::Postgres {
+                self.liveness_actions(s, p, actions);
             }
         }
         if beyond {
@@ -835,6 +879,75 @@ impl Model for LeaseModel {
     }
 
     fn next_state(&self, last: &State, action: Action) -> Option<State> {
+        let mut next = self.next(last, action)?;
+        if self.backend == Backend::Postgres {
+            // The server's lock table: only locks some session holds (no files stay behind).
+            next.live.retain(|_, f| f.holder.is_some() || f.shared);
+        }
+        Some(next)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        props::properties(self)
+    }
+
+    fn format_action(&self, action: &Action) -> String {
+        match action {
+            Action::Call(p, kind) => {
+                format!("p{p} calls {} (lock the transition lock)", kind.label())
+            }
+            Action::Step(p, io) => format!("p{p} {}", io_label(*io)),
+            Action::Fail(p, io) => format!("p{p} {} FAILS (injected I/O error)", io_label(*io)),
+            Action::Crash(p) => format!("p{p} crashes"),
+            Action::Tick => "tick".into(),
+            Action::HostCrash => "host crash".into(),
+            Action::Tamper(target, change) => {
+                let what = match target {
+                    Target::Live => "the recorded generation's liveness file".to_owned(),
+                    Target::Lock => "<stem>.lock".to_owned(),
+                    Target::Record => "the record".to_owned(),
+                    Target::Temp(p) => format!("p{p}'s temporary record"),
+                };
+                match change {
+                    Change::Delete => format!("the cleaner deletes {what}"),
+                    Change::Replace(plant) => {
+                        format!("the cleaner replaces {what} with {}", plant.label())
+                    }
+                }
+            }
+            Action::ObserverLock => {
+                "an observer (a waiter, status) share-locks the recorded liveness file".into()
+            }
+            Action::ObserverUnlock => "the observer drops its shared lock".into(),
+            Action::GoCreate => {
+                "a Go-style prober opens the recorded liveness file, creating it".into()
+            }
+            Action::GoLock => "the Go-style prober try-locks it exclusively".into(),
+            Action::GoUnlock => "the Go-style prober drops its lock".into(),
+            Action::LoseLiveness(p, Cut::ServerFirst) => {
+                format!(
+                    "the server ends p{p}'s liveness session (its lock goes; p{p} not told yet)"
+                )
+            }
+            Action::LoseLiveness(p, Cut::ClientFirst) => format!(
+                "p{p}'s liveness connection breaks: p{p} sees it end, the server's session lives \
+                 on, holding the lock"
+            ),
+            Action::NoticeLoss(p) => format!("p{p} sees its liveness connection end (told)"),
+            Action::SessionEnds(p) => {
+                format!("the server ends p{p}'s given-up session (its lock goes)")
+            }
+            Action::Relock(p) => format!(
+                "p{p} locks its generation again on a fresh connection, outside any \
+                 transition (PLANTED)"
+            ),
+        }
+    }
+}
+
+impl LeaseModel {
+    /// The model's next state after `action` (before the backend's normalisation).
+    fn next(&self, last: &State, action: Action) -> Option<State> {
         match action {
             Action::Call(p, kind) => self.call(last, p, kind),
             Action::Step(p, _) => self.step(last, p, false),
@@ -890,65 +1003,86 @@ impl Model for LeaseModel {
                 probe_by_others(&mut s, action);
                 Some(s)
             }
-            Action::LoseLiveness(p) => {
+            Action::LoseLiveness(p, cut) => {
                 let mut s = last.clone();
                 s.scenario = None;
-                // The server ends the session: its advisory locks go; the process runs on.
+                let token = s.procs[p].local.as_ref()?.token;
+                // The process runs on, and keeps its generation (as the adapter does).
+                let f = s.live.get_mut(&token)?;
+                f.holder = match cut {
+                    // The server ends the session: its advisory locks go.
+                    Cut::ServerFirst => None,
+                    // The server's session lives on, holding the lock, given up by the process.
+                    Cut::ClientFirst => Some(Locker::Ended(p)),
+                };
+                let proc = &mut s.procs[p];
+                proc.loss = Some(Loss {
+                    token,
+                    noticed: cut == Cut::ClientFirst,
+                });
+                if let Some(c) = proc.call.as_mut()
+                    && c.ghost.knew_lost
+                {
+                    c.ghost.lost_again = true;
+                }
+                s.losses_left -= 1;
+                Some(s)
+            }
+            Action::NoticeLoss(p) => {
+                let mut s = last.clone();
+                s.scenario = None;
+                s.procs[p].loss.as_mut()?.noticed = true;
+                Some(s)
+            }
+            Action::SessionEnds(p) => {
+                let mut s = last.clone();
+                s.scenario = None;
                 for f in s.live.values_mut() {
-                    if f.holder == Some(Locker::Proc(p)) {
+                    if f.holder == Some(Locker::Ended(p)) {
                         f.holder = None;
                     }
                 }
-                s.procs[p].lost = s.procs[p].local.as_ref().map(|l| l.token);
-                s.losses_left -= 1;
+                Some(s)
+            }
+            Action::Relock(p) => {
+                let mut s = last.clone();
+                s.scenario = None;
+                let token = s.procs[p].loss?.token;
+                tx::relock(&mut s, p, token);
                 Some(s)
             }
         }
     }
 
-    fn properties(&self) -> Vec<Property<Self>> {
-        props::properties(self)
-    }
-
-    fn format_action(&self, action: &Action) -> String {
-        match action {
-            Action::Call(p, kind) => {
-                format!("p{p} calls {} (lock the transition lock)", kind.label())
-            }
-            Action::Step(p, io) => format!("p{p} {}", io_label(*io)),
-            Action::Fail(p, io) => format!("p{p} {} FAILS (injected I/O error)", io_label(*io)),
-            Action::Crash(p) => format!("p{p} crashes"),
-            Action::Tick => "tick".into(),
-            Action::HostCrash => "host crash".into(),
-            Action::Tamper(target, change) => {
-                let what = match target {
-                    Target::Live => "the recorded generation's liveness file".to_owned(),
-                    Target::Lock => "<stem>.lock".to_owned(),
-                    Target::Record => "the record".to_owned(),
-                    Target::Temp(p) => format!("p{p}'s temporary record"),
-                };
-                match change {
-                    Change::Delete => format!("the cleaner deletes {what}"),
-                    Change::Replace(plant) => {
-                        format!("the cleaner replaces {what} with {}", plant.label())
-                    }
-                }
-            }
-            Action::ObserverLock => {
-                "an observer (a waiter, status) share-locks the recorded liveness file".into()
-            }
-            Action::ObserverUnlock => "the observer drops its shared lock".into(),
-            Action::GoCreate => {
-                "a Go-style prober opens the recorded liveness file, creating it".into()
-            }
-            Action::GoLock => "the Go-style prober try-locks it exclusively".into(),
-            Action::GoUnlock => "the Go-style prober drops its lock".into(),
-            Action::LoseLiveness(p) => format!("p{p}'s liveness connection drops"),
+    /// PostgreSQL: process `p`'s liveness connection ending, either end learning it first,
+    /// and what follows: `p` seeing it end, the server ending a session `p` gave up.
+    fn liveness_actions(&self, s: &State, p: usize, actions: &mut Vec<Action>) {
+        let proc = &s.procs[p];
+        let intact = proc.loss.is_none()
+            && proc.local.as_ref().is_some_and(|l| {
+                s.live
+                    .get(&l.token)
+                    .is_some_and(|f| f.holder == Some(Locker::Proc(p)))
+            });
+        // At any moment, during a call too: the liveness connection is idle meanwhile.
+        if s.losses_left > 0 && intact {
+            actions.push(Action::LoseLiveness(p, Cut::ServerFirst));
+            actions.push(Action::LoseLiveness(p, Cut::ClientFirst));
+        }
+        if proc.loss.is_some_and(|l| !l.noticed) {
+            actions.push(Action::NoticeLoss(p));
+        }
+        if s.live.values().any(|f| f.holder == Some(Locker::Ended(p))) {
+            actions.push(Action::SessionEnds(p));
+        }
+        if self.planted == Some(Planted::RelockOnNotice)
+            && proc.call.is_none()
+            && proc.loss.is_some_and(|l| l.noticed)
+        {
+            actions.push(Action::Relock(p));
         }
     }
-}
 
-impl LeaseModel {
     fn tamper_actions(&self, s: &State, actions: &mut Vec<Action>) {
         if s.cleaner_left == 0 {
             return;

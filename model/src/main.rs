@@ -24,8 +24,11 @@ options (applied in order, on top of the named configuration):
                                      temporary record once; the observer
                        long          ticks 0-3, tokens up to 3; the liveness file's deletion
                        shared-owner  the default with one owner string for every process
-                       postgres      liveness lost once while its holder runs (a liveness
-                                     connection dropping), a fault; no host crash, no files
+                       postgres      liveness lost once while its holder runs (the server
+                                     ending the session first, or the holder seeing the
+                                     connection break while the server's session lives
+                                     on), the renew that locks the generation again, a
+                                     fault; no host crash, no files
   --backend B        flock or postgres (postgres: liveness can be lost while its holder runs)
   --procs N          lease-manager processes (default 2, at most 3)
   --max-time T       the clock runs from tick 0 to T (default 2)
@@ -41,7 +44,11 @@ options (applied in order, on top of the named configuration):
   --no-observer      no observer (waiter, status) share-locking liveness files
   --no-go-prober     no Go-style prober creating and exclusively try-locking them
   --planted BUG      plant a known bug to see the checker catch it: create-then-lock (the
-                     restore of a deleted liveness file creates it, then locks it)
+                     restore of a deleted liveness file creates it, then locks it);
+                     with --config postgres: relock-on-notice (a holder that sees its
+                     liveness connection end locks its generation again at once, outside
+                     any transition), renew-without-relock (a renew after that trusts the
+                     row and commits without locking the generation again)
   --no-sync          model Durability::NoSync (shows why fsync is needed)
   --counterexamples N  print the shortest counterexample of at most N violated properties
                      (default: all)
@@ -102,6 +109,8 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
             "--no-go-prober" => model.go_prober = false,
             "--planted" => match value()?.as_str() {
                 "create-then-lock" => model.planted = Some(Planted::CreateThenLock),
+                "relock-on-notice" => model.planted = Some(Planted::RelockOnNotice),
+                "renew-without-relock" => model.planted = Some(Planted::RenewWithoutRelock),
                 other => return Err(format!("unknown planted bug {other}")),
             },
             "--no-sync" => model.durable = false,

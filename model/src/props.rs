@@ -38,8 +38,14 @@ pub mod names {
     pub const NO_FAILURE_WITHOUT_FAULT: &str = "[7] no failure without a fault";
     /// §6.8.
     pub const EXPIRED_TAKEN: &str = "[8] an expired record is never answered held";
-    /// PostgreSQL: a holder whose liveness was lost is told before it renews again.
-    pub const LOST_TOLD: &str = "[pg] a holder that lost liveness is told before renewing";
+    /// PostgreSQL: a generation is locked again (after its liveness connection ended) only by
+    /// its holder's transition, under the row lock, while the row names the generation.
+    pub const RELOCK_GUARDED: &str =
+        "[pg] a generation is locked again only under the row lock, while the row names it";
+    /// PostgreSQL: a renew (or refresh) by a holder that had seen its liveness connection end
+    /// is granted only with the generation locked again by this holder.
+    pub const RENEW_RELOCKED: &str =
+        "[pg] a renew after the holder saw its liveness end is granted only re-locked";
     /// §6.9 (flock): judged at every probe, against who keeps the generation.
     pub const PROBE_TRUTH: &str =
         "[9] a probe never makes a dead holder look alive, nor a live one dead";
@@ -47,8 +53,9 @@ pub mod names {
 
 use names::*;
 
-/// The properties judged when a call ends, in the order of [`State::violations`]' bits.
-pub const CALL_PROPERTIES: [&str; 11] = [
+/// The properties judged when a call ends (or, for the PostgreSQL re-lock, when it is
+/// done), in the order of [`State::violations`]' bits.
+pub const CALL_PROPERTIES: [&str; 12] = [
     INCREASE,
     STALE_RELEASE,
     RENEW_CURRENT,
@@ -58,8 +65,9 @@ pub const CALL_PROPERTIES: [&str; 11] = [
     NO_SUCCESS_WITHOUT_COMMIT,
     NO_FAILURE_WITHOUT_FAULT,
     EXPIRED_TAKEN,
-    LOST_TOLD,
+    RELOCK_GUARDED,
     PROBE_TRUTH,
+    RENEW_RELOCKED,
 ];
 
 /// The bit of call property `name` in [`State::violations`].
@@ -109,7 +117,7 @@ pub fn properties(model: &LeaseModel) -> Vec<Property<LeaseModel>> {
         call!(8),
     ]);
     if model.backend == Backend::Postgres {
-        v.push(call!(9));
+        v.extend([call!(9), call!(11)]);
     } else {
         v.push(call!(10));
     }
@@ -165,6 +173,18 @@ pub fn properties(model: &LeaseModel) -> Vec<Property<LeaseModel>> {
             "takeover while the old holder runs with its liveness lost",
             |m: &LeaseModel, s: &State| {
                 m.liveness_losses == 0 || s.scenario == Some(Scenario::TakeoverAfterLivenessLoss)
+            },
+        ));
+        v.push(Property::sometimes(
+            "a renew granted after locking its generation again",
+            |m: &LeaseModel, s: &State| {
+                m.liveness_losses == 0 || s.scenario == Some(Scenario::RenewRelocked)
+            },
+        ));
+        v.push(Property::sometimes(
+            "a re-lock refused while the old session still holds the generation",
+            |m: &LeaseModel, s: &State| {
+                m.liveness_losses == 0 || s.scenario == Some(Scenario::RelockBusy)
             },
         ));
     }
@@ -234,8 +254,9 @@ pub(crate) fn observe(
                 proc.stale = proc.lease.take();
             }
             // The cleaner's doing (a planted record or lock, a deleted temporary file, a
-            // transition beside this one on a replaced lock) is a failure without a fault.
-            if !fired && !s.tampered {
+            // transition beside this one on a replaced lock) is a failure without a fault; so
+            // is a re-lock refused while the server has not yet ended the old session.
+            if !fired && !s.tampered && !g.relock_busy {
                 flags.push(NO_FAILURE_WITHOUT_FAULT);
             }
             // The directory sync's failure is the one error allowed after the rename: the
@@ -247,6 +268,9 @@ pub(crate) fn observe(
                 flags.push(NO_FAILURE_AFTER_COMMIT);
             }
             s.scenario = Some(Scenario::FailedStep);
+            if g.relock_busy {
+                s.scenario = Some(Scenario::RelockBusy);
+            }
         }
         Ok(Outcome::Granted { token, expiry }) => {
             let token = *token;
@@ -269,6 +293,21 @@ pub(crate) fn observe(
                     s.scenario = Some(Scenario::RenewAfterSuspension);
                 }
             }
+            if held_here(token) && g.knew_lost {
+                // PostgreSQL: the holder had seen its liveness connection end; the grant
+                // stands only with the generation locked by it again (unless that fresh
+                // connection ended too, since: it is told again).
+                let relocked = s
+                    .live
+                    .get(&token)
+                    .is_some_and(|f| f.holder == Some(crate::Locker::Proc(p)));
+                if !relocked && !g.lost_again {
+                    flags.push(RENEW_RELOCKED);
+                }
+                if g.relocked {
+                    s.scenario = Some(Scenario::RenewRelocked);
+                }
+            }
             // A grant of a generation the process did not already hold is a new generation,
             // whatever its token.
             if !held_here(token) {
@@ -289,7 +328,7 @@ pub(crate) fn observe(
                         .procs
                         .iter()
                         .enumerate()
-                        .any(|(q, pr)| q != p && pr.lost.is_some() && pr.lost == old);
+                        .any(|(q, pr)| q != p && pr.loss.is_some_and(|l| Some(l.token) == old));
                     if lost_runner {
                         s.scenario = Some(Scenario::TakeoverAfterLivenessLoss);
                     }
@@ -374,22 +413,6 @@ pub(crate) fn observe(
                 Kind::ReleaseStale => proc.stale = None,
                 _ => {}
             }
-        }
-    }
-    // PostgreSQL: the call noticed the lost liveness connection, and told the process.
-    let proc = &mut s.procs[p];
-    if let Some(t) = proc.lost.take() {
-        if matches!(kind, Kind::Renew | Kind::RenewStale)
-            && matches!(said, Said::Granted(tok, _) if tok == t)
-        {
-            flags.push(LOST_TOLD);
-        }
-        if proc.local.as_ref().is_some_and(|l| l.token == t) {
-            proc.local = None;
-        }
-        if let Some(l) = proc.lease.filter(|l| l.token == t) {
-            proc.lease = None;
-            proc.stale = Some(l);
         }
     }
     s.procs[p].last = Some((kind, said));

@@ -21,11 +21,14 @@ how to read a state:
                       lock=planted: a FIFO or directory; lock#2: the file's inode changed)
   live=[1:-,2:p0]     liveness files by token: 2 p0's own, locked by p0; 1 present and
                       unlocked; plain/fifo/dir: a planted file; go: locked by the Go-style
-                      prober; +s: share-locked by the observer
+                      prober; +s: share-locked by the observer; PostgreSQL: the advisory
+                      locks held, p0~: by a session of p0's that p0 gave up and the server
+                      has not ended yet
   record=...!         a planted file stands at the record's name (reads fail)
   reported=#2         the highest token ever reported granted to a caller
   p0: lease #2@4      what p0 believes it holds; stale #1@2: an older lease it kept
       local #2        the liveness lock p0 keeps open
+      LIVENESS #2 LOST (seen)  PostgreSQL: its connection ended (seen: p0 knows)
       [renew -> next: rename]   p0's call under way and the I/O step it takes next
       last: acquire = granted #2@4   p0's last finished call and its answer
                       (held, released, FAILED, crashed)
@@ -389,6 +392,7 @@ impl fmt::Debug for State {
                 let held = match file.holder {
                     Some(Locker::Proc(p)) => format!("p{p}"),
                     Some(Locker::Go) => "go".into(),
+                    Some(Locker::Ended(p)) => format!("p{p}~"),
                     None => "-".into(),
                 };
                 let shared = if file.shared { "+s" } else { "" };
@@ -412,8 +416,9 @@ impl fmt::Debug for State {
             if let Some(l) = &proc.local {
                 write!(f, " local #{}", l.token)?;
             }
-            if let Some(t) = proc.lost {
-                write!(f, " LIVENESS #{t} LOST")?;
+            if let Some(l) = proc.loss {
+                let noticed = if l.noticed { "seen" } else { "not seen yet" };
+                write!(f, " LIVENESS #{} LOST ({noticed})", l.token)?;
             }
             if let Some(c) = &proc.call {
                 let next = c.run.peek().map_or("-".into(), io_label);

@@ -10,6 +10,7 @@
 //! | `read` | the committed record or an error (a planted file is corrupt or not a file) |
 //! | `probe` | the generation's own file (the tag the record names) locked: live; unlocked: dead; anything else: unknown |
 //! | `lock_live`, `ensure_live` | **publish**: the generation's file appears already locked under its name, or nothing changes there (its temporary name is unique: no actor can reach it by name) |
+//! | `ensure_live` (PostgreSQL) | nothing while the holder counts its liveness connection live; once it has seen it end, **re-lock**: one statement, `pg_try_advisory_lock` on a fresh connection, which fails if any session holds the lock (the old one, not yet ended on the server) |
 //! | `write_temp`, `sync_temp` | this transition's own temporary record |
 //! | `rename` | **commit**: only if the lock held is still the file at `<stem>.lock` (the check and the rename are one step: see the README for the one-system-call window) |
 //! | `sync_dir` | the visible record becomes the durable one |
@@ -24,7 +25,40 @@ use flocklease::machine::{self, Liveness, Local};
 use flocklease::{Error, Record, Timestamp};
 
 use crate::props::{self, names};
-use crate::{Backend, LiveFile, LockAt, Locker, Planted, State, Temp, What, at};
+use crate::{Backend, LiveFile, LockAt, Locker, Planted, State, Temp, What, at, session};
+
+/// PostgreSQL: process `p` locks generation `token` again on a fresh liveness connection
+/// (the adapter's one `pg_try_advisory_lock` statement): granted only if no session holds the
+/// lock. Judges, against the model's own state, that this happens only while `p` holds the
+/// row lock and the row names the generation. Returns whether the lock was taken.
+pub(crate) fn relock(s: &mut State, p: usize, token: u64) -> bool {
+    let named = s.record.as_ref().is_some_and(|r| {
+        r.token == token
+            && s.procs[p]
+                .local
+                .as_ref()
+                .is_some_and(|l| l.token == token && r.owner == l.owner.as_str())
+    });
+    if s.lock_holder() != Some(p) || !named {
+        s.violations |= props::bit(names::RELOCK_GUARDED);
+    }
+    if s.live
+        .get(&token)
+        .is_some_and(|f| f.holder.is_some() || f.shared)
+    {
+        return false;
+    }
+    s.live.insert(
+        token,
+        LiveFile {
+            what: What::Own(p),
+            holder: Some(Locker::Proc(p)),
+            shared: false,
+        },
+    );
+    s.procs[p].loss = None;
+    true
+}
 
 /// What a call saw and did, for the properties (never read by the code under test).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
@@ -42,6 +76,15 @@ pub struct Ghost {
     pub committed: Option<Record>,
     /// The call unlocked or deleted a liveness lock held by another process.
     pub touched_other: bool,
+    /// PostgreSQL: at its preparation step the process had seen its liveness connection end.
+    pub knew_lost: bool,
+    /// PostgreSQL: after that, during the call, the connection holding the generation ended
+    /// again (a re-lock's fresh one).
+    pub lost_again: bool,
+    /// PostgreSQL: the call locked its generation again on a fresh connection.
+    pub relocked: bool,
+    /// PostgreSQL: the re-lock found the generation locked by another session.
+    pub relock_busy: bool,
 }
 
 /// What a call read under the transition lock.
@@ -196,6 +239,35 @@ impl ModelTx<'_> {
     }
 }
 
+impl ModelTx<'_> {
+    /// PostgreSQL's `ensure_live`, as the adapter's: nothing for a generation not held here or
+    /// whose connection it still counts live; otherwise the re-lock, one statement. The
+    /// machine planned it under the row lock, for the generation the row names.
+    fn relock_if_lost(&mut self, token: u64) -> Result<(), Error> {
+        let proc = &self.state.procs[self.p];
+        let held = proc.local.as_ref().is_some_and(|l| l.token == token);
+        let noticed = proc.loss.is_some_and(|l| l.noticed && l.token == token);
+        if !held || !noticed {
+            return Ok(());
+        }
+        self.ghost.knew_lost = true;
+        if self.planted == Some(Planted::RenewWithoutRelock) {
+            return Ok(());
+        }
+        self.fault("lock")?;
+        if !relock(self.state, self.p, token) {
+            // The old session still holds it: not yet ended on the server.
+            self.ghost.relock_busy = true;
+            return Err(Error::AdvisoryLockBusy {
+                id: session(),
+                token,
+            });
+        }
+        self.ghost.relocked = true;
+        Ok(())
+    }
+}
+
 impl Transaction for ModelTx<'_> {
     type Pending = u64;
 
@@ -261,13 +333,9 @@ impl Transaction for ModelTx<'_> {
     }
 
     fn local(&self) -> Option<Local> {
-        let proc = &self.state.procs[self.p];
-        // PostgreSQL: the adapter learns at once that its liveness connection ended, and no
-        // longer counts the generation as held here.
-        if proc.lost.is_some() {
-            return None;
-        }
-        proc.local.clone()
+        // PostgreSQL too: a generation whose liveness connection ended stays held here until
+        // a renew locks it again or a transition closes it.
+        self.state.procs[self.p].local.clone()
     }
 
     fn probe(&mut self, token: u64) -> Result<Liveness, Error> {
@@ -275,6 +343,8 @@ impl Transaction for ModelTx<'_> {
         let tag = self.ghost.seen.as_ref().and_then(|x| x.tag);
         let file = self.state.live.get(&token).copied();
         let liveness = match file {
+            // PostgreSQL: no session holds the lock, so the try-lock is granted.
+            None if self.backend == Backend::Postgres => Liveness::Dead,
             None => Liveness::Unknown,
             // The generation's own file: the one carrying the tag the record names.
             Some(f) if matches!(f.what, What::Own(q) if Some(q) == tag) => {
@@ -293,7 +363,9 @@ impl Transaction for ModelTx<'_> {
         let lied = match liveness {
             Liveness::Dead => self.alive(token),
             Liveness::Live => match file.and_then(|f| f.holder) {
-                Some(Locker::Go) => false,
+                // A session the server has not ended yet holds it: live, as far as the server
+                // can tell (PostgreSQL only; not judged there).
+                Some(Locker::Go | Locker::Ended(_)) => false,
                 Some(Locker::Proc(q)) => {
                     let proc = &self.state.procs[q];
                     let keeps = proc.local.as_ref().is_some_and(|l| l.token == token)
@@ -337,6 +409,9 @@ impl Transaction for ModelTx<'_> {
     }
 
     fn ensure_live(&mut self, token: u64) -> Result<(), Error> {
+        if self.backend == Backend::Postgres {
+            return self.relock_if_lost(token);
+        }
         if self.planted == Some(Planted::CreateThenLock) {
             // The old restore: create the file at its final name, then lock it. A failure of
             // the lock (a fault, or a prober's shared lock on the fresh file) leaves it there,
@@ -460,15 +535,26 @@ impl Transaction for ModelTx<'_> {
         let proc = &mut self.state.procs[self.p];
         if proc.local.as_ref().is_some_and(|l| l.token == token) {
             proc.local = None;
+            // PostgreSQL: its connection is given up; a session the server has not ended yet
+            // keeps the lock until it does.
+            proc.loss = None;
             self.unlock(token);
         }
     }
 
     fn delete_live(&mut self, token: u64) {
+        if self.backend == Backend::Postgres {
+            // Advisory locks leave no file behind.
+            return;
+        }
         self.remove_file(token);
     }
 
     fn sweep(&mut self, below: u64) {
+        if self.backend == Backend::Postgres {
+            // A dead session's locks vanish with it.
+            return;
+        }
         // The dead generation's file at once; the listing at this process's next transition.
         if let Some(dead) = below.checked_sub(1) {
             self.remove_file(dead);

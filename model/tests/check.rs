@@ -2,7 +2,7 @@
 
 use flocklease::driver::Io;
 use flocklease_model::props::names;
-use flocklease_model::{Action, Change, LeaseModel, Planted, Tamper, Target, report};
+use flocklease_model::{Action, Change, Cut, LeaseModel, Planted, Tamper, Target, report};
 
 /// The default configuration: every property verified, every scenario witnessed, and the full
 /// state space explored (a pinned count, so a silently truncated search fails).
@@ -70,21 +70,107 @@ fn shared_owner_holds() {
     assert_all_hold(&LeaseModel::named("shared-owner").expect("a named configuration"));
 }
 
-/// PostgreSQL: liveness lost while the holder runs; a rival takes over before the expiry,
-/// and the properties in their PostgreSQL form hold.
+/// PostgreSQL: liveness lost while the holder runs (the server ending the session first, or
+/// the holder seeing its connection break first); a rival takes over before the expiry, or the
+/// holder's renew locks its generation again under the row lock (or finds the old session
+/// still holding it), and the properties in their PostgreSQL form hold, exhaustively.
 #[test]
 fn postgres_holds() {
     let model = LeaseModel::named("postgres").expect("a named configuration");
     let outcome = report::explore(&model);
+    assert!(outcome.complete);
     for v in &outcome.verdicts {
         assert!(v.ok, "{} {} failed", v.expectation, v.name);
     }
-    assert!(
-        outcome
-            .verdicts
-            .iter()
-            .any(|v| v.name == names::ONE_LIVE_HOLDER)
+    for name in [
+        names::ONE_LIVE_HOLDER,
+        names::RELOCK_GUARDED,
+        names::RENEW_RELOCKED,
+    ] {
+        assert!(outcome.verdicts.iter().any(|v| v.name == name), "{name}");
+    }
+    assert_eq!(outcome.verdicts.len(), 26);
+    assert_eq!(
+        outcome.unique_states, 344_448,
+        "state space changed: re-pin after review"
     );
+}
+
+/// PostgreSQL, a reconnect that re-locks the generation as soon as the holder sees its
+/// liveness connection end, outside any transition: without the row lock and without reading
+/// the row. The checker flags the re-lock itself, and shows the harm: the rival took over
+/// while the lock was free, the old holder's re-lock succeeds, and two unexpired holders have
+/// their liveness lock (property [1]).
+#[test]
+fn a_relock_outside_the_row_lock_is_caught() {
+    let model = LeaseModel {
+        planted: Some(Planted::RelockOnNotice),
+        ..LeaseModel::named("postgres").expect("a named configuration")
+    };
+    let failed = failed_always(&model);
+    assert!(failed.contains(&names::RELOCK_GUARDED), "{failed:?}");
+    let path = report::shortest(&model, names::RELOCK_GUARDED).expect("a counterexample");
+    let actions = path.into_actions();
+    assert!(
+        matches!(actions.last(), Some(Action::Relock(_))),
+        "{actions:?}"
+    );
+    let path = report::shortest(&model, names::ONE_LIVE_HOLDER).expect("a counterexample for [1]");
+    let actions = path.into_actions();
+    // The server ends the holder's session, a rival's probe finds the generation free and
+    // it takes over, and the old holder locks its generation again: its lease, unexpired, has
+    // its liveness lock, and the record is the rival's.
+    assert!(
+        actions
+            .iter()
+            .any(|a| matches!(a, Action::LoseLiveness(_, Cut::ServerFirst))),
+        "{actions:?}"
+    );
+    assert!(
+        actions
+            .iter()
+            .any(|a| matches!(a, Action::Step(_, Io::Probe { .. }))),
+        "{actions:?}"
+    );
+    assert!(
+        actions.iter().any(|a| matches!(a, Action::Relock(_))),
+        "{actions:?}"
+    );
+}
+
+/// PostgreSQL, a renew (or refresh) that trusts the row alone once its holder saw the
+/// liveness connection end, and commits without locking the generation again: the grant
+/// leaves a holder told "granted" with no lock a rival's probe would see.
+#[test]
+fn a_renew_without_the_relock_is_caught() {
+    let model = LeaseModel {
+        planted: Some(Planted::RenewWithoutRelock),
+        ..LeaseModel::named("postgres").expect("a named configuration")
+    };
+    let failed = failed_always(&model);
+    assert!(failed.contains(&names::RENEW_RELOCKED), "{failed:?}");
+    let path = report::shortest(&model, names::RENEW_RELOCKED).expect("a counterexample");
+    let actions = path.into_actions();
+    assert!(
+        actions
+            .iter()
+            .any(|a| matches!(a, Action::LoseLiveness(..))),
+        "{actions:?}"
+    );
+    assert!(
+        matches!(actions.last(), Some(Action::Step(_, Io::UnlockStable))),
+        "{actions:?}"
+    );
+}
+
+/// The `always` properties the checker found violated in `model`.
+fn failed_always(model: &LeaseModel) -> Vec<&'static str> {
+    report::explore(model)
+        .verdicts
+        .iter()
+        .filter(|v| !v.ok && v.expectation == "always")
+        .map(|v| v.name)
+        .collect()
 }
 
 /// The larger configuration CI runs (`check --config large`: the cleaner's changes to the

@@ -208,7 +208,7 @@ fn walk(m: &LeaseModel, seed: u64) -> Result<usize, String> {
         let mut actions = vec![];
         m.actions(&s, &mut actions);
         // A power loss cannot be done to real files here.
-        actions.retain(|a| !matches!(a, Action::HostCrash | Action::LoseLiveness(_)));
+        actions.retain(|a| !matches!(a, Action::HostCrash | Action::LoseLiveness(..)));
         let mut next = None;
         while !actions.is_empty() {
             let a = actions.swap_remove(rng.below(actions.len()));
@@ -235,7 +235,7 @@ fn replay(m: &LeaseModel, schedule: &[(Action, u8)], strict: bool) -> Result<usi
     let mut s = m.initial();
     let mut done = vec![];
     for &(a, k) in schedule {
-        if matches!(a, Action::HostCrash | Action::LoseLiveness(_)) {
+        if matches!(a, Action::HostCrash | Action::LoseLiveness(..)) {
             break;
         }
         let mut offered = vec![];
@@ -417,7 +417,11 @@ impl Real {
                 self.go = Some(f);
             }
             Action::GoUnlock => self.go = None,
-            Action::HostCrash | Action::LoseLiveness(_) => unreachable!("not run in lockstep"),
+            Action::HostCrash
+            | Action::LoseLiveness(..)
+            | Action::NoticeLoss(_)
+            | Action::SessionEnds(_)
+            | Action::Relock(_) => unreachable!("not run in lockstep"),
         }
         let (real, model) = (self.view(&n), model_view(&n));
         if real != model {
