@@ -636,3 +636,63 @@ macro_rules! session_lease_via_transition {
     };
 }
 pub(crate) use session_lease_via_transition;
+
+#[cfg(test)]
+mod unexpired_tests {
+    use super::unexpired;
+    use crate::{Grant, Lease, Owner, SessionId, Timestamp};
+    use std::cell::Cell;
+
+    fn lease(expiry_secs: i64) -> Lease {
+        Lease {
+            session_id: SessionId::new("s").unwrap(),
+            owner: Owner::new("a").unwrap(),
+            token: 7,
+            expiry: Timestamp::from_unix_secs(expiry_secs).unwrap(),
+        }
+    }
+
+    fn at(secs: i64) -> impl Fn() -> Timestamp {
+        move || Timestamp::from_unix_secs(secs).unwrap()
+    }
+
+    #[test]
+    fn an_unexpired_grant_or_a_held_answer_passes_through_without_a_renew() {
+        let renews = Cell::new(0);
+        let renew = |_: &Lease| {
+            renews.set(renews.get() + 1);
+            Ok(Grant::Held)
+        };
+        let g = unexpired(Grant::Granted(lease(101)), at(100), renew).unwrap();
+        assert_eq!(g, Grant::Granted(lease(101)));
+        assert_eq!(unexpired(Grant::Held, at(100), renew).unwrap(), Grant::Held);
+        assert_eq!(renews.get(), 0);
+    }
+
+    #[test]
+    fn an_expired_grant_is_renewed_or_answered_lost() {
+        // At the expiry is expired (SPEC: expiry <= now).
+        let renewed = unexpired(Grant::Granted(lease(100)), at(100), |l| {
+            assert_eq!(l.token, 7);
+            Ok(Grant::Granted(lease(130)))
+        });
+        assert_eq!(renewed.unwrap(), Grant::Granted(lease(130)));
+        let taken = unexpired(Grant::Granted(lease(90)), at(100), |_| Ok(Grant::Held));
+        assert_eq!(taken.unwrap(), Grant::Held);
+        // A renew that keeps coming back expired: tried a few times, then lost.
+        let tries = Cell::new(0);
+        let never = unexpired(Grant::Granted(lease(90)), at(100), |_| {
+            tries.set(tries.get() + 1);
+            Ok(Grant::Granted(lease(95)))
+        });
+        assert_eq!(never.unwrap(), Grant::Held);
+        assert_eq!(tries.get(), super::RECLAIMS);
+        // A renew error is the caller's.
+        let failed = unexpired(Grant::Granted(lease(90)), at(100), |_| {
+            Err(crate::Error::TokenExhausted {
+                id: SessionId::new("s").unwrap(),
+            })
+        });
+        assert!(failed.is_err());
+    }
+}

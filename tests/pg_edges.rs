@@ -55,6 +55,36 @@ fn child_entry() {
             let _ = leases.renew(&lease);
             while hear().is_some() {}
         }
+        "slow-waiter" => {
+            // `waiter URL`: TTL 300 ms; its waiting acquire, once the holder released and its
+            // row lock read the server's clock, says `at commit` and waits for `go` (the
+            // parent stops it meanwhile); then says `granted TOKEN EXPIRY_NANOS`.
+            let armed = Arc::new(AtomicBool::new(true));
+            let hook_armed = Arc::clone(&armed);
+            let leases = PgLease::builder(&args[0])
+                .ttl(Duration::from_millis(300))
+                .faults(Arc::new(move |step, _pid| {
+                    if step == PgStep::Commit && hook_armed.swap(false, Ordering::SeqCst) {
+                        tell("at commit");
+                        assert_eq!(hear().as_deref(), Some("go"));
+                    }
+                    None
+                }))
+                .connect()
+                .unwrap();
+            tell("ready");
+            let got = leases
+                .acquire_wait(&id("job"), &owner("waiter"), Duration::from_secs(20))
+                .unwrap()
+                .lease()
+                .expect("granted");
+            tell(&format!(
+                "granted {} {}",
+                got.token,
+                got.expiry.unix_nanos()
+            ));
+            while hear().is_some() {}
+        }
         other => panic!("unknown role {other}"),
     }
 }
@@ -183,4 +213,57 @@ fn database_errors_carry_the_servers_message() {
         text.contains("database \"no_such_database_here\" does not exist"),
         "{text}"
     );
+}
+
+/// A waiter stopped (SIGSTOP) after its row lock read the server's clock, resumed once the
+/// server's clock passed the lease's TTL: its `acquire_wait` used to return a grant whose
+/// expiry had passed already. Now the grant is renewed before it is returned (nobody took
+/// over), so its expiry is ahead of the server's clock when the caller gets it.
+#[test]
+fn a_waiter_stopped_past_the_ttl_before_its_commit_is_never_granted_an_expired_lease() {
+    let Some((url, admin)) = fresh() else { return };
+    let holder = PgLease::connect(&url).unwrap();
+    let held = holder
+        .acquire(&id("job"), &owner("holder"))
+        .unwrap()
+        .lease()
+        .unwrap();
+    let mut child = RoleChild::spawn(ENTRY, "slow-waiter", &[&url]);
+    assert_eq!(child.line(), "ready");
+    pg::until("the waiter blocks on the holder's lock", || {
+        admin.advisory_waiters() == 1
+    });
+    holder.release(&held).unwrap();
+    assert_eq!(child.line(), "at commit");
+    kill(child.pid(), Signal::SIGSTOP).unwrap();
+    wait_stopped(child.pid());
+    // The server's clock moves past the waiter's TTL (300 ms) while it is stopped; within the
+    // idle-in-transaction bound (1 s), so its transaction survives.
+    let server_now =
+        || admin.query("SELECT clock_timestamp()", &[])[0].get::<_, std::time::SystemTime>(0);
+    let stopped_at = server_now();
+    pg::until("the server's clock passes the TTL", || {
+        server_now()
+            .duration_since(stopped_at)
+            .is_ok_and(|d| d > Duration::from_millis(450))
+    });
+    kill(child.pid(), Signal::SIGCONT).unwrap();
+    child.say("go");
+    let line = child.line();
+    let mut words = line.strip_prefix("granted ").unwrap().split(' ');
+    let (token, expiry): (u64, i128) = (
+        words.next().unwrap().parse().unwrap(),
+        words.next().unwrap().parse().unwrap(),
+    );
+    let now = server_now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as i128;
+    assert_eq!(token, held.token + 1);
+    assert!(
+        expiry > now,
+        "granted a lease that expired {} ms before the server's clock",
+        (now - expiry) / 1_000_000
+    );
+    child.kill();
 }
