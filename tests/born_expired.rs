@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use flocklease::fault::FaultPoint;
-use flocklease::{Clock, FlockLease, Grant, KeepAlive, Loss, ManualClock, SessionLease, Timestamp};
+use flocklease::{Clock, FlockLease, Grant, KeepAlive, Loss, ManualClock, Timestamp};
 use support::{id, owner};
 
 const TTL: Duration = Duration::from_secs(30);
