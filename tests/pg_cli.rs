@@ -154,3 +154,51 @@ fn status_lists_rows_edited_by_hand_as_corrupt_and_the_rest_as_usual() {
     assert_eq!(out.status.code(), Some(70), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("infinite"));
 }
+
+/// `run --pg` SIGKILLed: its connection ends, so the lease is free at once; the job must not
+/// go on running with the lease free for the grace period (30 s here), nor even see a SIGTERM:
+/// the watchdog kills its group at once. The job ignores SIGTERM and notes it, so a grace
+/// period would show (and the wait below, bounded to 10 s, would time out).
+#[test]
+fn run_pg_killed_takes_its_job_down_at_once() {
+    use std::io::{BufRead, BufReader};
+    let Some(server) = pg::server() else { return };
+    let db = server.fresh_db();
+    let url = server.url(&db);
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("job.log");
+    let script = format!(
+        "trap 'echo term >> {log}' TERM; echo $$; while :; do sleep 0.05; done",
+        log = log.display()
+    );
+    let mut run = Command::new(env!("CARGO_BIN_EXE_flocklease"))
+        .args([
+            "run", "--pg", &url, "--id", "killed", "--grace", "30s", "--", "sh", "-c", &script,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(run.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let job: i32 = first.trim().parse().unwrap();
+    let alive = || {
+        std::path::Path::new(&format!("/proc/{job}")).exists()
+            && !std::fs::read_to_string(format!("/proc/{job}/stat"))
+                .unwrap_or_default()
+                .contains(") Z ")
+    };
+    assert!(alive());
+    run.kill().unwrap();
+    run.wait().unwrap();
+    pg::until("the job of the killed run to be gone", || !alive());
+    assert!(
+        !log.exists(),
+        "the job was given a grace period: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    // And the lease is free for the next run.
+    let out = flocklease(&["run", "--pg", &url, "--id", "killed", "--", "true"]);
+    assert!(out.status.success(), "{out:?}");
+}

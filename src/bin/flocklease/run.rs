@@ -13,7 +13,10 @@
 //! - when the lease is lost, the whole group gets SIGTERM, then SIGKILL after `--grace`;
 //! - when `run` itself dies, its [watchdog](crate::watchdog) stops the group the same way, and
 //!   the job's inherited liveness descriptor keeps the lease live meanwhile (and, should the
-//!   watchdog die too, while any job process runs, up to the expiry).
+//!   watchdog die too, while any job process runs, up to the expiry). With `--pg` the lease's
+//!   liveness is `run`'s own connection, which ends with `run`: the watchdog then sends
+//!   SIGKILL to the group at once, with no grace period (what remains: the milliseconds
+//!   between the server ending the session and the watchdog's SIGKILL, fenced by the token).
 
 use std::fs::{self, DirBuilder};
 use std::io;
@@ -53,8 +56,9 @@ pub struct RunArgs {
     dir: Option<PathBuf>,
     /// Keep the lease in PostgreSQL instead (a connection string: `host=… user=… dbname=…`
     /// or `postgresql://…`): one host of a fleet at a time. If `run` is killed, the lease is
-    /// free at once (its connection ends) while the watchdog stops the job: fence with
-    /// FLOCKLEASE_TOKEN. Needs a binary built with the `postgres` feature.
+    /// free at once (its connection ends) and the watchdog kills the job at once (SIGKILL, no
+    /// grace period); fence with FLOCKLEASE_TOKEN for the milliseconds between. Needs a
+    /// binary built with the `postgres` feature.
     #[arg(long, value_name = "CONNINFO", conflicts_with_all = ["dir", "durability"])]
     pg: Option<String>,
     /// With --pg: verify the server's TLS certificate against the CA certificates in this
@@ -195,9 +199,19 @@ fn hold<L: SessionLease + 'static>(
 ) -> Result<u8, String> {
     let lease = keep.lease();
     let id = &lease.session_id;
+    let live = live()?;
+    // If `run` dies, a job that inherits the liveness lock keeps the lease live while it
+    // drains: the watchdog gives it the grace period. A job that does not (`--pg`: the
+    // liveness lock is `run`'s connection, which ends with it) runs with the lease free, so
+    // the watchdog kills it at once, without a grace period.
+    let on_death = if live.is_some() {
+        a.grace
+    } else {
+        Duration::ZERO
+    };
     // Without a watchdog (no /proc to find our own binary), the inherited liveness descriptor
     // still keeps the lease live for the job of a killed `run`, up to the expiry.
-    let mut watchdog = Watchdog::spawn(a.grace)
+    let mut watchdog = Watchdog::spawn(on_death)
         .inspect_err(|e| {
             eprintln!(
                 "flocklease: {e}; if run is killed, its job is not stopped (the lease stays \
@@ -205,7 +219,6 @@ fn hold<L: SessionLease + 'static>(
             );
         })
         .ok();
-    let live = live()?;
     let (mut cmd, name) = command(a);
     cmd.env("FLOCKLEASE_TOKEN", lease.token.to_string())
         .env("FLOCKLEASE_ID", id.as_str())

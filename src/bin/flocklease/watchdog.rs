@@ -36,7 +36,8 @@ const POLL: Duration = Duration::from_millis(20);
 /// The arguments of the hidden `__watchdog` command.
 #[derive(Args)]
 pub struct WatchdogArgs {
-    /// Time between SIGTERM and SIGKILL.
+    /// Time between SIGTERM and SIGKILL; zero: SIGKILL at once (the job holds no liveness
+    /// of its own, so the lease is free the moment `run` dies).
     #[arg(long, value_parser = duration::parse)]
     grace: Duration,
 }
@@ -95,6 +96,14 @@ pub fn main(args: &WatchdogArgs) -> u8 {
     }
     let Some(pgid) = pgid else { return 0 };
     if !group_alive(pgid) {
+        return 0;
+    }
+    if args.grace.is_zero() {
+        // The job runs with the lease free: no time for a graceful stop.
+        eprintln!(
+            "flocklease: run died and the lease with it; killing its job (process group {pgid})"
+        );
+        let _ = killpg(pgid, Signal::SIGKILL);
         return 0;
     }
     eprintln!("flocklease: run died; stopping its job (process group {pgid})");
