@@ -22,10 +22,11 @@ mod support;
 
 use std::io::Write;
 use std::process::Command;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
-use flocklease::pg::PgLease;
+use flocklease::pg::{PgLease, PgStep};
 use flocklease::{KeepAlive, SessionLease, Timestamp};
 use support::{RoleChild, hear, id, owner, role, tell};
 
@@ -37,10 +38,13 @@ const TTL: Duration = Duration::from_secs(12);
 /// `lost LOSS early|late` (early: before the lease's expiry by the server's clock).
 #[test]
 fn child_entry() {
-    let Some((_, args)) = role() else { return };
+    let Some((role, args)) = role() else { return };
     // In its own network namespace by now: the parent may move the link in.
     tell("ready");
     assert_eq!(hear().as_deref(), Some("go"));
+    if role == "stuck" {
+        return stuck(&args[0]);
+    }
     let leases = Arc::new(PgLease::builder(&args[0]).ttl(TTL).connect().unwrap());
     let lease = leases
         .acquire(&id("job"), &owner("far"))
@@ -78,6 +82,33 @@ fn child_entry() {
             "answered"
         }
     ));
+    while hear().is_some() {}
+}
+
+/// The `stuck` role: acquires `job`, says `token N`, then renews; the renew's transaction,
+/// once its row is locked, says `stuck PID` (its server session) and waits there.
+fn stuck(url: &str) {
+    let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hook_armed = Arc::clone(&armed);
+    let leases = PgLease::builder(url)
+        .ttl(TTL)
+        .faults(Arc::new(move |step, pid| {
+            if step == PgStep::Commit && hook_armed.swap(false, Ordering::SeqCst) {
+                tell(&format!("stuck {pid}"));
+                let _ = hear();
+            }
+            None
+        }))
+        .connect()
+        .unwrap();
+    let lease = leases
+        .acquire(&id("job"), &owner("far"))
+        .unwrap()
+        .lease()
+        .expect("free");
+    tell(&format!("token {}", lease.token));
+    armed.store(true, Ordering::SeqCst);
+    let _ = leases.renew(&lease);
     while hear().is_some() {}
 }
 
@@ -125,10 +156,30 @@ fn skip(why: &str) {
         .write_all(format!("\n*** the host-death test DID NOT RUN: {why} ***\n").as_bytes());
 }
 
-#[test]
-fn a_holder_host_that_vanishes_is_noticed_on_both_ends_before_the_expiry() {
+/// A child in `role`, in a network namespace of its own joined to this one by a veth pair,
+/// told `go` once its network is up; the server listens on this side's address too. `None`
+/// (after a loud notice, or a failure when required) without root or `ip`.
+struct Far {
+    child: RoleChild,
+    /// The child's pid (its namespace's).
+    pid: u32,
+    /// The child's end of the pair, in its namespace.
+    there: String,
+    server: &'static pg::PgServer,
+    db: String,
+    _veth: Veth,
+    /// One at a time: the server listens on the pair's address (one per test binary).
+    _serial: std::sync::MutexGuard<'static, ()>,
+}
+
+fn far(role: &str) -> Option<Far> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     if !nix::unistd::geteuid().is_root() {
-        return skip("it needs root for a network namespace and a veth pair");
+        skip("it needs root for a network namespace and a veth pair");
+        return None;
     }
     let n = std::process::id();
     let (here, there) = (
@@ -141,29 +192,27 @@ fn a_holder_host_that_vanishes_is_noticed_on_both_ends_before_the_expiry() {
         None,
         &["link", "add", &here, "type", "veth", "peer", "name", &there],
     ) {
-        return skip(&e);
+        skip(&e);
+        return None;
     }
-    let _veth = Veth(here.clone());
+    let veth = Veth(here.clone());
     ip(
         None,
         &["addr", "add", &format!("{here_addr}/24"), "dev", &here],
     )
     .unwrap();
     ip(None, &["link", "set", &here, "up"]).unwrap();
-    let Some(server) = pg::server_also_on(&here_addr, &format!("{net}.0/24")) else {
-        return;
-    };
+    let server = pg::server_also_on(&here_addr, &format!("{net}.0/24"))?;
     let db = server.fresh_db();
     let far_url = format!(
         "host={here_addr} port={} user=postgres dbname={db}",
         server.port
     );
-    // The holder, in a network namespace of its own with the other end of the pair.
-    // (`unshare` execs the test binary in place: the child's pid is the holder's.)
-    let mut holder =
-        RoleChild::spawn_wrapped(&["unshare", "--net", "--"], ENTRY, "holder", &[&far_url]);
-    let pid = holder.child.id();
-    assert_eq!(holder.line(), "ready");
+    // In a network namespace of its own with the other end of the pair. (`unshare` execs
+    // the test binary in place: the child's pid is the holder's.)
+    let mut child = RoleChild::spawn_wrapped(&["unshare", "--net", "--"], ENTRY, role, &[&far_url]);
+    let pid = child.child.id();
+    assert_eq!(child.line(), "ready");
     ip(None, &["link", "set", &there, "netns", &pid.to_string()]).unwrap();
     ip(Some(pid), &["link", "set", "lo", "up"]).unwrap();
     ip(
@@ -174,12 +223,37 @@ fn a_holder_host_that_vanishes_is_noticed_on_both_ends_before_the_expiry() {
     ip(Some(pid), &["link", "set", &there, "up"]).unwrap();
     // Only a guard against a hang (a call stuck in TCP retransmissions): the child is killed
     // after a minute, which fails the test on its next line instead of hanging it.
-    let guard_pid = holder.pid();
+    let guard_pid = child.pid();
     std::thread::spawn(move || {
         std::thread::sleep(Duration::from_secs(60));
         let _ = nix::sys::signal::kill(guard_pid, nix::sys::signal::Signal::SIGKILL);
     });
-    holder.say("go");
+    child.say("go");
+    Some(Far {
+        child,
+        pid,
+        there,
+        server,
+        db,
+        _veth: veth,
+        _serial: serial,
+    })
+}
+
+#[test]
+fn a_holder_host_that_vanishes_is_noticed_on_both_ends_before_the_expiry() {
+    let Some(Far {
+        child: mut holder,
+        pid,
+        there,
+        server,
+        db,
+        _veth,
+        _serial,
+    }) = far("holder")
+    else {
+        return;
+    };
     let line = holder.line();
     let mut words = line.split(' ');
     let (token, expiry): (u64, i128) = match (words.next(), words.next(), words.nth(1)) {
@@ -222,4 +296,50 @@ fn a_holder_host_that_vanishes_is_noticed_on_both_ends_before_the_expiry() {
     assert_eq!(told, "lost LivenessLost early", "the holder's report");
     assert_eq!(holder.line(), "renew failed");
     holder.kill();
+}
+
+/// A holder whose host vanishes (its link goes down) in the middle of a renew's transaction,
+/// holding the lease row locked: the server ends that session (its idle-in-transaction bound,
+/// here 4 s: a third of the TTL), so a rival on this host is answered again instead of failing
+/// with `RowLockTimeout` until the far host's path comes back.
+#[test]
+fn a_holder_host_that_vanishes_mid_transaction_does_not_keep_the_row_locked() {
+    let Some(Far {
+        mut child,
+        pid,
+        there,
+        server,
+        db,
+        _veth,
+        _serial,
+    }) = far("stuck")
+    else {
+        return;
+    };
+    assert_eq!(child.line(), "token 1");
+    let stuck: i32 = child
+        .line()
+        .strip_prefix("stuck ")
+        .unwrap()
+        .parse()
+        .unwrap();
+    ip(Some(pid), &["link", "set", &there, "down"]).unwrap();
+    let admin = server.admin(&db);
+    let rival = PgLease::builder(&server.url(&db))
+        .ttl(TTL)
+        .lock_timeout(Duration::from_millis(500))
+        .connect()
+        .unwrap();
+    let mut timeouts = 0;
+    let answer = loop {
+        match rival.acquire(&id("job"), &owner("near")) {
+            // At most 40 of 500 ms: five times the bound.
+            Err(flocklease::Error::RowLockTimeout { .. }) if timeouts < 40 => timeouts += 1,
+            other => break other,
+        }
+    };
+    eprintln!("answered after {timeouts} row-lock timeouts of 500 ms: {answer:?}");
+    assert!(answer.is_ok(), "the row stayed locked: {answer:?}");
+    admin.until_ended(stuck);
+    child.kill();
 }
