@@ -77,17 +77,31 @@
 //! # Deployment requirements
 //!
 //! - PostgreSQL 14 or later, reached **directly or through a session-mode pooler**. A
-//!   transaction-mode pooler breaks session advisory locks; it is refused
-//!   ([`Error::SessionNotKept`]) when a connection is opened, [`PgLeaseBuilder::connect`]
-//!   included: a connection's two consecutive reads of `pg_backend_pid()` must agree, and
-//!   no two of an instance's open connections may report the same server session (each has
-//!   its own backend when connected directly or through a session-mode pooler; a
-//!   transaction-mode pooler that reuses its last idle server connection gives every client
-//!   the same one, one that rotates them moves a client between them). A transaction (and
-//!   with it a liveness lock) that runs in a server session other than its connection's is
-//!   refused too, before anything is committed.
-//! - The library's server-side settings per connection (`lock_timeout`, no idle-session or
-//!   statement timeout on liveness connections, TCP keepalives) are sent as `SET` statements once a connection
+//!   transaction- or statement-mode pooler breaks session advisory locks; it is refused
+//!   ([`Error::SessionNotKept`], never a grant):
+//!   - **the session proof, per statement**: when a connection is opened, one statement
+//!     marks its server session with a random value (the setting `flocklease.session`), and
+//!     only if that session holds no advisory lock (a fresh session, or one reset by a
+//!     session-mode pooler, holds none; a session that does is another connection's). Every
+//!     statement that takes, keeps or gives up a lock checks the mark *in itself*: the
+//!     transaction's first round trip (row lock, clock, probes), the commit that takes a new
+//!     generation's lock, the re-lock, the unlock. So each advisory lock a session holds was
+//!     taken by the connection whose mark it bears, and no statement of this library ever
+//!     takes a lock in, or probes from, another client's session;
+//!   - early, at connect ([`PgLeaseBuilder::connect`] included): a connection's two
+//!     consecutive statements must run in the same, marked session, and no two of an
+//!     instance's open connections may report the same server session;
+//!   - the pooler's own refusals (PgBouncer's statement mode refuses every transaction) and
+//!     prepared statements met in another session are reported the same way, with the
+//!     pooler's or server's message.
+//! - Every server session the library opens is ended by the server if its client goes
+//!   silent: in an open transaction after `min(lock_timeout, TTL/3)`, at least 1 s
+//!   (`idle_in_transaction_session_timeout`; a shorter one set by the operator is kept), so a
+//!   stopped, hung or vanished client never holds the lease row for longer; otherwise by
+//!   TCP keepalives and `tcp_user_timeout` within about a third of the TTL.
+//! - The library's server-side settings per connection (`lock_timeout`, the idle bounds
+//!   above, no idle-session or statement timeout on liveness connections, TCP keepalives)
+//!   are sent as `SET` statements once a connection
 //!   passed its checks, not as the startup parameter `options` (which PgBouncer refuses, or
 //!   drops when told to ignore it), so they hold through a session-mode pooler. Behind a
 //!   pooler the server-side TCP settings apply to the pooler's link, not to the holder's: a
