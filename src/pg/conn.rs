@@ -70,7 +70,6 @@ pub(super) struct Stmts {
     pub(super) lock_row: Statement,
     pub(super) insert_row: Statement,
     pub(super) clock: Statement,
-    pub(super) arrived: Statement,
     pub(super) probe: Statement,
     pub(super) probe_row: Statement,
     pub(super) update: Statement,
@@ -415,8 +414,8 @@ pub(super) struct FirstRead {
     pub(super) row: Option<tokio_postgres::Row>,
     /// `clock_timestamp()` after the row lock.
     pub(super) clock: tokio_postgres::Row,
-    /// `clock_timestamp()` before it: when the round trip arrived (its wait for a holder,
-    /// if any, aside).
+    /// `transaction_timestamp()`: when the transaction's `BEGIN` arrived, before the row
+    /// lock (after the wait for a holder, if any).
     pub(super) arrived: super::sqltime::SqlTime,
     /// The recorded generation's liveness, probed under the row lock: `(token mod 2^32 as
     /// the key's int4, free)`.
@@ -492,10 +491,9 @@ pub(super) async fn lock_and_read(
             None => Ok(None),
         }
     };
-    let (waited, begin, arrived, shortened, row, clock, probe) = tokio::join!(
+    let (waited, begin, shortened, row, clock, probe) = tokio::join!(
         waited,
         c.client.execute(&c.stmts.begin, &[]),
-        c.client.query_one(&c.stmts.arrived, &[]),
         shorten,
         c.client.query_opt(&c.stmts.lock_row, &params),
         c.client.query_one(&c.stmts.clock, &[]),
@@ -504,10 +502,10 @@ pub(super) async fn lock_and_read(
     // The first failure in statement order is the cause (the later ones only say "aborted").
     waited?;
     begin?;
-    let arrived = arrived?.get(0);
     shortened?;
     let row = row?;
     let clock = clock?;
+    let arrived = clock.get(3);
     let probe = probe?.map(|r| (r.get(0), r.get(1)));
     Ok(FirstRead {
         row,
@@ -711,8 +709,10 @@ async fn prepare(c: &Client, nonce: &str) -> Result<Stmts, tokio_postgres::Error
          WHERE key = $1 AND live.got RETURNING 1) \
          SELECT got, (SELECT count(*) FROM upd), ours FROM live"
     );
-    // The clock, with the transaction's server session and whether it is this connection's.
-    let clock = format!("SELECT clock_timestamp(), pg_backend_pid(), {ours}");
+    // The clock after the row lock, the transaction's server session, whether it is this
+    // connection's, and the clock when the transaction's `BEGIN` arrived (before the lock).
+    let clock =
+        format!("SELECT clock_timestamp(), pg_backend_pid(), {ours}, transaction_timestamp()");
     // NULL when the statement ran in another server session than this connection's.
     let lock_live = format!(
         "SELECT CASE WHEN {ours} THEN pg_try_advisory_lock($1::int4, $2::int4) END, \
@@ -727,7 +727,6 @@ async fn prepare(c: &Client, nonce: &str) -> Result<Stmts, tokio_postgres::Error
         lock_row,
         insert_row,
         clock,
-        arrived,
         probe,
         probe_row,
         update,
@@ -743,7 +742,6 @@ async fn prepare(c: &Client, nonce: &str) -> Result<Stmts, tokio_postgres::Error
         c.prepare(&lock_row),
         c.prepare(&insert_row),
         c.prepare(&clock),
-        c.prepare("SELECT clock_timestamp()"),
         c.prepare("SELECT pg_try_advisory_xact_lock_shared($1::int4, $2::int4)"),
         c.prepare(&probe_row),
         c.prepare(&update),
@@ -760,7 +758,6 @@ async fn prepare(c: &Client, nonce: &str) -> Result<Stmts, tokio_postgres::Error
         lock_row,
         insert_row,
         clock,
-        arrived,
         probe,
         probe_row,
         update,

@@ -246,8 +246,9 @@ impl PgLease {
 
     /// The clock lease expiries are in: this host's clock corrected by its offset from the
     /// server's (or the clock given to [`PgLeaseBuilder::clock`]). The offset is measured at
-    /// each transition as the server's `clock_timestamp()` when the transition's first message
-    /// arrived minus this host's clock just before it was sent: never behind the server's
+    /// each transition as the server's clock when the transaction's `BEGIN` arrived
+    /// (`transaction_timestamp()`, read before the row lock) minus this host's clock just before
+    /// it was sent: never behind the server's
     /// clock (ahead by at most the one-way latency, and by any pause of this process between
     /// the two), so a lease never looks valid here after the server sees it expired.
     /// [`KeepAlive`](crate::KeepAlive) uses it by default ([`SessionLease::clock`]).
