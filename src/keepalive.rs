@@ -59,6 +59,7 @@ impl fmt::Display for Loss {
 }
 
 type LossCallback = Box<dyn FnOnce(&Loss) + Send>;
+type RenewCallback = Box<dyn Fn(&Lease) + Send>;
 
 /// Options for a [`KeepAlive`]; start from [`KeepAlive::builder`].
 #[must_use]
@@ -69,9 +70,19 @@ pub struct KeepAliveBuilder<L> {
     clock: Arc<dyn Clock>,
     clock_check: Duration,
     on_loss: Option<LossCallback>,
+    on_renew: Option<RenewCallback>,
 }
 
 impl<L: SessionLease + 'static> KeepAliveBuilder<L> {
+    /// A function called on the renewer thread after each successful renew, with the renewed
+    /// lease (its new expiry): to pass the expiry on, e.g. to a process that stops the work
+    /// at the expiry should this process stop renewing. Keep it short; a panic in it is
+    /// contained (the keep-alive goes on).
+    pub fn on_renew(mut self, f: impl Fn(&Lease) + Send + 'static) -> Self {
+        self.on_renew = Some(Box::new(f));
+        self
+    }
+
     /// How often to renew. Default: a third of the time the lease had left when the keep-alive
     /// started (TTL/3 for a fresh lease), at least 1 ms. It must be shorter than that time
     /// left (see [`KeepAliveBuilder::start`]).
@@ -182,6 +193,7 @@ impl<L: SessionLease + 'static> KeepAliveBuilder<L> {
         let renewer = Renewer {
             leases: Arc::clone(&self.leases),
             shared: Arc::clone(&shared),
+            on_renew: self.on_renew,
             interval,
             first_due: self.clock.now().checked_add(interval),
         };
@@ -314,6 +326,7 @@ impl<L: SessionLease + 'static> KeepAlive<L> {
             clock,
             clock_check: DEFAULT_CLOCK_CHECK,
             on_loss: None,
+            on_renew: None,
         }
     }
 
@@ -573,6 +586,7 @@ impl Shared {
 struct Renewer<L> {
     leases: Arc<L>,
     shared: Arc<Shared>,
+    on_renew: Option<RenewCallback>,
     interval: Duration,
     first_due: Option<crate::Timestamp>,
 }
@@ -628,6 +642,9 @@ impl<L: SessionLease> Renewer<L> {
             let started = clock.now();
             match self.leases.renew(&lease) {
                 Ok(Grant::Granted(renewed)) => {
+                    if let Some(f) = &self.on_renew {
+                        let _ = catch_unwind(AssertUnwindSafe(|| f(&renewed)));
+                    }
                     let mut state = self.shared.lock();
                     state.lease = renewed;
                     state.last_error = None;

@@ -411,6 +411,40 @@ fn names(input: &Input, owner: &Owner, token: u64) -> bool {
         .is_some_and(|r| r.token == token && r.owner == owner.as_str())
 }
 
+/// Whether a fenced section of generation `(owner, token)` may run (and, for a backend that
+/// commits the section's writes at its end, commit) with `record` read under the id's
+/// transition lock (flock) or the lease row's share lock (PostgreSQL) at `now`: the record
+/// names the generation and has not expired, and this instance holds the generation
+/// (`held_here`: its liveness lock is this instance's). While the lock is held no takeover
+/// can commit, so the answer stays true until the section ends (but for the expiry, which a
+/// backend whose writes commit at the end checks again then).
+///
+/// ```
+/// use std::time::Duration;
+/// use flocklease::machine::fence_holds;
+/// use flocklease::{Owner, Record, Timestamp};
+///
+/// let now = Timestamp::from_unix_secs(1_700_000_000).unwrap();
+/// let a = Owner::new("a").unwrap();
+/// let rec = Record { owner: "a".into(), token: 7, expiry: now.checked_add(Duration::from_secs(5)).unwrap() };
+/// assert!(fence_holds(Some(&rec), &a, 7, true, now));
+/// assert!(!fence_holds(Some(&rec), &a, 6, true, now)); // superseded
+/// assert!(!fence_holds(Some(&rec), &a, 7, false, now)); // not held here
+/// assert!(!fence_holds(Some(&rec), &a, 7, true, rec.expiry)); // expired
+/// ```
+pub fn fence_holds(
+    record: Option<&Record>,
+    owner: &Owner,
+    token: u64,
+    held_here: bool,
+    now: Timestamp,
+) -> bool {
+    held_here
+        && record.is_some_and(|r| {
+            !r.is_tombstone() && r.token == token && r.owner == owner.as_str() && !expired(r, now)
+        })
+}
+
 /// Whether a lease expiring at `expiry` is expired at `now`: `now >= expiry` (the boundary
 /// instant belongs to the next holder). The one definition of expiry, for adapters, the
 /// keep-alive and status reports alike.

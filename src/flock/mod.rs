@@ -300,6 +300,96 @@ impl FlockLease {
         }
     }
 
+    /// Runs `f` as a **fenced section** of `lease`: only while the lease is this instance's,
+    /// and with no takeover able to happen until `f` returns. Returns `Ok(None)`, without
+    /// running `f`, when the lease is not held here any more (taken over, released, expired,
+    /// or its generation not held by this instance).
+    ///
+    /// The section holds the id's transition lock (`<stem>.lock`, exclusively) from before the
+    /// check until `f` returns: every takeover — this crate's, in any process, or the Go
+    /// package's — needs that lock, so none can be granted while `f` runs, even if the lease
+    /// expires meanwhile. That makes `f`'s writes those of the one holder, whatever the
+    /// holder's process does before or after (a pause, a stop past the TTL), which a check
+    /// like [`KeepAlive::is_lost`](crate::KeepAlive::is_lost) before writing cannot promise.
+    ///
+    /// **Cost:** every transition on the id — a rival's acquire, and this instance's own
+    /// renew — waits for the section (at most its lock timeout, then
+    /// [`Error::LockTimeout`]). Keep `f` short (a write, a rename), well below the lock
+    /// timeout; its wait for the lock is bounded by the lock timeout too.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LockTimeout`] when the transition lock stays busy for the lock timeout; an
+    /// error reading the record. `f` has not run then.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use flocklease::{FlockLease, Owner, SessionId};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let out = dir.path().join("report.csv");
+    /// let leases = FlockLease::open(dir.path())?;
+    /// let lease = leases.acquire(&SessionId::new("report")?, &Owner::new("a")?)?.lease().unwrap();
+    /// let wrote = leases.fenced(&lease, || std::fs::write(&out, "total,42\n"))?;
+    /// match wrote {
+    ///     Some(result) => result?,               // written as the one holder
+    ///     None => eprintln!("lease lost: not written"),
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn fenced<T>(&self, lease: &Lease, f: impl FnOnce() -> T) -> Result<Option<T>, Error> {
+        let started = Instant::now();
+        let deadline = wait::deadline_after(self.lock_timeout);
+        let entry = self.slot(lease.session_id.stem());
+        let paths = &entry.paths;
+        let Some(_turn) = entry.gate.enter(deadline) else {
+            return Err(Error::LockTimeout {
+                path: paths.lock.clone(),
+                waited: started.elapsed(),
+            });
+        };
+        let mut slot = lock(&entry.state);
+        let stable = self.lock_stable(&paths.lock, slot.lock.take(), deadline, started)?;
+        let checked = self.peek_record(&paths.record).map(|record| {
+            let held_here = slot
+                .local
+                .as_ref()
+                .is_some_and(|g| g.local.token == lease.token && g.local.owner == lease.owner);
+            machine::fence_holds(
+                record.as_ref().map(|(r, _)| r),
+                &lease.owner,
+                lease.token,
+                held_here,
+                self.clock.now(),
+            )
+        });
+        // The section runs under the lock; it is given up (kept for the next transition)
+        // whatever `f` does, a panic included.
+        match checked {
+            Ok(true) => {
+                let mut unlock = UnlockOnDrop {
+                    lease: self,
+                    slot: &mut slot,
+                    stable: Some(stable),
+                };
+                let out = f();
+                unlock.release();
+                Ok(Some(out))
+            }
+            Ok(false) => {
+                slot.lock = self.keep_lock(stable, false);
+                Ok(None)
+            }
+            Err(e) => {
+                slot.lock = self.keep_lock(stable, false);
+                Err(e)
+            }
+        }
+    }
+
     /// Reads the record without the transition lock.
     fn peek_record(&self, path: &Path) -> Result<Option<(Record, Option<LiveTag>)>, Error> {
         let file = match self.opener.open(path, Access::Read) {
@@ -641,6 +731,27 @@ impl FlockLeaseBuilder {
 }
 
 crate::driver::session_lease_via_transition!(FlockLease);
+
+/// Gives up a fenced section's transition lock when dropped (also while unwinding).
+struct UnlockOnDrop<'a> {
+    lease: &'a FlockLease,
+    slot: &'a mut Slot,
+    stable: Option<StableLock>,
+}
+
+impl UnlockOnDrop<'_> {
+    fn release(&mut self) {
+        if let Some(stable) = self.stable.take() {
+            self.slot.lock = self.lease.keep_lock(stable, false);
+        }
+    }
+}
+
+impl Drop for UnlockOnDrop<'_> {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
 
 /// The per-id entries and when to prune them next.
 #[derive(Debug)]

@@ -41,11 +41,15 @@ pub enum PgStep {
     /// A takeover that fails after its commit statement took the new generation's lock ends
     /// that connection's session instead.
     Unlock,
+    /// A statement of a fenced section ([`PgLease::fenced`](super::PgLease::fenced)): its
+    /// first round trip (the row's share lock), the caller's statements, the clock before its
+    /// commit. (Its `COMMIT` is [`PgStep::Commit`].)
+    Fenced,
 }
 
 impl PgStep {
     /// Every step, in the order a transition may reach them.
-    pub const ALL: [PgStep; 8] = [
+    pub const ALL: [PgStep; 9] = [
         PgStep::LockRow,
         PgStep::InsertRow,
         PgStep::Probe,
@@ -54,6 +58,7 @@ impl PgStep {
         PgStep::Commit,
         PgStep::Reread,
         PgStep::Unlock,
+        PgStep::Fenced,
     ];
 }
 

@@ -122,8 +122,6 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio_postgres::Row;
-
 use crate::clock::{Clock, SystemClock};
 use crate::driver;
 use crate::error::Error;
@@ -135,6 +133,7 @@ use crate::timestamp::Timestamp;
 
 mod conn;
 mod fault;
+mod fenced;
 mod pool;
 mod round;
 pub mod schema;
@@ -149,6 +148,7 @@ use fault::Faults;
 #[cfg(feature = "fault-injection")]
 pub use fault::PgFaultHook;
 pub use fault::{PgFault, PgStep};
+pub use fenced::PgFenced;
 /// The TLS library behind [`PgTls`] (for [`PgTls::from_rustls`]).
 #[cfg(feature = "postgres-tls")]
 pub use rustls;
@@ -156,6 +156,8 @@ pub use sessions::PgSession;
 use sqltime::truncate_to_micros;
 #[cfg(feature = "postgres-tls")]
 pub use tls::PgTls;
+/// The statement parameter and result row types of [`PgFenced`] (from `tokio-postgres`).
+pub use tokio_postgres::{Row, types::ToSql};
 use tx::{IdState, PgTx};
 
 /// The default bound on waiting for a lease row locked by another transition: 5 seconds.

@@ -36,7 +36,7 @@ use nix::sys::signal::Signal;
 
 use crate::job::{self, Job};
 use crate::signals::{self, Event, Route, Signals};
-use crate::watchdog::Watchdog;
+use crate::watchdog::{Deadlines, Watchdog};
 use crate::{EXIT_ERROR, EXIT_HELD, EXIT_LOST, duration, status};
 
 /// While the command has exited but processes of its group remain, how often `run` checks
@@ -166,9 +166,11 @@ fn run(a: RunArgs) -> Result<u8, String> {
     };
     // From here on, dropping `keep` (any early return) releases the lease.
     let (tx, rx) = mpsc::channel();
+    let deadlines = Deadlines::default();
     let keep = {
         let tx = tx.clone();
         KeepAlive::builder(Arc::clone(&leases), lease.clone())
+            .on_renew(tell_expiry(&deadlines, leases.clock()))
             .on_loss(move |_| {
                 let _ = tx.send(Event::Lost);
             })
@@ -182,12 +184,45 @@ fn run(a: RunArgs) -> Result<u8, String> {
     // Best effort: without it, `status` shows the stem only.
     let _ = flocklease::status::write_id(&dir, &id);
     let live = || leases.liveness_fd(&lease).map_err(|e| crate::describe(&e));
-    hold(&a, &signals, keep, (tx, rx), &owner, live, Some(&dir))
+    let clock = leases.clock();
+    hold(
+        &a,
+        &signals,
+        keep,
+        (tx, rx),
+        &owner,
+        live,
+        Some(&dir),
+        (&deadlines, &*clock),
+    )
+}
+
+/// The keep-alive's renew callback: passes each renewed expiry to the watchdog, as this
+/// host's wall-clock instant (see [`Deadlines`]).
+fn tell_expiry(deadlines: &Deadlines, clock: Arc<dyn Clock>) -> impl Fn(&Lease) + Send + 'static {
+    let deadlines = deadlines.clone();
+    move |lease| deadlines.note(local_deadline(&*clock, lease))
+}
+
+/// `lease`'s expiry, judged by `clock` (the backend's), as an instant of this host's wall
+/// clock in nanoseconds since the epoch: now plus the time the lease has left.
+fn local_deadline(clock: &dyn Clock, lease: &Lease) -> i128 {
+    let left = lease.expiry.saturating_duration_since(clock.now());
+    SystemClock.now().unix_nanos() + left.as_nanos() as i128
+}
+
+/// How long before the expiry the watchdog kills a job whose `run` confirmed no renew: a
+/// twentieth of the TTL, between 50 ms and 1 s (the kill's own delivery, and a margin for
+/// the watchdog being scheduled late).
+fn expiry_margin(ttl: Duration) -> Duration {
+    (ttl / 20).clamp(Duration::from_millis(50), Duration::from_secs(1))
 }
 
 /// Runs the job while `keep` keeps its lease alive, then releases; returns the exit status.
 /// `live` gives the liveness descriptor the job inherits (flock), if any; `dir` is put in the
-/// job's environment.
+/// job's environment; `deadlines` (filled by `keep`'s renews) tell the watchdog the expiry,
+/// judged by `clock`.
+#[allow(clippy::too_many_arguments)]
 fn hold<L: SessionLease + 'static>(
     a: &RunArgs,
     signals: &Signals,
@@ -196,6 +231,7 @@ fn hold<L: SessionLease + 'static>(
     owner: &Owner,
     live: impl FnOnce() -> Result<Option<std::os::fd::OwnedFd>, String>,
     dir: Option<&Path>,
+    (deadlines, clock): (&Deadlines, &dyn Clock),
 ) -> Result<u8, String> {
     let lease = keep.lease();
     let id = &lease.session_id;
@@ -211,7 +247,8 @@ fn hold<L: SessionLease + 'static>(
     };
     // Without a watchdog (no /proc to find our own binary), the inherited liveness descriptor
     // still keeps the lease live for the job of a killed `run`, up to the expiry.
-    let mut watchdog = Watchdog::spawn(on_death)
+    deadlines.note(local_deadline(clock, &keep.lease()));
+    let mut watchdog = Watchdog::spawn(on_death, expiry_margin(a.ttl))
         .inspect_err(|e| {
             eprintln!(
                 "flocklease: {e}; if run is killed, its job is not stopped (the lease stays \
@@ -240,6 +277,7 @@ fn hold<L: SessionLease + 'static>(
     let job = match spawned {
         Ok(job) => job,
         Err(e) => {
+            deadlines.detach();
             if let Some(w) = watchdog {
                 w.done();
             }
@@ -254,8 +292,12 @@ fn hold<L: SessionLease + 'static>(
     };
     if let Some(w) = &mut watchdog {
         w.arm(job.pgid());
+        if let Some(pipe) = w.writer() {
+            deadlines.attach(pipe);
+        }
     }
     let code = supervise(job, &keep, &rx, a.grace);
+    deadlines.detach();
     if let Some(w) = watchdog {
         w.done();
     }
@@ -319,11 +361,13 @@ fn run_pg(
         return Ok(a.conflict_exit_code);
     };
     let (tx, rx) = mpsc::channel();
+    let deadlines = Deadlines::default();
     let keep = {
         let tx = tx.clone();
-        // The server's clock (as estimated here) decides the expiry, not this host's.
+        // The server's clock (as estimated here) decides the expiry, not this host's: the
+        // keep-alive's default.
         KeepAlive::builder(Arc::clone(&leases), lease.clone())
-            .clock(leases.clock())
+            .on_renew(tell_expiry(&deadlines, leases.clock()))
             .on_loss(move |_| {
                 let _ = tx.send(Event::Lost);
             })
@@ -333,7 +377,17 @@ fn run_pg(
                 e.to_string()
             })?
     };
-    hold(a, signals, keep, (tx, rx), owner, || Ok(None), None)
+    let clock = leases.clock();
+    hold(
+        a,
+        signals,
+        keep,
+        (tx, rx),
+        owner,
+        || Ok(None),
+        None,
+        (&deadlines, &*clock),
+    )
 }
 
 #[cfg(not(feature = "postgres"))]

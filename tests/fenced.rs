@@ -1,0 +1,89 @@
+//! Fenced sections on the flock backend: the caller's work runs only while the lease is this
+//! instance's, and no takeover (which needs the id's transition lock) can happen until it
+//! returns, even when the lease expires meanwhile. A fake clock moves time; no sleeps.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use flocklease::{Error, FlockLease, Grant, ManualClock, Timestamp};
+use support::{id, owner};
+
+const TTL: Duration = Duration::from_secs(30);
+
+fn open(dir: &std::path::Path, clock: &ManualClock) -> FlockLease {
+    FlockLease::builder(dir)
+        .clock(Arc::new(clock.clone()))
+        .ttl(TTL)
+        .lock_timeout(Duration::from_millis(100))
+        .open()
+        .unwrap()
+}
+
+#[test]
+fn no_takeover_can_happen_while_a_fenced_section_runs_even_past_the_expiry() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(Timestamp::from_unix_secs(1_700_000_000).unwrap());
+    let (a, b) = (open(dir.path(), &clock), open(dir.path(), &clock));
+    let lease = a.acquire(&id("s"), &owner("a")).unwrap().lease().unwrap();
+    let inside = a
+        .fenced(&lease, || {
+            // The holder is "paused" past its TTL inside the section: a rival's takeover
+            // must wait for the section (here: its lock timeout runs out).
+            clock.advance(TTL + Duration::from_secs(1));
+            b.acquire(&id("s"), &owner("b"))
+        })
+        .unwrap()
+        .expect("the section ran: the lease was a's at its start");
+    assert!(
+        matches!(inside, Err(Error::LockTimeout { .. })),
+        "a takeover interleaved with the section: {inside:?}"
+    );
+    // Once the section is over, the expired lease is taken over at once...
+    let taken = b.acquire(&id("s"), &owner("b")).unwrap();
+    assert!(
+        matches!(taken, Grant::Granted(ref l) if l.token == 2),
+        "{taken:?}"
+    );
+    // ... and the old holder's next section does not run.
+    let mut ran = false;
+    assert_eq!(a.fenced(&lease, || ran = true).unwrap(), None);
+    assert!(!ran, "a superseded lease's section ran");
+}
+
+#[test]
+fn a_fenced_section_runs_only_for_the_holder_here_and_unexpired() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(Timestamp::from_unix_secs(1_700_000_000).unwrap());
+    let (a, b) = (open(dir.path(), &clock), open(dir.path(), &clock));
+    let lease = a.acquire(&id("s"), &owner("a")).unwrap().lease().unwrap();
+    assert_eq!(a.fenced(&lease, || 7).unwrap(), Some(7));
+    // Another instance does not hold the generation: its section does not run, even for
+    // the same owner and token.
+    assert_eq!(b.fenced(&lease, || 7).unwrap(), None);
+    // Expired (nobody took over yet): no section either; a renew brings it back.
+    clock.advance(TTL);
+    assert_eq!(a.fenced(&lease, || 7).unwrap(), None);
+    let lease = a.renew(&lease).unwrap().lease().unwrap();
+    assert_eq!(a.fenced(&lease, || 7).unwrap(), Some(7));
+    // Released: none.
+    a.release(&lease).unwrap();
+    assert_eq!(a.fenced(&lease, || 7).unwrap(), None);
+}
+
+#[test]
+fn a_panicking_section_gives_the_lock_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(Timestamp::from_unix_secs(1_700_000_000).unwrap());
+    let a = open(dir.path(), &clock);
+    let lease = a.acquire(&id("s"), &owner("a")).unwrap().lease().unwrap();
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = a.fenced(&lease, || panic!("the caller's work failed"));
+    }));
+    assert!(panicked.is_err());
+    // The lock is free again: a renew goes through within its lock timeout.
+    assert!(matches!(a.renew(&lease).unwrap(), Grant::Granted(_)));
+}
