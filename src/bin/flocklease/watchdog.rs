@@ -118,10 +118,8 @@ impl Deadlines {
     pub fn attach(&self, pipe: File) {
         let mut d = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         d.0 = Some(pipe);
-        if let Some(at) = d.1 {
-            if let Some(pipe) = d.0.as_mut() {
-                let _ = writeln!(pipe, "until {at}");
-            }
+        if let (Some(at), Some(pipe)) = (d.1, d.0.as_mut()) {
+            let _ = writeln!(pipe, "until {at}");
         }
     }
 
