@@ -222,13 +222,12 @@ pub enum Error {
         /// What is missing.
         detail: String,
     },
-    /// A blocking [`PgLease`](crate::pg::PgLease) call was made from a task of a
-    /// current-thread async runtime, which would stall every other task of that runtime for
-    /// the call's round trips. (From a multi-thread runtime the call works: it is announced
-    /// with `tokio::task::block_in_place`, which moves the worker's other tasks elsewhere.)
+    /// A blocking [`PgLease`](crate::pg::PgLease) call made inside a current-thread async
+    /// runtime's context runs on a thread of its own while the caller waits; that thread
+    /// could not be started (the system's thread limit) or it panicked.
     ///
     /// Remedy: make the call in `tokio::task::spawn_blocking`, or from a multi-thread
-    /// runtime.
+    /// runtime (where it is announced with `block_in_place`).
     AsyncContext,
     /// A PostgreSQL `COMMIT` got no reply and its outcome could not be settled: the server
     /// stopped answering and its session could not be confirmed ended, or the row could not be
@@ -416,8 +415,9 @@ impl fmt::Display for Error {
                  through a session-mode pooler"
             ),
             Error::AsyncContext => f.write_str(
-                "a blocking postgresql call was made on a current-thread async runtime; call \
-                 it in tokio::task::spawn_blocking, or from a multi-thread runtime",
+                "a blocking postgresql call inside a current-thread async runtime could not \
+                 run on a thread of its own; call it in tokio::task::spawn_blocking, or from \
+                 a multi-thread runtime",
             ),
             Error::CommitUnknown { id, detail } => write!(
                 f,

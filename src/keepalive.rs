@@ -651,6 +651,9 @@ impl<L: SessionLease> Renewer<L> {
                     due = started.checked_add(self.interval)?;
                 }
                 Ok(Grant::Held) => return Some(Loss::TakenOver),
+                // The backend cannot keep the liveness lock where it was taken (a pooler
+                // that shares server sessions): the lease cannot be known to be live.
+                Err(Error::SessionNotKept { .. }) => return Some(Loss::LivenessLost),
                 Err(e) => {
                     // Transient while the lease is valid: retry sooner; at the expiry the
                     // failure becomes a loss (check_expiry above).

@@ -146,8 +146,9 @@ fn a_client_stopped_mid_transaction_does_not_keep_the_row_locked() {
 }
 
 /// From a task of a multi-thread runtime every call works (the wait is announced with
-/// `block_in_place`), dropping the instance included; from a current-thread runtime a call is
-/// refused with `Error::AsyncContext`, and dropping an instance there does not panic either.
+/// `block_in_place`), dropping the instance included; inside a current-thread runtime, on its
+/// own thread and in `spawn_blocking`, calls work too (on a thread of their own), and dropping
+/// an instance there does not panic either.
 #[test]
 fn calls_from_inside_async_runtimes_work_or_are_refused_never_panic() {
     let Some((url, admin)) = fresh() else { return };
@@ -187,16 +188,26 @@ fn calls_from_inside_async_runtimes_work_or_are_refused_never_panic() {
         .build()
         .unwrap();
     single.block_on(async {
-        match PgLease::connect(&url) {
-            Err(Error::AsyncContext) => {}
-            other => panic!("expected Error::AsyncContext, got {other:?}"),
-        }
-        match outside.acquire(&id("job"), &owner("b")) {
-            Err(e @ Error::AsyncContext) => {
-                assert!(e.to_string().contains("spawn_blocking"), "{e}");
-            }
-            other => panic!("expected Error::AsyncContext, got {other:?}"),
-        }
+        let inside = PgLease::connect(&url).unwrap();
+        let lease = inside
+            .acquire(&id("job"), &owner("b"))
+            .unwrap()
+            .lease()
+            .unwrap();
+        assert_eq!(lease.token, 3);
+        assert!(outside.acquire(&id("job"), &owner("c")).unwrap().is_held());
+        let url = url.clone();
+        let from_blocking = tokio::task::spawn_blocking(move || {
+            let leases = PgLease::connect(&url).unwrap();
+            let held = leases.acquire(&id("job"), &owner("d")).unwrap().is_held();
+            drop(leases);
+            held
+        })
+        .await
+        .unwrap();
+        assert!(from_blocking, "the lease is b's");
+        inside.release(&lease).unwrap();
+        drop(inside);
         drop(outside);
     });
 }

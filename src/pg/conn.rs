@@ -209,7 +209,8 @@ pub(super) enum Fail {
     SessionNotKept(String),
     /// No reply within this bound: the server (or the network to it) is stuck.
     NoReply(Duration),
-    /// Called from a task of a current-thread async runtime (see [`block`]).
+    /// Inside a current-thread async runtime, the thread to run the call on could not be
+    /// started, or it panicked (see [`block`]).
     AsyncContext,
 }
 
@@ -267,7 +268,9 @@ pub(super) fn pooler_symptom(e: &tokio_postgres::Error) -> Option<String> {
             "a statement prepared on this connection met another server session: \"{}\"",
             db.message()
         ))
-    } else if code == &SqlState::PROTOCOL_VIOLATION {
+    } else if code == &SqlState::PROTOCOL_VIOLATION && db.message().contains("pooling mode") {
+        // PgBouncer's refusal of a transaction in statement mode; its other protocol errors
+        // (timeouts, a crashed server connection) are no sign of the mode.
         Some(format!("refused in between: \"{}\"", db.message()))
     } else {
         None
@@ -277,10 +280,10 @@ pub(super) fn pooler_symptom(e: &tokio_postgres::Error) -> Option<String> {
 /// Runs `f` on `rt`, giving up after `bound`: a server that stops answering (a stopped or
 /// stuck backend, a network that drops everything while TCP keepalives are still answered by
 /// the peer's kernel) never blocks a caller for longer.
-pub(super) fn within<T>(
+pub(super) fn within<T: Send>(
     rt: &Runtime,
     bound: Duration,
-    f: impl Future<Output = T>,
+    f: impl Future<Output = T> + Send,
 ) -> Result<T, Fail> {
     // The timer is made inside the runtime, whose time driver it needs.
     block(rt, async { tokio::time::timeout(bound, f).await })?.map_err(|_| Fail::NoReply(bound))
@@ -320,16 +323,30 @@ impl Drop for Rt {
 ///
 /// Called from a task of a multi-thread async runtime (the caller's, or the private one's
 /// own thread), the wait is announced to that runtime first (`block_in_place`): it moves the
-/// worker's other tasks to another thread, so the caller's executor is not blocked. A
-/// current-thread runtime has no other thread to move them to: the call is refused
-/// ([`Fail::AsyncContext`]) rather than stalling every task of that runtime, or panicking.
-pub(super) fn block<F: Future>(rt: &Runtime, f: F) -> Result<F::Output, Fail> {
+/// worker's other tasks to another thread, so the caller's executor is not blocked. Inside a
+/// current-thread runtime's context (its own thread, or a `spawn_blocking` thread of it),
+/// where neither `block_on` nor `block_in_place` may be called, the future runs on a thread
+/// of its own while this one waits: on the runtime's own thread that blocks its other tasks
+/// for the call's round trips (as any blocking call would; use `spawn_blocking` there).
+/// Never a panic.
+pub(super) fn block<F>(rt: &Runtime, f: F) -> Result<F::Output, Fail>
+where
+    F: Future + Send,
+    F::Output: Send,
+{
     match tokio::runtime::Handle::try_current() {
         Err(_) => Ok(rt.block_on(f)),
         Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
             Ok(tokio::task::block_in_place(|| rt.block_on(f)))
         }
-        Ok(_) => Err(Fail::AsyncContext),
+        Ok(_) => std::thread::scope(|s| {
+            std::thread::Builder::new()
+                .name("flocklease-pg-call".into())
+                .spawn_scoped(s, || rt.block_on(f))
+                .map_err(|_| Fail::AsyncContext)?
+                .join()
+                .map_err(|_| Fail::AsyncContext)
+        }),
     }
 }
 
@@ -344,7 +361,8 @@ pub(super) fn exec<'c, T, F>(
     f: impl FnOnce(&'c Conn) -> F,
 ) -> Result<T, Fail>
 where
-    F: Future<Output = Result<T, tokio_postgres::Error>>,
+    F: Future<Output = Result<T, tokio_postgres::Error>> + Send,
+    T: Send,
 {
     exec_within(rt, faults, step, conn, conn.reply_bound, f)
 }
@@ -360,7 +378,8 @@ pub(super) fn exec_within<'c, T, F>(
     f: impl FnOnce(&'c Conn) -> F,
 ) -> Result<T, Fail>
 where
-    F: Future<Output = Result<T, tokio_postgres::Error>>,
+    F: Future<Output = Result<T, tokio_postgres::Error>> + Send,
+    T: Send,
 {
     if let Some(fault) = faults.check(step, conn.pid) {
         return Err(inject(rt, fault, conn, f));
@@ -384,7 +403,8 @@ pub(super) fn inject<'c, T, F>(
     f: impl FnOnce(&'c Conn) -> F,
 ) -> Fail
 where
-    F: Future<Output = Result<T, tokio_postgres::Error>>,
+    F: Future<Output = Result<T, tokio_postgres::Error>> + Send,
+    T: Send,
 {
     match fault {
         PgFault::Fail => match block(rt, conn.client.simple_query("SELECT 1/0")) {
@@ -491,12 +511,13 @@ pub(super) async fn lock_and_read(
             None => Ok(None),
         }
     };
+    let mark: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&c.nonce];
     let (waited, begin, shortened, row, clock, probe) = tokio::join!(
         waited,
         c.client.execute(&c.stmts.begin, &[]),
         shorten,
         c.client.query_opt(&c.stmts.lock_row, &params),
-        c.client.query_one(&c.stmts.clock, &[]),
+        c.client.query_one(&c.stmts.clock, &mark),
         speculate,
     );
     // The first failure in statement order is the cause (the later ones only say "aborted").
@@ -572,7 +593,7 @@ pub(super) fn connect_unset(
         let first = claim(&client, &nonce).await?;
         // The second read is polled first, so it is sent ahead of the preparations: the next
         // transaction of this client after the claim.
-        let (again, stmts) = tokio::join!(owner_of(&client), prepare(&client, &nonce));
+        let (again, stmts) = tokio::join!(owner_of(&client), prepare(&client));
         let (again, mark) = again?;
         if again != first || mark.as_deref() != Some(nonce.as_str()) {
             return Err(Fail::SessionNotKept(format!(
@@ -620,11 +641,15 @@ fn fresh_nonce() -> String {
 }
 
 /// An SQL boolean expression: whether the statement runs in the server session marked with
-/// `nonce` (see [`claim`]). Put in every statement that takes, keeps or gives up a lock the
-/// session is to hold: the proof and the lock are one statement, so no pooler can put a
-/// statement of this connection in another client's session unseen.
-pub(super) fn ours(nonce: &str) -> String {
-    format!("coalesce(current_setting('{MARK}', true) = '{nonce}', false)")
+/// the nonce `mark` stands for (see [`claim`]): a bind parameter (`$3`) in a prepared
+/// statement, never the nonce's text, since statement names repeat across processes (a
+/// pooler that lets one client's Bind reach another client's session would run that client's
+/// statement text, its nonce included), but a Bind's parameters are the sender's. Put in
+/// every statement that takes, keeps or gives up a lock the session is to hold: the proof and
+/// the lock are one statement, so no pooler can put a statement of this connection in another
+/// client's session unseen.
+pub(super) fn ours(mark: &str) -> String {
+    format!("coalesce(current_setting('{MARK}', true) = {mark}::text, false)")
 }
 
 /// Marks the connection's server session as its own, by the simple protocol (one message,
@@ -681,9 +706,10 @@ async fn owner_of(c: &Client) -> Result<(i32, Option<String>), Fail> {
         .ok_or_else(|| Fail::SessionNotKept("pg_backend_pid() returned no pid".into()))
 }
 
-async fn prepare(c: &Client, nonce: &str) -> Result<Stmts, tokio_postgres::Error> {
+async fn prepare(c: &Client) -> Result<Stmts, tokio_postgres::Error> {
     let t = schema::TABLE;
-    let ours = ours(nonce);
+    // The nonce is each statement's last parameter (see `ours`).
+    let (ours1, ours3, ours6) = (ours("$1"), ours("$3"), ours("$6"));
     let lock_row = format!("SELECT key, owner, token, expiry FROM {t} WHERE id = $1 FOR UPDATE");
     let insert_row = format!(
         "INSERT INTO {t} (id, owner, token, expiry) VALUES ($1, '', 0, 'epoch') \
@@ -702,7 +728,7 @@ async fn prepare(c: &Client, nonce: &str) -> Result<Stmts, tokio_postgres::Error
     // The lock is tried only in this connection's own server session (see `claim`); the
     // third column says whether it was that session.
     let commit_live = format!(
-        "WITH mine AS MATERIALIZED (SELECT {ours} AS ours), \
+        "WITH mine AS MATERIALIZED (SELECT {ours6} AS ours), \
          live AS MATERIALIZED (SELECT CASE WHEN ours THEN \
          pg_try_advisory_lock($1::int4, $5::int4) ELSE false END AS got, ours FROM mine), \
          upd AS (UPDATE {t} SET owner = $2, token = $3, expiry = $4 FROM live \
@@ -712,13 +738,14 @@ async fn prepare(c: &Client, nonce: &str) -> Result<Stmts, tokio_postgres::Error
     // The clock after the row lock, the transaction's server session, whether it is this
     // connection's, and the clock when the transaction's `BEGIN` arrived (before the lock).
     let clock =
-        format!("SELECT clock_timestamp(), pg_backend_pid(), {ours}, transaction_timestamp()");
+        format!("SELECT clock_timestamp(), pg_backend_pid(), {ours1}, transaction_timestamp()");
     // NULL when the statement ran in another server session than this connection's.
     let lock_live = format!(
-        "SELECT CASE WHEN {ours} THEN pg_try_advisory_lock($1::int4, $2::int4) END, \
+        "SELECT CASE WHEN {ours3} THEN pg_try_advisory_lock($1::int4, $2::int4) END, \
          pg_backend_pid()"
     );
-    let unlock = format!("SELECT CASE WHEN {ours} THEN pg_advisory_unlock($1::int4, $2::int4) END");
+    let unlock =
+        format!("SELECT CASE WHEN {ours3} THEN pg_advisory_unlock($1::int4, $2::int4) END");
     // One pipeline: a single round trip.
     let (
         begin,

@@ -19,13 +19,15 @@
 //! ```sql
 //! BEGIN;                                                   -- pipelined with the next three
 //! SELECT key, owner, token, expiry FROM flocklease_leases WHERE id = $1 FOR UPDATE;
-//! SELECT clock_timestamp(), pg_backend_pid();
+//! SELECT clock_timestamp(), pg_backend_pid(), <mark is $nonce>, transaction_timestamp();
 //! SELECT pg_try_advisory_xact_lock_shared(key, token) …;   -- speculative probe of the holder
 //! -- the machine decides; a takeover:
-//! WITH live AS MATERIALIZED (SELECT pg_try_advisory_lock($key, $token + 1) AS got),
+//! WITH mine AS MATERIALIZED (SELECT <mark is $nonce> AS ours),
+//!      live AS MATERIALIZED (SELECT CASE WHEN ours THEN pg_try_advisory_lock($key, $token + 1)
+//!                            ELSE false END AS got, ours FROM mine),
 //!      upd AS (UPDATE flocklease_leases SET owner = …, token = $token + 1, expiry = …
 //!              FROM live WHERE key = $key AND live.got RETURNING 1)
-//! SELECT got, (SELECT count(*) FROM upd) FROM live;
+//! SELECT got, (SELECT count(*) FROM upd), ours FROM live;
 //! COMMIT;                                                  -- pipelined with the statement
 //! ```
 //!
@@ -85,15 +87,30 @@
 //!     session-mode pooler, holds none; a session that does is another connection's). Every
 //!     statement that takes, keeps or gives up a lock checks the mark *in itself*: the
 //!     transaction's first round trip (row lock, clock, probes), the commit that takes a new
-//!     generation's lock, the re-lock, the unlock. So each advisory lock a session holds was
-//!     taken by the connection whose mark it bears, and no statement of this library ever
-//!     takes a lock in, or probes from, another client's session;
+//!     generation's lock, the re-lock, the unlock; the nonce travels as a bind parameter,
+//!     never in a prepared statement's text (statement names repeat across processes). So
+//!     each advisory lock a session holds was taken by the connection whose mark it bears:
+//!     no lock is kept in another client's session, and no answer read in one (a probe, the
+//!     row) is used. The row lock, the probe and a waiter's wait may run there before the
+//!     check refuses the transaction; what they took ends with its rollback;
 //!   - early, at connect ([`PgLeaseBuilder::connect`] included): a connection's two
 //!     consecutive statements must run in the same, marked session, and no two of an
 //!     instance's open connections may report the same server session;
 //!   - the pooler's own refusals (PgBouncer's statement mode refuses every transaction) and
 //!     prepared statements met in another session are reported the same way, with the
-//!     pooler's or server's message.
+//!     pooler's or server's message;
+//!   - what remains: an acquire all of whose statements ran in the session its connection
+//!     marked is granted through a transaction-mode pooler, and its liveness lock then lasts
+//!     as long as the pooler's server connection, which the pooler may close (its idle or
+//!     lifetime limits) unseen by the holder. Its next renew fails with
+//!     [`Error::SessionNotKept`], which [`KeepAlive`](crate::KeepAlive) reports as
+//!     [`Loss::LivenessLost`](crate::Loss::LivenessLost); until then a rival may hold it too,
+//!     with a greater token. Do not run leases through such a pooler.
+//! - A session-mode pooler must reset server connections between clients with `DISCARD ALL`
+//!   (PgBouncer's default `server_reset_query`): it drops a departed client's advisory locks
+//!   and mark. Without it, a crashed holder's lock stays with the pooled server connection
+//!   until the expiry (no crash takeover at once), and that connection is refused to new
+//!   clients.
 //! - Every server session the library opens is ended by the server if its client goes
 //!   silent: in an open transaction after `min(lock_timeout, TTL/3)`, at least 1 s
 //!   (`idle_in_transaction_session_timeout`; a shorter one set by the operator is kept), so a
@@ -320,10 +337,10 @@ impl PgLease {
         wait: Option<HolderWait>,
     ) -> Result<(Outcome, Option<(HolderWait, Instant)>), Error> {
         let inner = &self.inner;
-        let started = Instant::now();
-        // This caller's own bound on waiting for its turn and the row, whoever queued first.
-        let deadline = started.checked_add(inner.lock_timeout);
-        let timeout = || Error::RowLockTimeout {
+        // This caller's own bound on waiting for its turn and the row, whoever queued first
+        // (from when the turn is asked for: a wait for a holder is bounded on its own).
+        let bound = |started: Instant| started.checked_add(inner.lock_timeout);
+        let timeout = |started: Instant| Error::RowLockTimeout {
             id: id.clone(),
             waited: started.elapsed(),
         };
@@ -343,8 +360,9 @@ impl PgLease {
             // it stays busy, or the instance's generation changed meanwhile, the transaction
             // is rolled back and the transition starts over below, in order.
             let local = {
-                let Some(_turn) = entry.gate.enter(deadline) else {
-                    return Err(timeout());
+                let started = Instant::now();
+                let Some(_turn) = entry.gate.enter(bound(started)) else {
+                    return Err(timeout(started));
                 };
                 local_of(&lock(&entry.state))
             };
@@ -376,8 +394,10 @@ impl PgLease {
             None => {
                 // In-process serialization of one id, bounded by this caller's own deadline;
                 // across processes the row lock does it.
+                let started = Instant::now();
+                let deadline = bound(started);
                 let Some(turn) = entry.gate.enter(deadline) else {
-                    return Err(timeout());
+                    return Err(timeout(started));
                 };
                 // The row lock's wait gets what is left of the caller's bound, if its turn
                 // took a noticeable part of it (else the session's own `lock_timeout`).
@@ -385,7 +405,7 @@ impl PgLease {
                     .map(|d| d.saturating_duration_since(Instant::now()))
                     .filter(|left| inner.lock_timeout - *left >= Duration::from_millis(1));
                 if left == Some(Duration::ZERO) {
-                    return Err(timeout());
+                    return Err(timeout(started));
                 }
                 let state = lock(&entry.state);
                 // An acquire runs on an idle liveness connection, which keeps the new
@@ -535,7 +555,7 @@ impl Drop for PgLease {
                 // Only in the connection's own server session (see `conn::ours`).
                 let sql = format!(
                     "SELECT CASE WHEN {} THEN pg_advisory_unlock_all() END",
-                    conn::ours(&generation.conn.nonce)
+                    conn::ours(&format!("'{}'", generation.conn.nonce))
                 );
                 let unlock = generation.conn.client.simple_query(&sql);
                 let _ = conn::within(&inner.rt, Duration::from_secs(2), unlock);

@@ -152,7 +152,11 @@ impl Inner {
             &self.faults,
             PgStep::RelockLive,
             &conn,
-            |c| async move { c.client.query_one(&c.stmts.lock_live, &[&key, &gk]).await },
+            |c| async move {
+                c.client
+                    .query_one(&c.stmts.lock_live, &[&key, &gk, &c.nonce])
+                    .await
+            },
         );
         let row = match got {
             Ok(row) => row,
@@ -183,9 +187,11 @@ impl Inner {
     ) -> Result<Conn, Error> {
         let (locked, pid): (Option<bool>, i32) = (row.get(0), row.get(1));
         let Some(locked) = locked.filter(|_| pid == conn.pid) else {
-            // Not tried: the statement ran in a session without this connection's mark.
+            // Not tried (the statement ran in a session without this connection's mark), or,
+            // should a mark ever be met elsewhere, taken in another session: that session is
+            // ended then, or the lock would stay with a session the pooler hands to others.
             let opened = conn.pid;
-            self.disowned(conn, None);
+            self.disowned(conn, (locked == Some(true)).then_some(pid));
             return Err(Error::SessionNotKept {
                 detail: format!(
                     "the liveness lock was to be taken in server session {pid}, the \
@@ -246,7 +252,7 @@ impl Inner {
             PgStep::RelockLive,
             &conn,
             |c| async move {
-                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&key, &gk];
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&key, &gk, &c.nonce];
                 let (got, committed) = tokio::join!(
                     c.client.query_one(&c.stmts.lock_live, &params),
                     c.client.execute(&c.stmts.commit, &[]),
@@ -287,7 +293,11 @@ impl Inner {
             &self.faults,
             PgStep::Unlock,
             &conn,
-            |c| async move { c.client.query_one(&c.stmts.unlock, &[&key, &gk]).await },
+            |c| async move {
+                c.client
+                    .query_one(&c.stmts.unlock, &[&key, &gk, &c.nonce])
+                    .await
+            },
         );
         match done.map(|row| row.get::<_, Option<bool>>(0)) {
             Ok(Some(true)) => self.give_back(conn),

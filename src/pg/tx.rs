@@ -205,7 +205,9 @@ impl<'a> Transaction for PgTx<'a> {
         let (key, gk) = (self.key, gen_key(token));
         if let Some(fault) = self.inner.faults.check(PgStep::LockLive, self.conn.pid) {
             let fail = conn::inject(&self.inner.rt, fault, self.conn, |c| async move {
-                c.client.query_one(&c.stmts.lock_live, &[&key, &gk]).await
+                c.client
+                    .query_one(&c.stmts.lock_live, &[&key, &gk, &c.nonce])
+                    .await
             });
             return Err(fail.into_error("lock the generation's liveness lock", Some(self.id)));
         }
@@ -284,8 +286,8 @@ impl<'a> Transaction for PgTx<'a> {
                 }
                 Some(t) => {
                     let gk = gen_key(t);
-                    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
-                        [&key, &record.owner, &token, &expiry, &gk];
+                    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
+                        [&key, &record.owner, &token, &expiry, &gk, &c.nonce];
                     let (updated, committed) = tokio::join!(
                         c.client.query_one(&c.stmts.commit_live, &params),
                         c.client.execute(&c.stmts.commit, &[]),
