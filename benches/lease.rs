@@ -340,6 +340,10 @@ fn single_process(label: &str, dir: &Path, rounds: usize, quick: bool) {
     let t_held = measure(rounds, n, |_| {
         assert!(leases.acquire(&held_id, &me).unwrap().is_held());
     });
+    // An empty fenced section: the transition lock taken and the record checked, no commit.
+    let t_fenced = measure(rounds, n, |_| {
+        assert!(leases.fenced(&lease, || ()).unwrap().is_some());
+    });
     leases.release(&lease).unwrap();
     // Release alone: acquire outside the timed region.
     let mut release_ns = vec![];
@@ -366,6 +370,12 @@ fn single_process(label: &str, dir: &Path, rounds: usize, quick: bool) {
     row("renew", t_renew, "its syscalls, raw", f_renew);
     row("acquire answered held", t_held, "its syscalls, raw", f_held);
     row("release", t_release, "its syscalls, raw", f_release);
+    row(
+        "fenced section (empty)",
+        t_fenced,
+        "renew (a transition)",
+        t_renew,
+    );
     println!(
         "\nSmaller floors in the same run: open + flock + close {:.1} µs; temporary write + rename {:.1} µs.",
         f_lock / 1000.0,

@@ -93,6 +93,42 @@ mod imp {
             || time(ops, || raw.renew(key)),
         );
         row("renew", renew, "the same SQL by hand", renew_floor);
+        // A fenced section of one UPDATE against the same UPDATE in a plain transaction
+        // (BEGIN, UPDATE, COMMIT on a raw connection: three round trips; the section adds the
+        // row's share lock with the clock in the first, and the clock before COMMIT).
+        raw.rt
+            .block_on(raw.tx.client.batch_execute(
+                "CREATE TABLE IF NOT EXISTS bench_counter (n int8); \
+                 INSERT INTO bench_counter VALUES (0)",
+            ))
+            .unwrap();
+        let bump = "UPDATE bench_counter SET n = n + 1";
+        let (fenced, plain) = interleaved(
+            rounds,
+            || {
+                time(ops, || {
+                    leases
+                        .fenced(&lease, |tx| tx.execute(bump, &[]))
+                        .unwrap()
+                        .unwrap();
+                })
+            },
+            || {
+                time(ops, || {
+                    raw.rt.block_on(async {
+                        raw.tx.client.execute("BEGIN", &[]).await.unwrap();
+                        raw.tx.client.execute(bump, &[]).await.unwrap();
+                        raw.tx.client.execute("COMMIT", &[]).await.unwrap();
+                    })
+                })
+            },
+        );
+        row(
+            "fenced section (one UPDATE)",
+            fenced,
+            "the UPDATE in a plain transaction",
+            plain,
+        );
         leases.release(&lease).unwrap();
         drop(leases);
         println!();
