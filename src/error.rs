@@ -27,10 +27,13 @@ pub enum Error {
         /// The underlying error.
         source: io::Error,
     },
-    /// The record file is corrupt. Nothing was written and no lock was kept.
+    /// The record file, or a [fence file](crate::fence) ([`DecodeError::FenceToken`]), is
+    /// corrupt. Nothing was written and no lock was kept.
     ///
     /// Remedy: inspect the file; an operator must repair or remove it. It is never silently
-    /// treated as free, since that would reset the fencing token.
+    /// treated as free or as "no token admitted", since that would reset the fencing token.
+    /// A fence file is repaired by writing the highest token ever handed out, e.g.
+    /// `echo 42 > report.fence`.
     Corrupt {
         /// The record file.
         path: PathBuf,
@@ -84,8 +87,12 @@ pub enum Error {
     /// Remedy: find the process holding `<stem>.lock` (`fuser`, `lsof`) and resume or kill it;
     /// a longer [`lock_timeout`](crate::FlockLeaseBuilder::lock_timeout) if transitions are
     /// legitimately slow.
+    ///
+    /// A [`Fence`](crate::Fence) reports its lock `<fence file>.lock` the same way: another
+    /// admission or fenced write on it is stuck
+    /// ([`FenceBuilder::lock_timeout`](crate::fence::FenceBuilder::lock_timeout)).
     LockTimeout {
-        /// The transition lock file, `<stem>.lock`.
+        /// The transition lock file, `<stem>.lock` (or a fence's `<fence file>.lock`).
         path: PathBuf,
         /// How long this call waited.
         waited: Duration,
@@ -311,6 +318,10 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::Io { op, path, source } => write!(f, "{op} {}: {source}", path.display()),
+            Error::Corrupt {
+                path,
+                source: source @ DecodeError::FenceToken(_),
+            } => write!(f, "corrupt fence file {}: {source}", path.display()),
             Error::Corrupt { path, source } => {
                 write!(f, "corrupt lease record {}: {source}", path.display())
             }
@@ -333,8 +344,8 @@ impl fmt::Display for Error {
             ),
             Error::LockTimeout { path, waited } => write!(
                 f,
-                "transition lock {} stayed taken for {:.3} s: another transition on this id is \
-                 stuck (a stopped or hung process?)",
+                "transition lock {} stayed taken for {:.3} s: the transition holding it (a \
+                 lease's, or a fence's admission) is stuck (a stopped or hung process?)",
                 path.display(),
                 waited.as_secs_f64()
             ),

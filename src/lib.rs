@@ -31,6 +31,8 @@
 //! - [`SessionId`], [`Owner`] (with [`Owner::unique`] and [`Owner::this_process`]),
 //!   [`Timestamp`]: the values.
 //! - [`MemLease`]: the same semantics in memory with an injected clock, for your tests.
+//! - [`Fence`]: the resource side of fencing, a fence file that refuses stale tokens, and a
+//!   whole-file write that happens only for an admitted token ([`Fence::write_file`]).
 //! - For backend authors: [`machine`] (the pure transition function), [`driver`] (its one
 //!   interpreter) and [`conformance`] (the test suite every backend passes).
 //!
@@ -152,6 +154,7 @@
 
 pub mod conformance;
 pub mod driver;
+pub mod fence;
 pub mod flock;
 mod gate;
 pub mod keepalive;
@@ -187,6 +190,7 @@ pub mod record;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::Error;
+pub use fence::{Admission, Fence};
 pub use flock::{AcquireWait, DEFAULT_LOCK_TIMEOUT, Durability, FlockLease, FlockLeaseBuilder};
 pub use keepalive::{KeepAlive, KeepAliveBuilder, Loss, Lost};
 pub use lease::{DEFAULT_TTL, Grant, Lease, LeaseGuard, SessionLease};

@@ -554,6 +554,66 @@ pub fn deferred_sweep_below(below: u64, record_token: Option<u64>) -> Option<u64
     record_token.map(|token| below.min(token))
 }
 
+/// What a resource-side fence does with a token, given the highest token it admitted before
+/// (`None`: none yet). The one rule of [`Fence`](crate::Fence): a token lower than one admitted
+/// before is refused; an equal one is admitted (the same lease writes many times); a greater
+/// one is admitted and becomes the highest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[must_use]
+pub enum FenceStep {
+    /// Refuse the token: a greater one was admitted. Nothing changes.
+    Refuse {
+        /// The highest token admitted.
+        highest: u64,
+    },
+    /// Admit the token.
+    Admit {
+        /// The new highest token to store durably before anything the token guards is done;
+        /// `None` when the token already is the highest (nothing to store).
+        record: Option<u64>,
+    },
+}
+
+/// Decides what a fence does with `token` when the highest token admitted before is
+/// `highest`: see [`FenceStep`].
+///
+/// # Examples
+///
+/// ```
+/// use flocklease::machine::{fence_step, FenceStep};
+///
+/// assert_eq!(fence_step(None, 3), FenceStep::Admit { record: Some(3) });
+/// assert_eq!(fence_step(Some(3), 3), FenceStep::Admit { record: None });
+/// assert_eq!(fence_step(Some(3), 4), FenceStep::Admit { record: Some(4) });
+/// assert_eq!(fence_step(Some(3), 2), FenceStep::Refuse { highest: 3 });
+/// ```
+pub fn fence_step(highest: Option<u64>, token: u64) -> FenceStep {
+    match highest {
+        Some(highest) if token < highest => FenceStep::Refuse { highest },
+        Some(highest) if token == highest => FenceStep::Admit { record: None },
+        _ => FenceStep::Admit {
+            record: Some(token),
+        },
+    }
+}
+
+/// Whether a fence whose highest admitted token is `highest` admits `token` ([`fence_step`]
+/// answers [`FenceStep::Admit`]): for a resource that keeps the highest token itself and only
+/// needs the yes or no.
+///
+/// # Examples
+///
+/// ```
+/// use flocklease::machine::admits;
+///
+/// assert!(admits(None, 1));
+/// assert!(admits(Some(7), 7));
+/// assert!(!admits(Some(7), 6));
+/// ```
+pub fn admits(highest: Option<u64>, token: u64) -> bool {
+    matches!(fence_step(highest, token), FenceStep::Admit { .. })
+}
+
 fn expiry(input: &Input) -> Result<Timestamp, StepError> {
     input
         .now
@@ -911,6 +971,24 @@ mod tests {
         assert_eq!(deferred_sweep_below(5, Some(5)), Some(5));
         assert_eq!(deferred_sweep_below(5, Some(2)), Some(2));
         assert_eq!(deferred_sweep_below(5, None), None);
+    }
+
+    #[test]
+    fn a_fence_refuses_only_tokens_below_the_highest_and_stores_only_greater_ones() {
+        for highest in [None, Some(0), Some(1), Some(7), Some(u64::MAX)] {
+            for token in [0, 1, 6, 7, 8, u64::MAX - 1, u64::MAX] {
+                let step = fence_step(highest, token);
+                let expected = match highest {
+                    Some(h) if token < h => FenceStep::Refuse { highest: h },
+                    Some(h) if token == h => FenceStep::Admit { record: None },
+                    _ => FenceStep::Admit {
+                        record: Some(token),
+                    },
+                };
+                assert_eq!(step, expected, "highest {highest:?}, token {token}");
+                assert_eq!(admits(highest, token), highest.is_none_or(|h| token >= h));
+            }
+        }
     }
 
     #[test]

@@ -51,6 +51,9 @@ pub enum DecodeError {
     Json(String),
     /// The `expiry` string is not an acceptable RFC 3339 instant.
     Expiry(TimeError),
+    /// A [fence file](crate::fence) does not hold one token as decimal digits (no sign, no
+    /// leading zero) and a newline, nor is it empty. The text says what is wrong.
+    FenceToken(String),
 }
 
 impl fmt::Display for DecodeError {
@@ -64,6 +67,9 @@ impl fmt::Display for DecodeError {
             }
             DecodeError::Json(msg) => write!(f, "record is not a valid lease object: {msg}"),
             DecodeError::Expiry(e) => write!(f, "record expiry is invalid: {e}"),
+            DecodeError::FenceToken(msg) => {
+                write!(f, "not a token as decimal digits and a newline: {msg}")
+            }
         }
     }
 }

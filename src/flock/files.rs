@@ -46,7 +46,7 @@ impl Paths {
 
 /// How a file is opened.
 #[derive(Clone, Copy, Debug)]
-pub(super) enum Access {
+pub(crate) enum Access {
     /// `<stem>.lock`, created if missing.
     LockCreate,
     /// A generation's `.live` file being published, under its unique temporary name: created
@@ -81,7 +81,7 @@ impl Access {
 
 /// Who may own the files this instance opens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum OwnerCheck {
+pub(crate) enum OwnerCheck {
     /// The directory's permissions decide who may create files (a private or group
     /// directory): any owner is trusted.
     Any,
@@ -92,20 +92,20 @@ pub(super) enum OwnerCheck {
 
 /// Opens the files of one lease directory under its policy.
 #[derive(Debug)]
-pub(super) struct Opener {
-    pub(super) owners: OwnerCheck,
+pub(crate) struct Opener {
+    pub(crate) owners: OwnerCheck,
     /// The directory is sticky and world-writable: the kernel may refuse `O_CREAT` on another
     /// user's existing file (`fs.protected_regular`), so existing files are opened without it.
-    pub(super) sticky: bool,
+    pub(crate) sticky: bool,
     /// Mode of new files (0600 unless configured for a group).
-    pub(super) file_mode: u32,
-    pub(super) faults: Faults,
+    pub(crate) file_mode: u32,
+    pub(crate) faults: Faults,
 }
 
 impl Opener {
     /// Opens `path` in the lease directory without following symbolic links or blocking on
     /// special files; every descriptor is close-on-exec (std's default).
-    pub(super) fn open(&self, path: &Path, access: Access) -> Result<File, Error> {
+    pub(crate) fn open(&self, path: &Path, access: Access) -> Result<File, Error> {
         self.faults.check(access.fault_point(), path)?;
         let mut opts = OpenOptions::new();
         match access {
@@ -193,11 +193,11 @@ impl Opener {
 }
 
 /// The mode of new lease files unless configured otherwise.
-pub(super) const DEFAULT_FILE_MODE: u32 = 0o600;
+pub(crate) const DEFAULT_FILE_MODE: u32 = 0o600;
 
 /// Opens the lease directory: creates it (mode 0700, parents as needed, each new directory
 /// synced into its parent), checks it, and decides the ownership policy.
-pub(super) fn open_dir(
+pub(crate) fn open_dir(
     dir: &Path,
     allow_network_fs: bool,
     trust_foreign: bool,
@@ -260,7 +260,7 @@ fn create_dirs(dir: &Path) -> io::Result<()> {
 
 /// Reads a whole record file: one `read` for any record of normal size (a short read of a
 /// regular file means end of file), never more than the size limit plus one byte.
-pub(super) fn read_bounded(mut file: &File) -> io::Result<Vec<u8>> {
+pub(crate) fn read_bounded(mut file: &File) -> io::Result<Vec<u8>> {
     let mut buf = vec![0u8; 4096];
     let mut len = 0;
     loop {

@@ -34,12 +34,12 @@ use crate::machine::{self, Event, Outcome};
 use crate::name::{Owner, SessionId};
 use crate::record::{self, LiveTag, Record};
 
-mod files;
+pub(crate) mod files;
 pub(crate) mod live;
 #[cfg(feature = "fault-injection")]
 mod step;
 mod tx;
-mod wait;
+pub(crate) mod wait;
 
 use crate::gate::Gate;
 use files::{Access, DEFAULT_FILE_MODE, Opener, Paths, read_bounded};

@@ -82,7 +82,7 @@ pub(super) fn cancelled(cancel: Option<&Cancel>) -> bool {
 
 /// Locks `file` exclusively, retrying a busy lock with a growing pause until `deadline`
 /// (`None`: no limit). `Ok(false)` at the deadline.
-pub(super) fn try_lock_until(file: &File, deadline: Option<Instant>) -> io::Result<bool> {
+pub(crate) fn try_lock_until(file: &File, deadline: Option<Instant>) -> io::Result<bool> {
     let mut pause = FIRST_BACKOFF;
     loop {
         match file.try_lock() {

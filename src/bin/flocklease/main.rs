@@ -6,6 +6,7 @@
 //! without disturbing anyone. The README's "Command line" section is the manual.
 
 mod duration;
+mod fence;
 mod job;
 mod run;
 mod signals;
@@ -22,6 +23,9 @@ const EXIT_HELD: u8 = 75;
 const EXIT_LOST: u8 = 76;
 /// Exit status for a lease-directory, record or system error.
 const EXIT_ERROR: u8 = 70;
+/// Exit status of `fence` when the token is refused: a greater one was admitted (sysexits'
+/// EX_NOPERM).
+const EXIT_STALE: u8 = 77;
 /// Exit status for bad usage (an unknown option, a malformed duration), as in flock(1).
 const EXIT_USAGE: u8 = 64;
 
@@ -33,7 +37,10 @@ const EXIT_USAGE: u8 = 64;
     after_help = "Exit status of `run`: the command's own (128+N if signal N killed it); 75 (or \
                   -E N) when the lease is held elsewhere; 76 when the lease was lost and the job \
                   stopped; 126/127 when the command cannot be executed / is not found; 70 on an \
-                  error; 64 on bad usage; 128+N when signal N arrived before the command started."
+                  error; 64 on bad usage; 128+N when signal N arrived before the command started. \
+                  Exit status of `fence`: 0 when the token is admitted; 77 when it is refused \
+                  (stale: the fence has admitted a greater one); 70 on an error; 64 on bad \
+                  usage or no token."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -53,6 +60,14 @@ enum Cmd {
     Run(run::RunArgs),
     /// Show the sessions of a lease directory (or one, with --id) without taking any lock.
     Status(status::StatusArgs),
+    /// Admit a fencing token at a fence file, or (with --write) write standard input to a file
+    /// only if the token is admitted.
+    ///
+    /// The fence file holds the highest token admitted. A token lower than it is refused with
+    /// exit status 77 and a message, and nothing is written; an equal or greater one is
+    /// admitted (exit 0) and recorded before the write. The token is --token N or, in a job of
+    /// `flocklease run`, $FLOCKLEASE_TOKEN.
+    Fence(fence::FenceArgs),
     /// Internal: stops the job of a `run` that died.
     #[command(name = "__watchdog", hide = true)]
     Watchdog(watchdog::WatchdogArgs),
@@ -69,6 +84,7 @@ fn main() -> ExitCode {
     ExitCode::from(match cli.command {
         Cmd::Run(args) => run::main(args),
         Cmd::Status(args) => status::main(&args),
+        Cmd::Fence(args) => fence::main(&args),
         Cmd::Watchdog(args) => watchdog::main(&args),
     })
 }

@@ -1,0 +1,722 @@
+//! A resource-side fence: the check a resource keeps to refuse writes by stale lease holders.
+//!
+//! A lease alone cannot stop a holder that was paused (a stopped process, a long garbage
+//! collection, a suspended machine) past its expiry from resuming and writing after its
+//! successor was granted. The fencing token settles it, if the resource checks it: every
+//! grant's token is greater than the last, so the resource keeps the highest token it has
+//! admitted and refuses anything lower.
+//!
+//! A [`Fence`] is that check for resources on the local file system. It keeps one *fence
+//! file* per resource holding the highest token admitted, as decimal text and a newline
+//! (`42\n`; an empty or missing file: none yet). [`Fence::admit`] refuses a token lower than
+//! the highest and records a greater one; [`Fence::write_file`] writes a whole file
+//! atomically only if its token is admitted; [`Fence::with`] runs any code under the same
+//! rule. The rule itself is [`machine::fence_step`].
+//!
+//! # How it works
+//!
+//! Every admission runs under an exclusive `flock(2)` lock on `<fence file>.lock`, taken with
+//! non-blocking attempts and a backoff up to the lock timeout (5 s by default, then
+//! [`Error::LockTimeout`]). Under it the fence file is read, and a greater token replaces it
+//! atomically and durably: written to `<fence file>.<random>.tmp`, fsynced, renamed over the
+//! fence file, the directory fsynced. A recorded token is therefore never lost to a crash or a
+//! power loss, and a reader sees the old value or the new one, never a mix. The token is
+//! recorded *before* the guarded write, so a write that fails after its token was recorded
+//! still keeps every older holder out.
+//!
+//! Files are opened as the lease directory's are: never through a symbolic link
+//! ([`Error::Symlink`]), never a FIFO or a directory ([`Error::NotAFile`]), close-on-exec,
+//! created with mode 0600; a directory writable by every user is refused unless it is sticky
+//! (then files owned by other users are refused, [`Error::ForeignOwner`]), and so is a network
+//! file system. A fence file that holds anything but a token is [`Error::Corrupt`], never read
+//! as "no token", and is never rewritten: an operator must repair it.
+//!
+//! # Non-guarantees
+//!
+//! - The fence binds only writers that go through it (or through the same lock and file): a
+//!   program writing the target directly is not stopped.
+//! - Deleting the fence file by hand resets it; a crash leaves a `<fence file>.<random>.tmp`
+//!   behind (harmless; delete it when no admission runs).
+//! - One host: the lock is `flock(2)`. For a resource on another machine, let the resource
+//!   itself keep the highest token (see the README's "Fencing" section).
+//!
+//! # Examples
+//!
+//! ```
+//! use flocklease::{Admission, Fence};
+//!
+//! # fn main() -> Result<(), flocklease::Error> {
+//! let dir = tempfile::tempdir().unwrap();
+//! let fence = Fence::open(dir.path().join("report.fence"))?;
+//! let target = dir.path().join("report.csv");
+//!
+//! // The holder of token 8 writes the report.
+//! assert!(fence.write_file(8, &target, b"day,total\n")?.is_admitted());
+//! // A holder of token 7 that was paused and resumes now is refused; the report stands.
+//! assert_eq!(
+//!     fence.write_file(7, &target, b"stale\n")?,
+//!     Admission::Refused { highest: 8 }
+//! );
+//! assert_eq!(std::fs::read(&target).unwrap(), b"day,total\n");
+//! # Ok(())
+//! # }
+//! ```
+
+use std::ffi::OsString;
+use std::fmt;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::error::Error;
+use crate::fault::Faults;
+use crate::flock::DEFAULT_LOCK_TIMEOUT;
+use crate::flock::files::{Access, DEFAULT_FILE_MODE, Opener, open_dir, read_bounded};
+use crate::flock::live::fresh_tag;
+use crate::flock::wait::try_lock_until;
+use crate::machine::{self, FenceStep};
+use crate::record::DecodeError;
+
+/// A fence file: the highest fencing token a resource has admitted, kept on the local file
+/// system under a lock of its own. See the [module documentation](self).
+///
+/// One `Fence` may be shared by threads (`&Fence` is enough for every call); every call takes
+/// the lock for itself, so threads, processes and other `Fence` values on the same file
+/// exclude each other alike.
+///
+/// # Examples
+///
+/// ```
+/// use flocklease::{Admission, Fence};
+///
+/// # fn main() -> Result<(), flocklease::Error> {
+/// let dir = tempfile::tempdir().unwrap();
+/// let fence = Fence::open(dir.path().join("orders.fence"))?;
+/// assert_eq!(fence.admit(3)?, Admission::Admitted { previous: None });
+/// assert_eq!(fence.admit(3)?, Admission::Admitted { previous: Some(3) });
+/// assert_eq!(fence.admit(2)?, Admission::Refused { highest: 3 });
+/// assert_eq!(fence.highest()?, Some(3));
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct Fence {
+    path: PathBuf,
+    lock_path: PathBuf,
+    dir: PathBuf,
+    dir_file: File,
+    opener: Opener,
+    lock_timeout: Duration,
+}
+
+/// What a [`Fence`] answered for a token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[must_use]
+pub enum Admission {
+    /// The token is at least the highest admitted before, and is now recorded as the highest
+    /// (durably, before anything it guards was done).
+    Admitted {
+        /// The highest token admitted before this one (`None`: this was the first). Equal to
+        /// the token when the same lease writes again.
+        previous: Option<u64>,
+    },
+    /// The token is lower than one admitted before: its lease was superseded. Nothing was
+    /// changed or written.
+    Refused {
+        /// The highest token admitted.
+        highest: u64,
+    },
+}
+
+impl Admission {
+    /// Whether the token was admitted.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use flocklease::Admission;
+    ///
+    /// assert!(Admission::Admitted { previous: None }.is_admitted());
+    /// assert!(!Admission::Refused { highest: 4 }.is_admitted());
+    /// ```
+    pub fn is_admitted(&self) -> bool {
+        matches!(self, Admission::Admitted { .. })
+    }
+}
+
+/// A token refused by [`Fence::with`]: a greater one was admitted before. An error type, so
+/// it can travel in a caller's own errors with `?`.
+///
+/// # Examples
+///
+/// ```
+/// use flocklease::fence::Stale;
+///
+/// let stale = Stale { token: 7, highest: 8 };
+/// assert_eq!(stale.to_string(), "token 7 refused: the fence has admitted 8");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Stale {
+    /// The token refused.
+    pub token: u64,
+    /// The highest token the fence has admitted.
+    pub highest: u64,
+}
+
+impl fmt::Display for Stale {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "token {} refused: the fence has admitted {}",
+            self.token, self.highest
+        )
+    }
+}
+
+impl std::error::Error for Stale {}
+
+/// Options for a [`Fence`]; start from [`Fence::builder`].
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use flocklease::Fence;
+///
+/// # fn main() -> Result<(), flocklease::Error> {
+/// let dir = tempfile::tempdir().unwrap();
+/// let fence = Fence::builder(dir.path().join("report.fence"))
+///     .lock_timeout(Duration::from_secs(30))
+///     .open()?;
+/// # let _ = fence;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug)]
+#[must_use]
+pub struct FenceBuilder {
+    path: PathBuf,
+    lock_timeout: Duration,
+    allow_network_fs: bool,
+}
+
+impl FenceBuilder {
+    /// How long a call waits for the fence's lock (`<fence file>.lock`) before
+    /// [`Error::LockTimeout`] (default [`DEFAULT_LOCK_TIMEOUT`], 5 s). A call holds it while
+    /// it records a token and, for [`Fence::write_file`] and [`Fence::with`], while it writes:
+    /// give writes that take long a longer timeout. A value too large for the clock means no
+    /// limit.
+    pub fn lock_timeout(mut self, timeout: Duration) -> Self {
+        self.lock_timeout = timeout;
+        self
+    }
+
+    /// Accepts a fence file on a network file system (NFS, SMB/CIFS, ...), which is refused by
+    /// default because `flock(2)` is not reliable there.
+    pub fn allow_network_filesystem(mut self, allow: bool) -> Self {
+        self.allow_network_fs = allow;
+        self
+    }
+
+    /// Opens the fence: checks its directory (which must exist), creates the lock file
+    /// `<fence file>.lock` if missing (mode 0600), and reads the fence file once, so a broken
+    /// one is reported now. The fence file itself is created by the first admission.
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::NotAFile`] when the path names no file (`/`, `..`).
+    /// - [`Error::Io`] when the directory is missing or unreadable.
+    /// - [`Error::WorldWritable`], [`Error::NetworkFilesystem`], [`Error::NotADirectory`]: the
+    ///   directory is unsafe or unsuitable.
+    /// - [`Error::Symlink`], [`Error::NotAFile`], [`Error::ForeignOwner`]: what stands at the
+    ///   fence file's or the lock file's path is refused.
+    /// - [`Error::Corrupt`] when the fence file does not hold a token.
+    pub fn open(self) -> Result<Fence, Error> {
+        let path = self.path;
+        let Some(name) = path.file_name() else {
+            return Err(Error::NotAFile { path: path.clone() });
+        };
+        let dir = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
+            _ => PathBuf::from("."),
+        };
+        // The directory must exist: a typo never creates a tree.
+        fs::metadata(&dir).map_err(|e| Error::io("open", &dir, e))?;
+        let (dir_file, owners, sticky) = open_dir(&dir, self.allow_network_fs, false)?;
+        let mut lock_name = name.to_owned();
+        lock_name.push(".lock");
+        let fence = Fence {
+            lock_path: dir.join(lock_name),
+            path: dir.join(name),
+            dir,
+            dir_file,
+            opener: Opener {
+                owners,
+                sticky,
+                file_mode: DEFAULT_FILE_MODE,
+                faults: Faults::default(),
+            },
+            lock_timeout: self.lock_timeout,
+        };
+        fence.open_lock()?;
+        fence.highest()?;
+        Ok(fence)
+    }
+}
+
+impl Fence {
+    /// Opens the fence file at `path` with the default options: see [`FenceBuilder::open`].
+    ///
+    /// # Errors
+    ///
+    /// As [`FenceBuilder::open`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use flocklease::Fence;
+    ///
+    /// # fn main() -> Result<(), flocklease::Error> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let fence = Fence::open(dir.path().join("report.fence"))?; // e.g. /srv/report.fence
+    /// assert_eq!(fence.highest()?, None);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn open(path: impl AsRef<Path>) -> Result<Fence, Error> {
+        Fence::builder(path).open()
+    }
+
+    /// Options for the fence file at `path`: see [`FenceBuilder`].
+    pub fn builder(path: impl AsRef<Path>) -> FenceBuilder {
+        FenceBuilder {
+            path: path.as_ref().to_owned(),
+            lock_timeout: DEFAULT_LOCK_TIMEOUT,
+            allow_network_fs: false,
+        }
+    }
+
+    /// The fence file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The highest token admitted so far (`None`: none yet). Read without the lock: the fence
+    /// file is only ever replaced whole. A value for reports; to act on it, use
+    /// [`admit`](Fence::admit), which decides under the lock.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Corrupt`] when the fence file does not hold a token; [`Error::Symlink`],
+    /// [`Error::NotAFile`], [`Error::ForeignOwner`] for what is refused at its path;
+    /// [`Error::Io`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use flocklease::Fence;
+    ///
+    /// # fn main() -> Result<(), flocklease::Error> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let fence = Fence::open(dir.path().join("f"))?;
+    /// let _ = fence.admit(12)?;
+    /// assert_eq!(Fence::open(dir.path().join("f"))?.highest()?, Some(12));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn highest(&self) -> Result<Option<u64>, Error> {
+        let file = match self.opener.open(&self.path, Access::Read) {
+            Ok(file) => file,
+            Err(e) if e.io_kind() == Some(io::ErrorKind::NotFound) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let meta = file
+            .metadata()
+            .map_err(|e| Error::io("stat", &self.path, e))?;
+        if !meta.is_file() {
+            return Err(Error::NotAFile {
+                path: self.path.clone(),
+            });
+        }
+        let bytes = read_bounded(&file).map_err(|e| Error::io("read", &self.path, e))?;
+        decode(&bytes).map_err(|source| Error::Corrupt {
+            path: self.path.clone(),
+            source,
+        })
+    }
+
+    /// Admits `token` if it is not lower than the highest token admitted before, and records
+    /// it as the highest (durably) if it is greater. Equal tokens are admitted: the same lease
+    /// may write many times.
+    ///
+    /// Admitting alone fences nothing: the resource must also refuse the writes of holders
+    /// refused here. For a whole file use [`write_file`](Fence::write_file); for anything else
+    /// [`with`](Fence::with), which writes under the fence's lock.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LockTimeout`] when the lock stayed taken for the lock timeout;
+    /// [`Error::LockReplaced`] when the lock file was deleted or replaced meanwhile (nothing
+    /// was recorded: retry); [`Error::Corrupt`] when the fence file does not hold a token (it
+    /// is left as it is); [`Error::Io`] (a failed directory fsync after the rename is reported
+    /// too: the token may not be durable); as [`highest`](Fence::highest) for what stands at
+    /// the paths.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use flocklease::{Admission, Fence};
+    ///
+    /// # fn main() -> Result<(), flocklease::Error> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let fence = Fence::open(dir.path().join("f"))?;
+    /// assert_eq!(fence.admit(5)?, Admission::Admitted { previous: None });
+    /// assert_eq!(fence.admit(9)?, Admission::Admitted { previous: Some(5) });
+    /// assert_eq!(fence.admit(5)?, Admission::Refused { highest: 9 });
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn admit(&self, token: u64) -> Result<Admission, Error> {
+        Ok(match self.locked(token, || ())? {
+            Ok((previous, ())) => Admission::Admitted { previous },
+            Err(highest) => Admission::Refused { highest },
+        })
+    }
+
+    /// Writes `bytes` to `target` as a whole file, atomically, if `token` is admitted: under
+    /// the fence's lock for the whole call, the token is admitted (and recorded), then the
+    /// bytes go to a temporary file in `target`'s directory (`.<name>.<random>.tmp`), which is
+    /// fsynced and renamed over `target`, and the directory is fsynced. A refused token
+    /// leaves `target` untouched. A new file gets mode 0666 less the umask; a replaced one
+    /// keeps its permission bits.
+    ///
+    /// # Errors
+    ///
+    /// As [`admit`](Fence::admit); besides, [`Error::Symlink`] or [`Error::NotAFile`] when
+    /// `target` is a symbolic link or not a regular file (it is never followed or replaced),
+    /// and [`Error::Io`] when the write fails (`target` is then as it was, unless the
+    /// failure was the directory's fsync after the rename; the token stays recorded).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use flocklease::Fence;
+    ///
+    /// # fn main() -> Result<(), flocklease::Error> {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let fence = Fence::open(dir.path().join("report.fence"))?;
+    /// let token = 3; // the lease's token, e.g. from FLOCKLEASE_TOKEN
+    /// if !fence.write_file(token, dir.path().join("report.csv"), b"a,b\n")?.is_admitted() {
+    ///     eprintln!("superseded by a newer holder; output dropped");
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn write_file(
+        &self,
+        token: u64,
+        target: impl AsRef<Path>,
+        bytes: &[u8],
+    ) -> Result<Admission, Error> {
+        match self.locked(token, || write_atomically(target.as_ref(), bytes))? {
+            Ok((previous, written)) => {
+                written?;
+                Ok(Admission::Admitted { previous })
+            }
+            Err(highest) => Ok(Admission::Refused { highest }),
+        }
+    }
+
+    /// Runs `f` under the fence's lock if `token` is admitted (and recorded first), and
+    /// returns what it returns; a refused token runs nothing and is [`Stale`].
+    ///
+    /// This fences a resource only if every writer of it writes under this fence's `with`
+    /// (or [`write_file`](Fence::write_file)), and only inside `f`: a write that `f` starts
+    /// and leaves running past its return is not fenced. `f` holds the lock, so keep it
+    /// within the [lock timeout](FenceBuilder::lock_timeout) of other callers.
+    ///
+    /// # Errors
+    ///
+    /// As [`admit`](Fence::admit); `f` did not run then.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use flocklease::Fence;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let dir = tempfile::tempdir()?;
+    /// let fence = Fence::open(dir.path().join("ledger.fence"))?;
+    /// let ledger = dir.path().join("ledger.log");
+    /// let append = |line: &str| -> std::io::Result<()> {
+    ///     use std::io::Write;
+    ///     let mut f = std::fs::OpenOptions::new().append(true).create(true).open(&ledger)?;
+    ///     writeln!(f, "{line}")
+    /// };
+    /// fence.with(4, || append("credit 10"))???; // admitted: appended
+    /// let refused = fence.with(3, || append("debit 10"))?; // a stale holder
+    /// assert_eq!(refused.unwrap_err().highest, 4);
+    /// assert_eq!(std::fs::read_to_string(&ledger)?, "credit 10\n");
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn with<T>(&self, token: u64, f: impl FnOnce() -> T) -> Result<Result<T, Stale>, Error> {
+        Ok(self
+            .locked(token, f)?
+            .map(|(_, value)| value)
+            .map_err(|highest| Stale { token, highest }))
+    }
+}
+
+/// The lock file, locked, and which file it is.
+struct Locked {
+    _file: File,
+    dev: u64,
+    ino: u64,
+}
+
+impl Fence {
+    /// Under the lock: decides on `token` ([`machine::fence_step`]), records it if it is
+    /// greater, and runs `f` if it is admitted. `Ok(Err(highest))` when refused.
+    fn locked<T>(
+        &self,
+        token: u64,
+        f: impl FnOnce() -> T,
+    ) -> Result<Result<(Option<u64>, T), u64>, Error> {
+        let lock = self.lock()?;
+        let previous = self.highest()?;
+        match machine::fence_step(previous, token) {
+            FenceStep::Refuse { highest } => return Ok(Err(highest)),
+            FenceStep::Admit {
+                record: Some(token),
+            } => self.store(token, &lock)?,
+            FenceStep::Admit { record: None } => {}
+        }
+        let value = f();
+        drop(lock);
+        Ok(Ok((previous, value)))
+    }
+
+    /// Opens (creating) the lock file and notes which file it is.
+    fn open_lock(&self) -> Result<(File, u64, u64), Error> {
+        let file = self.opener.open(&self.lock_path, Access::LockCreate)?;
+        let meta = file
+            .metadata()
+            .map_err(|e| Error::io("stat", &self.lock_path, e))?;
+        if !meta.is_file() {
+            return Err(Error::NotAFile {
+                path: self.lock_path.clone(),
+            });
+        }
+        Ok((file, meta.dev(), meta.ino()))
+    }
+
+    /// Takes the lock by the lock timeout, on the file that is at the lock's path once it is
+    /// taken (a tmp cleaner or an operator may have replaced it).
+    fn lock(&self) -> Result<Locked, Error> {
+        let started = Instant::now();
+        let deadline = started.checked_add(self.lock_timeout);
+        loop {
+            let (file, dev, ino) = self.open_lock()?;
+            let taken = try_lock_until(&file, deadline)
+                .map_err(|e| Error::io("lock", &self.lock_path, e))?;
+            let lock = Locked {
+                _file: file,
+                dev,
+                ino,
+            };
+            let here = self.still_at(&lock)?;
+            match (taken, here) {
+                (true, true) => return Ok(lock),
+                (false, true) => {
+                    return Err(Error::LockTimeout {
+                        path: self.lock_path.clone(),
+                        waited: started.elapsed(),
+                    });
+                }
+                // Replaced: the file at the path now is the lock everyone else takes. The
+                // next attempt's wait ends by the same deadline.
+                (_, false) => {}
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(Error::LockTimeout {
+                    path: self.lock_path.clone(),
+                    waited: started.elapsed(),
+                });
+            }
+        }
+    }
+
+    /// Whether `lock` is still the file at the lock's path.
+    fn still_at(&self, lock: &Locked) -> Result<bool, Error> {
+        match fs::symlink_metadata(&self.lock_path) {
+            Ok(m) => Ok((m.dev(), m.ino()) == (lock.dev, lock.ino)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(Error::io("stat", &self.lock_path, e)),
+        }
+    }
+
+    /// Replaces the fence file with `token`, durably, under `lock`.
+    fn store(&self, token: u64, lock: &Locked) -> Result<(), Error> {
+        let mut name = self.path.file_name().unwrap_or_default().to_owned();
+        name.push(format!(".{:016x}.tmp", fresh_tag().0));
+        let tmp = self.dir.join(name);
+        let mut file = self.opener.open(&tmp, Access::Temp)?;
+        let renamed = file
+            .write_all(encode(token).as_bytes())
+            .map_err(|e| Error::io("write", &tmp, e))
+            .and_then(|()| file.sync_data().map_err(|e| Error::io("fsync", &tmp, e)))
+            .and_then(|()| {
+                // Recorded only under the lock everyone else takes: checked again here, one
+                // system call before the rename.
+                if self.still_at(lock)? {
+                    Ok(())
+                } else {
+                    Err(Error::LockReplaced {
+                        path: self.lock_path.clone(),
+                    })
+                }
+            })
+            .and_then(|()| {
+                fs::rename(&tmp, &self.path).map_err(|e| Error::io("rename", &self.path, e))
+            });
+        if let Err(e) = renamed {
+            let _ = fs::remove_file(&tmp);
+            return Err(e);
+        }
+        self.dir_file
+            .sync_all()
+            .map_err(|e| Error::io("fsync", &self.dir, e))
+    }
+}
+
+/// Writes `bytes` to `target` whole: a temporary file beside it, fsynced, renamed over it, the
+/// directory fsynced.
+fn write_atomically(target: &Path, bytes: &[u8]) -> Result<(), Error> {
+    let not_a_file = || Error::NotAFile {
+        path: target.to_owned(),
+    };
+    let name = target.file_name().ok_or_else(not_a_file)?;
+    let dir = match target.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let mode = match fs::symlink_metadata(target) {
+        Ok(m) if m.file_type().is_symlink() => {
+            return Err(Error::Symlink {
+                path: target.to_owned(),
+            });
+        }
+        Ok(m) if !m.is_file() => return Err(not_a_file()),
+        Ok(m) => Some(m.permissions().mode() & 0o777),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => return Err(Error::io("stat", target, e)),
+    };
+    let mut tmp_name = OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(".{:016x}.tmp", fresh_tag().0));
+    let tmp = dir.join(tmp_name);
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o666)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(&tmp)
+        .map_err(|e| Error::io("create", &tmp, e))?;
+    let renamed = file
+        .write_all(bytes)
+        .map_err(|e| Error::io("write", &tmp, e))
+        .and_then(|()| match mode {
+            Some(mode) => file
+                .set_permissions(fs::Permissions::from_mode(mode))
+                .map_err(|e| Error::io("chmod", &tmp, e)),
+            None => Ok(()),
+        })
+        .and_then(|()| file.sync_all().map_err(|e| Error::io("fsync", &tmp, e)))
+        .and_then(|()| fs::rename(&tmp, target).map_err(|e| Error::io("rename", target, e)));
+    if let Err(e) = renamed {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io("fsync", dir, e))
+}
+
+/// The fence file's content for `token`.
+fn encode(token: u64) -> String {
+    format!("{token}\n")
+}
+
+/// The token a fence file holds: empty is none; otherwise exactly decimal digits without a
+/// leading zero (but `0` itself) and one newline, at most `u64::MAX`. Never panics.
+fn decode(bytes: &[u8]) -> Result<Option<u64>, DecodeError> {
+    if bytes.is_empty() {
+        return Ok(None);
+    }
+    let bad = |why: &str| {
+        let shown = String::from_utf8_lossy(&bytes[..bytes.len().min(32)]);
+        let more = if bytes.len() > 32 { "…" } else { "" };
+        DecodeError::FenceToken(format!("{why} in {shown:?}{more} ({} bytes)", bytes.len()))
+    };
+    let Some(digits) = bytes.strip_suffix(b"\n") else {
+        return Err(bad("no newline at the end"));
+    };
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return Err(bad("not decimal digits"));
+    }
+    if digits.len() > 1 && digits[0] == b'0' {
+        return Err(bad("a leading zero"));
+    }
+    std::str::from_utf8(digits)
+        .ok()
+        .and_then(|text| text.parse::<u64>().ok())
+        .map(Some)
+        .ok_or_else(|| bad("over u64::MAX"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_codec_round_trips_and_refuses_everything_but_a_canonical_token() {
+        for token in [0, 1, 42, u64::MAX] {
+            assert_eq!(decode(encode(token).as_bytes()), Ok(Some(token)));
+        }
+        assert_eq!(decode(b""), Ok(None));
+        for bad in [
+            &b"\n"[..],
+            b"42",
+            b"42\n\n",
+            b" 42\n",
+            b"+42\n",
+            b"-1\n",
+            b"042\n",
+            b"4 2\n",
+            b"18446744073709551616\n",
+            b"99999999999999999999999999\n",
+            b"\xff\n",
+            b"{\"token\":4}\n",
+        ] {
+            assert!(
+                matches!(decode(bad), Err(DecodeError::FenceToken(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_corrupt_fence_file_is_described_with_a_bounded_excerpt() {
+        let long = vec![b'x'; 1000];
+        let Err(e) = decode(&long) else {
+            panic!("accepted")
+        };
+        let text = e.to_string();
+        assert!(text.contains("no newline at the end"), "{text}");
+        assert!(text.contains("(1000 bytes)"), "{text}");
+        assert!(text.len() < 200, "{text}");
+    }
+}

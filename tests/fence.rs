@@ -1,0 +1,410 @@
+//! The resource-side fence (`flocklease::Fence`): admission order and persistence, the fenced
+//! whole-file write, threads and processes admitting interleaved tokens, and what it refuses
+//! (corrupt fence files, symbolic links, special files, unsafe directories, a stuck lock).
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use flocklease::fence::Stale;
+use flocklease::{Admission, Error, Fence};
+use support::{RoleChild, role, tell};
+
+const ENTRY: &str = "child_entry";
+
+/// The admitter role: `FENCE LOG TOKEN...`. Says `ready`, waits for `go`, then admits each
+/// token in turn through [`Fence::with`], appending an admitted token to LOG under the fence's
+/// lock; says `refused T H` for each refusal, then `done`.
+#[test]
+fn child_entry() {
+    let Some((_, args)) = role() else { return };
+    let fence = Fence::open(&args[0]).unwrap();
+    let log = Path::new(&args[1]);
+    let tokens: Vec<u64> = args[2..].iter().map(|t| t.parse().unwrap()).collect();
+    tell("ready");
+    assert_eq!(support::hear().as_deref(), Some("go"));
+    for token in tokens {
+        match fence.with(token, || append(log, token)).unwrap() {
+            Ok(()) => {}
+            Err(Stale { token, highest }) => tell(&format!("refused {token} {highest}")),
+        }
+    }
+    tell("done");
+}
+
+#[test]
+fn lower_tokens_are_refused_equal_and_higher_admitted_and_the_highest_survives_reopening() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r.fence");
+    let fence = Fence::open(&path).unwrap();
+    assert_eq!(fence.highest().unwrap(), None);
+    assert_eq!(
+        fence.admit(5).unwrap(),
+        Admission::Admitted { previous: None }
+    );
+    assert_eq!(
+        fence.admit(5).unwrap(),
+        Admission::Admitted { previous: Some(5) }
+    );
+    assert_eq!(fence.admit(4).unwrap(), Admission::Refused { highest: 5 });
+    assert_eq!(
+        fence.admit(9).unwrap(),
+        Admission::Admitted { previous: Some(5) }
+    );
+    assert_eq!(fence.admit(5).unwrap(), Admission::Refused { highest: 9 });
+    assert_eq!(fs::read_to_string(&path).unwrap(), "9\n");
+    drop(fence);
+    let again = Fence::open(&path).unwrap();
+    assert_eq!(again.highest().unwrap(), Some(9));
+    assert_eq!(again.admit(8).unwrap(), Admission::Refused { highest: 9 });
+    assert_eq!(
+        again.admit(u64::MAX).unwrap(),
+        Admission::Admitted { previous: Some(9) }
+    );
+    assert_eq!(
+        again.admit(0).unwrap(),
+        Admission::Refused { highest: u64::MAX }
+    );
+    // The files are private, and nothing temporary is left.
+    for p in [&path, &dir.path().join("r.fence.lock")] {
+        let mode = fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{}", p.display());
+    }
+    assert_eq!(names(dir.path()), ["r.fence", "r.fence.lock"]);
+}
+
+#[test]
+fn a_refused_write_leaves_the_target_untouched_and_an_admitted_one_replaces_it_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let fence = Fence::open(dir.path().join("out.fence")).unwrap();
+    let target = dir.path().join("out.csv");
+    assert!(
+        fence
+            .write_file(2, &target, b"first, long content\n")
+            .unwrap()
+            .is_admitted()
+    );
+    assert_eq!(fs::read(&target).unwrap(), b"first, long content\n");
+    // A replaced file keeps its permission bits.
+    fs::set_permissions(&target, fs::Permissions::from_mode(0o640)).unwrap();
+    let before = fs::metadata(&target).unwrap();
+    assert_eq!(
+        fence.write_file(1, &target, b"stale").unwrap(),
+        Admission::Refused { highest: 2 }
+    );
+    let after = fs::metadata(&target).unwrap();
+    assert_eq!(fs::read(&target).unwrap(), b"first, long content\n");
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        (before.ino(), before.mtime_nsec()),
+        (after.ino(), after.mtime_nsec())
+    );
+    // The same token writes again; the new content replaces the old whole (shorter: no tail
+    // of the old content remains).
+    assert_eq!(
+        fence.write_file(2, &target, b"second\n").unwrap(),
+        Admission::Admitted { previous: Some(2) }
+    );
+    assert_eq!(fs::read(&target).unwrap(), b"second\n");
+    assert_eq!(
+        fs::metadata(&target).unwrap().permissions().mode() & 0o777,
+        0o640
+    );
+    assert_eq!(
+        fence.write_file(3, &target, b"").unwrap(),
+        Admission::Admitted { previous: Some(2) }
+    );
+    assert_eq!(fs::read(&target).unwrap(), b"");
+    assert_eq!(fence.highest().unwrap(), Some(3));
+    assert_eq!(
+        names(dir.path()),
+        ["out.csv", "out.fence", "out.fence.lock"]
+    );
+}
+
+#[test]
+fn the_token_is_recorded_before_the_guarded_code_runs_and_a_refusal_runs_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("f");
+    let fence = Fence::open(&path).unwrap();
+    let other = Fence::open(&path).unwrap();
+    let seen = fence.with(7, || other.highest().unwrap()).unwrap();
+    assert_eq!(seen, Ok(Some(7)));
+    let mut ran = false;
+    let refused = fence.with(6, || ran = true).unwrap();
+    assert_eq!(
+        refused,
+        Err(Stale {
+            token: 6,
+            highest: 7
+        })
+    );
+    assert!(!ran);
+}
+
+#[test]
+fn threads_admitting_interleaved_tokens_never_admit_one_below_an_earlier_admission() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.fence");
+    let shared = Fence::open(&path).unwrap();
+    let log = Mutex::new(Vec::new());
+    let refusals = Mutex::new(Vec::new());
+    const THREADS: u64 = 4;
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (shared, log, refusals, path) = (&shared, &log, &refusals, &path);
+            s.spawn(move || {
+                // Half the threads share one `Fence`, the others open their own.
+                let own;
+                let fence = if t % 2 == 0 {
+                    shared
+                } else {
+                    own = Fence::open(path).unwrap();
+                    &own
+                };
+                for token in tokens_of(t, THREADS) {
+                    let done = fence.with(token, || log.lock().unwrap().push(token));
+                    if let Err(stale) = done.unwrap() {
+                        refusals.lock().unwrap().push(stale);
+                    }
+                }
+            });
+        }
+    });
+    check_history(
+        &log.into_inner().unwrap(),
+        &refusals.into_inner().unwrap(),
+        shared.highest().unwrap(),
+        THREADS,
+    );
+}
+
+#[test]
+fn processes_admitting_interleaved_tokens_never_admit_one_below_an_earlier_admission() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.fence");
+    let log = dir.path().join("admitted.log");
+    const PROCS: u64 = 3;
+    let mut children: Vec<RoleChild> = (0..PROCS)
+        .map(|p| {
+            let tokens: Vec<String> = tokens_of(p, PROCS).map(|t| t.to_string()).collect();
+            let mut args = vec![path.to_str().unwrap(), log.to_str().unwrap()];
+            args.extend(tokens.iter().map(String::as_str));
+            RoleChild::spawn(ENTRY, "admitter", &args)
+        })
+        .collect();
+    for c in &mut children {
+        assert_eq!(c.line(), "ready");
+    }
+    for c in &mut children {
+        c.say("go");
+    }
+    let mut refusals = Vec::new();
+    for mut c in children {
+        loop {
+            let line = c.line();
+            if line == "done" {
+                break;
+            }
+            let words: Vec<u64> = line
+                .strip_prefix("refused ")
+                .unwrap_or_else(|| panic!("unexpected line {line:?}"))
+                .split(' ')
+                .map(|w| w.parse().unwrap())
+                .collect();
+            refusals.push(Stale {
+                token: words[0],
+                highest: words[1],
+            });
+        }
+        c.finish();
+    }
+    let admitted: Vec<u64> = fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    let highest = Fence::open(&path).unwrap().highest().unwrap();
+    check_history(&admitted, &refusals, highest, PROCS);
+}
+
+#[test]
+fn a_corrupt_fence_file_is_an_error_and_is_left_as_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.fence");
+    let target = dir.path().join("c.out");
+    let fence = Fence::open(&path).unwrap();
+    assert!(fence.admit(3).unwrap().is_admitted());
+    for bad in [&b"garbage"[..], b"7", b"-1\n", b"07\n", b"7\n8\n", b"\n"] {
+        fs::write(&path, bad).unwrap();
+        let corrupt = |r: Result<Admission, Error>| match r {
+            Err(e @ Error::Corrupt { .. }) => {
+                assert_eq!(e.path(), Some(path.as_path()));
+                assert!(e.to_string().starts_with("corrupt fence file "), "{e}");
+            }
+            other => panic!("{bad:?}: {other:?}"),
+        };
+        corrupt(fence.admit(9));
+        corrupt(fence.write_file(9, &target, b"x"));
+        corrupt(Fence::open(&path).map(|_| Admission::Refused { highest: 0 }));
+        assert!(matches!(fence.highest(), Err(Error::Corrupt { .. })));
+        assert!(matches!(fence.with(9, || ()), Err(Error::Corrupt { .. })));
+        assert_eq!(fs::read(&path).unwrap(), bad, "the fence file was changed");
+        assert!(!target.exists(), "{bad:?}: the target was written");
+    }
+    // An operator's repair is read as it says.
+    fs::write(&path, "12\n").unwrap();
+    assert_eq!(fence.admit(11).unwrap(), Admission::Refused { highest: 12 });
+}
+
+#[test]
+fn symbolic_links_and_special_files_are_refused_and_never_followed() {
+    let dir = tempfile::tempdir().unwrap();
+    let elsewhere = dir.path().join("elsewhere");
+    fs::write(&elsewhere, "1\n").unwrap();
+    let link = dir.path().join("l.fence");
+    std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+    assert!(matches!(Fence::open(&link), Err(Error::Symlink { path }) if path == link));
+    // A link at the lock's path.
+    let path = dir.path().join("k.fence");
+    std::os::unix::fs::symlink(&elsewhere, dir.path().join("k.fence.lock")).unwrap();
+    assert!(matches!(Fence::open(&path), Err(Error::Symlink { .. })));
+    // A link planted at the fence file after it was opened.
+    let path = dir.path().join("m.fence");
+    let fence = Fence::open(&path).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &path).unwrap();
+    assert!(matches!(fence.admit(5), Err(Error::Symlink { .. })));
+    assert_eq!(fs::read_to_string(&elsewhere).unwrap(), "1\n");
+    // A FIFO or a directory at the fence file's path is not read as "no token" (nor waited on).
+    let fifo = dir.path().join("q.fence");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    assert!(matches!(Fence::open(&fifo), Err(Error::NotAFile { .. })));
+    fs::create_dir(dir.path().join("d.fence")).unwrap();
+    assert!(matches!(
+        Fence::open(dir.path().join("d.fence")),
+        Err(Error::NotAFile { .. })
+    ));
+    // A target that is a link or a directory is refused, and the link's target is untouched.
+    let fence = Fence::open(dir.path().join("w.fence")).unwrap();
+    let target = dir.path().join("out");
+    std::os::unix::fs::symlink(&elsewhere, &target).unwrap();
+    assert!(matches!(
+        fence.write_file(1, &target, b"x"),
+        Err(Error::Symlink { path }) if path == target
+    ));
+    assert_eq!(fs::read_to_string(&elsewhere).unwrap(), "1\n");
+    assert!(matches!(
+        fence.write_file(1, dir.path(), b"x"),
+        Err(Error::NotAFile { .. })
+    ));
+    // No path at all.
+    assert!(matches!(Fence::open("/"), Err(Error::NotAFile { .. })));
+}
+
+#[test]
+fn unsafe_or_missing_directories_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let open = dir.path().join("open");
+    fs::create_dir(&open).unwrap();
+    fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).unwrap();
+    assert!(matches!(
+        Fence::open(open.join("f")),
+        Err(Error::WorldWritable { .. })
+    ));
+    // A sticky world-writable directory (like /tmp) is accepted.
+    fs::set_permissions(&open, fs::Permissions::from_mode(0o1777)).unwrap();
+    assert!(
+        Fence::open(open.join("f"))
+            .unwrap()
+            .admit(1)
+            .unwrap()
+            .is_admitted()
+    );
+    // A missing directory is an error naming it, and is not created.
+    let missing = dir.path().join("missing");
+    let e = Fence::open(missing.join("f")).unwrap_err();
+    assert_eq!(e.path(), Some(missing.as_path()));
+    assert!(!missing.exists());
+}
+
+#[test]
+fn a_lock_held_for_the_whole_lock_timeout_is_an_error_not_a_refusal() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.fence");
+    let fence = Fence::builder(&path)
+        .lock_timeout(Duration::from_millis(50))
+        .open()
+        .unwrap();
+    assert!(fence.admit(1).unwrap().is_admitted());
+    // Another open file description holds the lock (a stuck writer).
+    let stuck = fs::File::open(dir.path().join("s.fence.lock")).unwrap();
+    stuck.lock().unwrap();
+    match fence.admit(2) {
+        Err(Error::LockTimeout { path, waited }) => {
+            assert_eq!(path, dir.path().join("s.fence.lock"));
+            assert!(waited >= Duration::from_millis(50));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(fence.highest().unwrap(), Some(1));
+    drop(stuck);
+    assert!(fence.admit(2).unwrap().is_admitted());
+}
+
+/// The tokens of admitter `i` of `n`: ascending (one lease after another), each twice (a
+/// lease writes more than once), interleaved with the other admitters' (`i`, `i + n`, ...).
+fn tokens_of(i: u64, n: u64) -> impl Iterator<Item = u64> {
+    (0..60u64).flat_map(move |k| [1 + i + k * n; 2])
+}
+
+/// Checks a history of admissions (in the order they ran under the lock) and refusals: no
+/// admission below an earlier one; every refusal names a greater token that was admitted;
+/// the fence keeps the greatest admitted; every token was answered. (How the admitters
+/// interleave is up to the scheduler; the checks hold for every interleaving.)
+fn check_history(admitted: &[u64], refusals: &[Stale], highest: Option<u64>, n: u64) {
+    for (i, pair) in admitted.windows(2).enumerate() {
+        assert!(
+            pair[0] <= pair[1],
+            "token {} admitted after {} (admissions {}..: {:?})",
+            pair[1],
+            pair[0],
+            i.saturating_sub(4),
+            &admitted[i.saturating_sub(4)..(i + 6).min(admitted.len())]
+        );
+    }
+    for r in refusals {
+        assert!(r.highest > r.token, "{r:?}");
+        assert!(
+            admitted.contains(&r.highest),
+            "{r:?} names a token never admitted"
+        );
+    }
+    assert_eq!(highest, admitted.iter().copied().max());
+    let total: usize = (0..n).map(|i| tokens_of(i, n).count()).sum();
+    assert_eq!(admitted.len() + refusals.len(), total);
+}
+
+fn append(log: &Path, token: u64) {
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(log)
+        .unwrap();
+    writeln!(f, "{token}").unwrap();
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    names
+}
