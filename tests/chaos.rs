@@ -27,7 +27,7 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flocklease::{FlockLease, Grant, KeepAlive, Owner, SessionLease};
+use flocklease::{FlockLease, Grant, KeepAlive, Owner};
 use nix::sys::signal::{Signal, kill};
 use support::{RoleChild, id, role};
 
