@@ -28,10 +28,12 @@ use flocklease::machine::{Event, Local, Outcome};
 use flocklease::{Error, Owner, Record, SessionId, Timestamp};
 use stateright::{Model, Property};
 
+mod fence;
 pub mod props;
 pub mod report;
 mod tx;
 
+pub use fence::{Fence, FenceIo, admits, schedule};
 pub use tx::{Ghost, ModelTx, Seen};
 
 /// Which backend's primitives the model gives the processes.
@@ -87,6 +89,9 @@ pub struct LeaseModel {
     pub backend: Backend,
     /// PostgreSQL: how many times a holder's liveness connection may drop while it runs.
     pub liveness_losses: u8,
+    /// Whether a process that believes it holds a lease runs fenced sections with it (SPEC
+    /// §9), and property \[11\] is checked.
+    pub fenced: bool,
 }
 
 /// What the cleaner may do.
@@ -154,6 +159,15 @@ pub enum Planted {
     /// PostgreSQL: a renew whose liveness connection ended trusts the row alone and commits
     /// without locking its generation again.
     RenewWithoutRelock,
+    /// The control of property \[11\]: the application writes after a local check that its
+    /// lease has not expired (as `KeepAlive::is_lost()`), with no lock and no read.
+    UnfencedWrite,
+    /// The fenced section reads and checks the record before it takes the lock (PostgreSQL:
+    /// a plain `SELECT`, then the row `FOR SHARE`, not checked again).
+    FenceCheckBeforeLock,
+    /// The fenced section unlocks before the caller's write (PostgreSQL: the caller's
+    /// statements on another connection, after the fenced transaction's `COMMIT`).
+    FenceUnlockBeforeWrite,
 }
 
 /// The named configurations `check --config NAME` knows.
@@ -179,6 +193,7 @@ impl Default for LeaseModel {
             shared_owner: false,
             backend: Backend::Flock,
             liveness_losses: 0,
+            fenced: true,
         }
     }
 }
@@ -198,6 +213,8 @@ impl LeaseModel {
                 tamper: Tamper::FILES,
                 observer: true,
                 go_prober: false,
+                // Its cleaner deletes <stem>.lock: a fenced section's known window (README).
+                fenced: false,
                 ..d
             },
             // Longer histories: more ticks and one more generation, the liveness file's
@@ -208,6 +225,7 @@ impl LeaseModel {
                 max_token: 3,
                 tamper: Tamper::DELETE_LIVE,
                 go_prober: false,
+                fenced: false,
                 ..d
             },
             "shared-owner" => LeaseModel {
@@ -259,6 +277,11 @@ pub struct Proc {
     pub sweep: Option<u64>,
     /// The listing the call under way carries, run when it unlocks.
     pub carried: Option<u64>,
+    /// The fenced section under way, if any (never at the same time as a call: calls and
+    /// sections on one id are serialized in the process).
+    pub fence: Option<Fence>,
+    /// PostgreSQL: the fenced section holds the row `FOR SHARE`.
+    pub share: bool,
     /// For display only (not part of the state's identity): its last call and the answer.
     pub last: Option<(Kind, Said)>,
 }
@@ -272,7 +295,13 @@ impl Proc {
     fn key(&self) -> impl Hash + PartialEq + '_ {
         (
             (&self.local, self.lease, self.stale, &self.call, self.loss),
-            (self.stable, self.sweep, self.carried),
+            (
+                self.stable,
+                self.sweep,
+                self.carried,
+                self.fence,
+                self.share,
+            ),
         )
     }
 }
@@ -483,6 +512,10 @@ pub struct State {
     pub max_granted: u64,
     /// Ghost: the token of the last new generation committed.
     pub max_committed: u64,
+    /// The protected resource: the highest token whose write it accepted. Shown in traces,
+    /// not part of the state's identity: no step reads it, and property \[11\] is judged when
+    /// a write is accepted, so keeping it apart only multiplies states.
+    pub written: Shown<Written>,
     /// Ghost: the notable scenario the last step completed, if any.
     pub scenario: Option<Scenario>,
     /// Ghost: the call properties some call broke, one bit each
@@ -506,6 +539,31 @@ impl State {
         };
         self.procs.iter().position(|p| p.stable == Some(i))
     }
+}
+
+/// A value carried in a state for display only: every two are equal and hash alike, so it
+/// never tells two states apart. Only for what no step and no property reads.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Shown<T>(pub T);
+
+impl<T> PartialEq for Shown<T> {
+    fn eq(&self, _: &Shown<T>) -> bool {
+        true
+    }
+}
+impl<T> Eq for Shown<T> {}
+impl<T> Hash for Shown<T> {
+    fn hash<H: Hasher>(&self, _: &mut H) {}
+}
+
+/// What the protected resource accepted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Written {
+    /// The highest token whose write it accepted (0: none yet).
+    pub highest: u64,
+    /// The last write it accepted: its token, and the token of the last new generation
+    /// committed at that moment.
+    pub last: Option<(u64, u64)>,
 }
 
 /// A notable scenario, for the `sometimes` properties.
@@ -541,6 +599,12 @@ pub enum Scenario {
     /// PostgreSQL: a renew's re-lock found the generation still locked by the holder's old
     /// session, not yet ended on the server; the renew failed (a later one retries).
     RelockBusy,
+    /// The resource accepted a write.
+    FencedWrite,
+    /// A fenced section was refused: the record names a successor.
+    FenceRefusedAfterSuccessor,
+    /// PostgreSQL: a fenced section's re-check found the lease expired; it rolled back.
+    FenceRecheckRefused,
 }
 
 /// A step of the system.
@@ -581,6 +645,10 @@ pub enum Action {
     /// PostgreSQL, planted bug [`Planted::RelockOnNotice`]: process `p` locks its generation
     /// again on a fresh connection, outside any transition.
     Relock(usize),
+    /// Process `p` starts a fenced section with its lease and takes its first step.
+    Fence(usize),
+    /// Process `p` takes the next step of its fenced section.
+    FenceStep(usize, FenceIo),
 }
 
 /// What a process calls.
@@ -767,7 +835,7 @@ impl LeaseModel {
 
     /// Whether process `p` can take the next step of its call (or start one).
     fn can_step(s: &State, p: usize, run: Option<&Run<u64>>) -> bool {
-        let lock_free = s.lock_holder().is_none_or(|q| q == p);
+        let lock_free = s.lock_free_for(p);
         match run.map(Run::peek) {
             None | Some(Some(Io::LockStable)) => lock_free,
             Some(Some(_)) => true,
@@ -826,6 +894,7 @@ impl Model for LeaseModel {
             losses_left: self.liveness_losses,
             max_granted: 0,
             max_committed: 0,
+            written: Shown(Written::default()),
             scenario: None,
             violations: 0,
         }]
@@ -837,6 +906,7 @@ impl Model for LeaseModel {
         let beyond = s.record.as_ref().is_some_and(|r| r.token > self.max_token);
         for (p, proc) in s.procs.iter().enumerate() {
             let run = proc.call.as_ref().map(|c| &c.run);
+            self.fence_actions(s, p, beyond, actions);
             if let Some(io) = run.and_then(Run::peek) {
                 if LeaseModel::can_step(s, p, run) {
                     actions.push(Action::Step(p, io));
@@ -844,7 +914,7 @@ impl Model for LeaseModel {
                         actions.push(Action::Fail(p, io));
                     }
                 }
-            } else if !beyond && LeaseModel::can_step(s, p, None) {
+            } else if !beyond && proc.fence.is_none() && LeaseModel::can_step(s, p, None) {
                 actions.push(Action::Call(p, Kind::Acquire));
                 if proc.lease.is_some() {
                     actions.push(Action::Call(p, Kind::Renew));
@@ -941,6 +1011,11 @@ impl Model for LeaseModel {
                 "p{p} locks its generation again on a fresh connection, outside any \
                  transition (PLANTED)"
             ),
+            Action::Fence(p) => format!(
+                "p{p} starts a fenced section with its lease ({})",
+                fence_label(self.backend, schedule(self.backend, self.planted)[0])
+            ),
+            Action::FenceStep(p, io) => format!("p{p} {}", fence_label(self.backend, *io)),
         }
     }
 }
@@ -1044,6 +1119,8 @@ impl LeaseModel {
                 }
                 Some(s)
             }
+            Action::Fence(p) => self.fence_start(last, p),
+            Action::FenceStep(p, _) => self.fence_step(last, p),
             Action::Relock(p) => {
                 let mut s = last.clone();
                 s.scenario = None;
@@ -1274,5 +1351,22 @@ pub fn io_label(io: Io) -> String {
         Io::Cleanup(i) => format!("cleans up (step {i})"),
         Io::Adopt => "adopts the new generation".into(),
         Io::UnlockStable => "unlocks the transition lock".into(),
+    }
+}
+
+/// A fenced section's step as a few words.
+pub fn fence_label(backend: Backend, io: FenceIo) -> &'static str {
+    match (io, backend) {
+        (FenceIo::LocalCheck, _) => "checks locally that its lease is unexpired (no lock)",
+        (FenceIo::Lock, Backend::Flock) => "locks the transition lock for its fenced section",
+        (FenceIo::Lock, Backend::Postgres) => "locks the row FOR SHARE",
+        (FenceIo::Read, _) => "reads the record and the clock for its fenced section (check)",
+        (FenceIo::LockRead, _) => {
+            "locks the row FOR SHARE, reads it and the server's clock (check)"
+        }
+        (FenceIo::Write, _) => "writes to the protected resource",
+        (FenceIo::Recheck, _) => "re-checks the expiry on the server's clock",
+        (FenceIo::Unlock, Backend::Flock) => "unlocks its fenced section's transition lock",
+        (FenceIo::Unlock, Backend::Postgres) => "ends its fenced transaction (COMMIT)",
     }
 }

@@ -43,12 +43,19 @@ options (applied in order, on top of the named configuration):
                      lock, record, temp, all (default: the configuration's)
   --no-observer      no observer (waiter, status) share-locking liveness files
   --no-go-prober     no Go-style prober creating and exclusively try-locking them
+  --no-fenced        no fenced sections (SPEC §9; on in every named configuration but
+                     large and long), and no property [11]
+  --fenced           fenced sections on
   --planted BUG      plant a known bug to see the checker catch it: create-then-lock (the
                      restore of a deleted liveness file creates it, then locks it);
                      with --config postgres: relock-on-notice (a holder that sees its
                      liveness connection end locks its generation again at once, outside
                      any transition), renew-without-relock (a renew after that trusts the
-                     row and commits without locking the generation again)
+                     row and commits without locking the generation again);
+                     for property [11]: unfenced-write (the control: a write after a local
+                     is_lost()-style check, no lock), fence-check-before-lock (the section
+                     checks the record before taking its lock), fence-unlock-before-write
+                     (it unlocks, or commits, before the caller's write)
   --no-sync          model Durability::NoSync (shows why fsync is needed)
   --counterexamples N  print the shortest counterexample of at most N violated properties
                      (default: all)
@@ -107,10 +114,17 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
             "--tamper" => model.tamper = tamper(value()?)?,
             "--no-observer" => model.observer = false,
             "--no-go-prober" => model.go_prober = false,
+            "--no-fenced" => model.fenced = false,
+            "--fenced" => model.fenced = true,
             "--planted" => match value()?.as_str() {
                 "create-then-lock" => model.planted = Some(Planted::CreateThenLock),
                 "relock-on-notice" => model.planted = Some(Planted::RelockOnNotice),
                 "renew-without-relock" => model.planted = Some(Planted::RenewWithoutRelock),
+                "unfenced-write" => model.planted = Some(Planted::UnfencedWrite),
+                "fence-check-before-lock" => model.planted = Some(Planted::FenceCheckBeforeLock),
+                "fence-unlock-before-write" => {
+                    model.planted = Some(Planted::FenceUnlockBeforeWrite);
+                }
                 other => return Err(format!("unknown planted bug {other}")),
             },
             "--no-sync" => model.durable = false,

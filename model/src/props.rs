@@ -49,13 +49,16 @@ pub mod names {
     /// §6.9 (flock): judged at every probe, against who keeps the generation.
     pub const PROBE_TRUTH: &str =
         "[9] a probe never makes a dead holder look alive, nor a live one dead";
+    /// §6.11: judged when the resource accepts a write, against the last new generation
+    /// committed.
+    pub const FENCED: &str = "[11] no fenced write is accepted after a successor's grant";
 }
 
 use names::*;
 
 /// The properties judged when a call ends (or, for the PostgreSQL re-lock, when it is
 /// done), in the order of [`State::violations`]' bits.
-pub const CALL_PROPERTIES: [&str; 12] = [
+pub const CALL_PROPERTIES: [&str; 13] = [
     INCREASE,
     STALE_RELEASE,
     RENEW_CURRENT,
@@ -68,6 +71,7 @@ pub const CALL_PROPERTIES: [&str; 12] = [
     RELOCK_GUARDED,
     PROBE_TRUTH,
     RENEW_RELOCKED,
+    FENCED,
 ];
 
 /// The bit of call property `name` in [`State::violations`].
@@ -121,6 +125,9 @@ pub fn properties(model: &LeaseModel) -> Vec<Property<LeaseModel>> {
     } else {
         v.push(call!(10));
     }
+    if model.fenced {
+        v.push(call!(12));
+    }
     v.extend([
         Property::sometimes("takeover after a crash", |_, s: &State| {
             s.scenario == Some(Scenario::TakeoverAfterCrash)
@@ -168,6 +175,22 @@ pub fn properties(model: &LeaseModel) -> Vec<Property<LeaseModel>> {
             },
         ),
     ]);
+    if model.fenced {
+        v.push(Property::sometimes(
+            "a fenced write accepted",
+            |_, s: &State| s.scenario == Some(Scenario::FencedWrite),
+        ));
+        v.push(Property::sometimes(
+            "a fenced section refused after a successor's grant",
+            |_, s: &State| s.scenario == Some(Scenario::FenceRefusedAfterSuccessor),
+        ));
+    }
+    if model.fenced && model.backend == Backend::Postgres {
+        v.push(Property::sometimes(
+            "a fenced transaction rolled back by its expiry re-check",
+            |_, s: &State| s.scenario == Some(Scenario::FenceRecheckRefused),
+        ));
+    }
     if model.backend == Backend::Postgres {
         v.push(Property::sometimes(
             "takeover while the old holder runs with its liveness lost",

@@ -26,10 +26,15 @@ how to read a state:
                       has not ended yet
   record=...!         a planted file stands at the record's name (reads fail)
   reported=#2         the highest token ever reported granted to a caller
+  written=#2 (last #1, #2 committed then)   the protected resource: the highest token
+                      whose write it accepted; its last write's token and the last new
+                      generation committed when it was accepted (shown, not compared)
   p0: lease #2@4      what p0 believes it holds; stale #1@2: an older lease it kept
       local #2        the liveness lock p0 keeps open
       LIVENESS #2 LOST (seen)  PostgreSQL: its connection ended (seen: p0 knows)
       [renew -> next: rename]   p0's call under way and the I/O step it takes next
+      [fenced #1 -> next: Write]  p0's fenced section with lease #1 and its next step
+                      (refused: the check said no; share: PostgreSQL, the row FOR SHARE)
       last: acquire = granted #2@4   p0's last finished call and its answer
                       (held, released, FAILED, crashed)
   VIOLATION: ...      the call property a call just broke";
@@ -211,6 +216,13 @@ pub fn describe(m: &LeaseModel) -> String {
                 .into(),
         );
     }
+    if m.fenced {
+        extras.push(
+            "every lease holder may run a fenced section (SPEC §9) with the lease it believes \
+             it holds, its write judged when the resource accepts it"
+                .into(),
+        );
+    }
     if let Some(planted) = m.planted {
         extras.push(format!("PLANTED BUG: {planted:?}"));
     }
@@ -320,6 +332,13 @@ fn why(m: &LeaseModel, name: &str, s: &State) -> String {
             rec(&s.record),
             tok(&s.durable),
         ),
+        n if n == FENCED => {
+            let (token, committed) = s.written.0.last.unwrap_or_default();
+            format!(
+                "the resource just accepted a write with token #{token} while the last new \
+                 generation committed was #{committed} (see VIOLATION)"
+            )
+        }
         n if crate::props::CALL_PROPERTIES.contains(&n) => {
             "a call that just ended broke it (see VIOLATION)".to_owned()
         }
@@ -405,6 +424,13 @@ impl fmt::Debug for State {
             live.join(","),
             self.max_granted
         )?;
+        if let Some((token, committed)) = self.written.0.last {
+            write!(
+                f,
+                " written=#{} (last #{token}, #{committed} committed then)",
+                self.written.0.highest
+            )?;
+        }
         for (p, proc) in self.procs.iter().enumerate() {
             write!(f, " | p{p}:")?;
             if let Some(l) = proc.lease {
@@ -423,6 +449,15 @@ impl fmt::Debug for State {
             if let Some(c) = &proc.call {
                 let next = c.run.peek().map_or("-".into(), io_label);
                 write!(f, " [{} -> next: {next}]", c.kind.label())?;
+            }
+            if let Some(fence) = proc.fence {
+                let refused = if fence.admitted { "" } else { " refused" };
+                let share = if proc.share { " share" } else { "" };
+                write!(
+                    f,
+                    " [fenced #{}{refused}{share} -> next: {:?}]",
+                    fence.token, fence.next
+                )?;
             }
             if let Some((kind, said)) = proc.last {
                 let said = match said {

@@ -291,7 +291,7 @@ impl Transaction for ModelTx<'_> {
             .procs
             .iter()
             .enumerate()
-            .any(|(q, proc)| q != self.p && proc.stable == Some(inode));
+            .any(|(q, proc)| q != self.p && (proc.stable == Some(inode) || proc.share));
         if busy {
             return Ok(false);
         }

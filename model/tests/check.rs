@@ -13,9 +13,9 @@ fn default_configuration_holds_exhaustively() {
     for v in &outcome.verdicts {
         assert!(v.ok, "{} {} failed", v.expectation, v.name);
     }
-    assert_eq!(outcome.verdicts.len(), 22);
+    assert_eq!(outcome.verdicts.len(), 25);
     assert_eq!(
-        outcome.unique_states, 4_547_497,
+        outcome.unique_states, 4_608_999,
         "state space changed: re-pin after review"
     );
 }
@@ -86,12 +86,13 @@ fn postgres_holds() {
         names::ONE_LIVE_HOLDER,
         names::RELOCK_GUARDED,
         names::RENEW_RELOCKED,
+        names::FENCED,
     ] {
         assert!(outcome.verdicts.iter().any(|v| v.name == name), "{name}");
     }
-    assert_eq!(outcome.verdicts.len(), 26);
+    assert_eq!(outcome.verdicts.len(), 30);
     assert_eq!(
-        outcome.unique_states, 344_448,
+        outcome.unique_states, 355_390,
         "state space changed: re-pin after review"
     );
 }

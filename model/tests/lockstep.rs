@@ -53,6 +53,8 @@ fn model() -> LeaseModel {
         cleaner: 2,
         observer: true,
         go_prober: true,
+        // The adapter's fenced section has no step-by-step seam (yet): the checker's alone.
+        fenced: false,
         ..LeaseModel::default()
     }
 }
@@ -421,7 +423,9 @@ impl Real {
             | Action::LoseLiveness(..)
             | Action::NoticeLoss(_)
             | Action::SessionEnds(_)
-            | Action::Relock(_) => unreachable!("not run in lockstep"),
+            | Action::Relock(_)
+            | Action::Fence(_)
+            | Action::FenceStep(..) => unreachable!("not run in lockstep"),
         }
         let (real, model) = (self.view(&n), model_view(&n));
         if real != model {
