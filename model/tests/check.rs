@@ -2,7 +2,7 @@
 
 use flocklease::driver::Io;
 use flocklease_model::props::names;
-use flocklease_model::{Action, Change, Cut, LeaseModel, Planted, Tamper, Target, report};
+use flocklease_model::{Action, Change, Cut, FenceIo, LeaseModel, Planted, Tamper, Target, report};
 
 /// The default configuration: every property verified, every scenario witnessed, and the full
 /// state space explored (a pinned count, so a silently truncated search fails).
@@ -231,6 +231,154 @@ fn the_old_create_then_lock_restore_is_caught() {
     );
     assert!(
         matches!(actions.last(), Some(Action::Step(_, Io::Probe { .. }))),
+        "{actions:?}"
+    );
+}
+
+/// The default's bounds with only what a fenced-section counterexample needs: the processes,
+/// the clock and the takeover of an expired lease (no host crash, fault or other actor).
+fn fence_bug(planted: Planted, base: LeaseModel) -> LeaseModel {
+    LeaseModel {
+        planted: Some(planted),
+        max_token: 1,
+        faults: 0,
+        host_crash: false,
+        cleaner: 0,
+        go_prober: false,
+        observer: false,
+        ..base
+    }
+}
+
+/// The shortest counterexample for property [11] in `model`, which must fail it.
+fn fence_counterexample(model: &LeaseModel) -> Vec<Action> {
+    let failed = failed_always(model);
+    assert!(failed.contains(&names::FENCED), "{failed:?}");
+    report::shortest(model, names::FENCED)
+        .expect("a counterexample for [11]")
+        .into_actions()
+}
+
+/// Whether `actions` has a rival's takeover committed between the writer's check (its
+/// section's first step) and the acceptance of its write (the last action: the write, or on
+/// PostgreSQL the `COMMIT` of the transaction it was made in).
+fn takeover_between_check_and_write(actions: &[Action]) -> bool {
+    let Some(Action::FenceStep(writer, FenceIo::Write | FenceIo::Unlock)) = actions.last() else {
+        return false;
+    };
+    let Some(start) = actions.iter().position(|a| *a == Action::Fence(*writer)) else {
+        return false;
+    };
+    actions[start..]
+        .iter()
+        .any(|a| matches!(a, Action::Step(q, Io::Rename) if q != writer))
+}
+
+/// The control: a write made after the application's own check that its lease has not
+/// expired (as `KeepAlive::is_lost()`), with no lock, is accepted after a successor's grant.
+/// The checker finds it: the holder checks, the clock ticks past its expiry (a pause), a rival
+/// takes over, the holder's write lands. Property [11] is not vacuous.
+#[test]
+fn an_unfenced_write_is_caught() {
+    let model = fence_bug(Planted::UnfencedWrite, LeaseModel::default());
+    let actions = fence_counterexample(&model);
+    assert!(takeover_between_check_and_write(&actions), "{actions:?}");
+    assert!(actions.contains(&Action::Tick), "{actions:?}");
+}
+
+/// A fenced section that reads and checks the record before it takes the transition lock:
+/// a rival's takeover commits between the check and the lock, and the write is accepted.
+#[test]
+fn a_fenced_check_before_the_lock_is_caught() {
+    let model = fence_bug(Planted::FenceCheckBeforeLock, LeaseModel::default());
+    let actions = fence_counterexample(&model);
+    assert!(takeover_between_check_and_write(&actions), "{actions:?}");
+    // The section took its lock after the takeover, and wrote under it.
+    let lock = actions
+        .iter()
+        .rposition(|a| matches!(a, Action::FenceStep(_, FenceIo::Lock)))
+        .expect("the section's lock step");
+    let rename = actions
+        .iter()
+        .rposition(|a| matches!(a, Action::Step(_, Io::Rename)))
+        .expect("the takeover's commit");
+    assert!(rename < lock, "{actions:?}");
+}
+
+/// A fenced section that unlocks before the caller's write: the rival's takeover commits
+/// between the unlock and the write.
+#[test]
+fn a_fenced_unlock_before_the_write_is_caught() {
+    let model = fence_bug(Planted::FenceUnlockBeforeWrite, LeaseModel::default());
+    let actions = fence_counterexample(&model);
+    assert!(takeover_between_check_and_write(&actions), "{actions:?}");
+    let unlock = actions
+        .iter()
+        .position(|a| matches!(a, Action::FenceStep(_, FenceIo::Unlock)))
+        .expect("the section's unlock");
+    let rename = actions
+        .iter()
+        .rposition(|a| matches!(a, Action::Step(_, Io::Rename)))
+        .expect("the takeover's commit");
+    assert!(unlock < rename, "{actions:?}");
+}
+
+/// PostgreSQL: the caller's statements run outside the fenced transaction (another
+/// connection, after its `COMMIT`): the rival's `FOR UPDATE` no longer waits, its takeover
+/// commits, and the write is accepted after it.
+#[test]
+fn a_postgres_write_outside_the_fenced_transaction_is_caught() {
+    let pg = LeaseModel::named("postgres").expect("a named configuration");
+    let model = fence_bug(
+        Planted::FenceUnlockBeforeWrite,
+        LeaseModel {
+            liveness_losses: 0,
+            ..pg
+        },
+    );
+    let actions = fence_counterexample(&model);
+    assert!(takeover_between_check_and_write(&actions), "{actions:?}");
+}
+
+/// PostgreSQL: a plain `SELECT` checked before the row is locked `FOR SHARE`: the rival's
+/// takeover commits in between, the end's re-check of the expiry reads the rival's fresh row,
+/// and the `COMMIT` accepts the write.
+#[test]
+fn a_postgres_check_before_the_share_lock_is_caught() {
+    let pg = LeaseModel::named("postgres").expect("a named configuration");
+    let model = fence_bug(
+        Planted::FenceCheckBeforeLock,
+        LeaseModel {
+            liveness_losses: 0,
+            ..pg
+        },
+    );
+    let actions = fence_counterexample(&model);
+    assert!(takeover_between_check_and_write(&actions), "{actions:?}");
+}
+
+/// The flock fenced section's one window, as for a commit (README): a cleaner that deletes
+/// `<stem>.lock` while a section holds it lets a rival lock a new file at the path and take
+/// over an expired lease before the section's write. The checker shows it; named
+/// configurations whose cleaner touches the lock (`large`) run without fenced sections.
+#[test]
+fn a_deleted_lock_during_a_fenced_section_is_the_known_window() {
+    let model = LeaseModel {
+        cleaner: 1,
+        tamper: Tamper {
+            delete_live: false,
+            replace_live: false,
+            lock: true,
+            record: false,
+            temp: false,
+        },
+        planted: None,
+        ..fence_bug(Planted::UnfencedWrite, LeaseModel::default())
+    };
+    let actions = fence_counterexample(&model);
+    assert!(takeover_between_check_and_write(&actions), "{actions:?}");
+    assert!(
+        actions.contains(&Action::Tamper(Target::Lock, Change::Delete)),
         "{actions:?}"
     );
 }
