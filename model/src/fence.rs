@@ -9,9 +9,11 @@
 //! | flock | lock `<stem>.lock` exclusively (open, lock, check it is the file at the path: as a transition's) · read the record and the clock, and ask the machine · the caller's write, accepted by the resource · unlock |
 //! | PostgreSQL | `SELECT … FOR SHARE` of the row with the server's clock, and ask the machine · the caller's statements, in the transaction · re-check the expiry on the server's clock · `COMMIT`, which accepts the write (or `ROLLBACK`) |
 //!
-//! The machine's check ([`admits`]): its renew rule says the generation is held here and the
-//! record names it, and its one definition of expiry says the record is unexpired. A refused
-//! section skips the write and only unlocks.
+//! The check is the adapters' own: [`machine::fence_holds`] on the record read, the lease, the
+//! clock and whether the generation is held here (flock: the process keeps its liveness lock;
+//! PostgreSQL: and its liveness connection answers, which it does not once the process has
+//! seen it end). PostgreSQL's re-check asks it again with the same record at the clock's new
+//! reading. A refused section skips the write and only unlocks (or rolls back).
 //!
 //! A takeover needs the lock the section holds (flock: the same exclusive lock; PostgreSQL:
 //! `FOR UPDATE` of the row, which waits for `FOR SHARE`), so none can commit during the section.
@@ -21,9 +23,8 @@
 //! [`Planted::FenceCheckBeforeLock`]; [`Planted::FenceUnlockBeforeWrite`]) only reorder or
 //! drop these steps.
 
-use std::time::Duration;
-
-use flocklease::machine::{self, Decision, Event, Input, Outcome};
+use flocklease::Record;
+use flocklease::machine;
 
 use crate::props::{self, names};
 use crate::tx::{Ghost, ModelTx};
@@ -64,6 +65,9 @@ pub struct Fence {
     pub admitted: bool,
     /// PostgreSQL: the write was made in the transaction and awaits its `COMMIT`.
     pub pending: bool,
+    /// The expiry (in ticks) of the record the check read and admitted (for PostgreSQL's
+    /// re-check; the lock keeps the record as it was, so this never tells states apart).
+    pub expiry: u8,
 }
 
 /// The steps of a fenced section on `backend`, with the bug `planted` if it is one of the
@@ -85,35 +89,6 @@ pub fn schedule(backend: Backend, planted: Option<Planted>) -> &'static [FenceIo
         }
         (Backend::Postgres, _) => &[LockRead, Write, Recheck, Unlock],
     }
-}
-
-/// The machine's verdict on a fenced write by `owner` with generation `token`, given the
-/// record, the generation held here and the time: the machine would renew it (held here, the
-/// record names it) and the record is unexpired by the machine's definition of expiry.
-pub fn admits(
-    record: Option<&flocklease::Record>,
-    local: Option<&machine::Local>,
-    owner: &flocklease::Owner,
-    token: u64,
-    now: flocklease::Timestamp,
-) -> bool {
-    let input = Input {
-        record: record.cloned(),
-        liveness: None,
-        local: local.cloned(),
-        now,
-        // Only the outcome is looked at; a zero TTL keeps the planned expiry in range.
-        ttl: Duration::ZERO,
-        event: Event::Renew {
-            owner: owner.clone(),
-            token,
-        },
-    };
-    let renewable = matches!(
-        machine::step(&input),
-        Ok(Decision::Plan(plan)) if matches!(plan.outcome, Outcome::Granted { .. })
-    );
-    renewable && record.is_some_and(|r| !machine::is_expired(r.expiry, now))
 }
 
 impl State {
@@ -184,6 +159,7 @@ impl LeaseModel {
             next: schedule(self.backend, self.planted)[0],
             admitted: true,
             pending: false,
+            expiry: 0,
         });
         self.fence_step(&s, p)
     }
@@ -223,12 +199,16 @@ impl LeaseModel {
                 }
             }
             FenceIo::Recheck => {
-                let now = at(s.now);
-                let unexpired = s
-                    .record
-                    .as_ref()
-                    .is_some_and(|r| !machine::is_expired(r.expiry, now));
-                if !unexpired {
+                // The adapter's: the same check on the record read at the start, held here as
+                // it was then (it admitted), at the clock's new reading.
+                let read = Record {
+                    owner: self.owner(p).as_str().to_owned(),
+                    token: f.token,
+                    expiry: at(f.expiry),
+                };
+                let still =
+                    machine::fence_holds(Some(&read), &self.owner(p), f.token, true, at(s.now));
+                if !still {
                     f.admitted = false;
                     f.pending = false;
                     s.scenario = Some(Scenario::FenceRecheckRefused);
@@ -291,18 +271,24 @@ impl LeaseModel {
         }
     }
 
-    /// Reads the record and the clock and asks the machine ([`admits`]).
+    /// Reads the record and the clock and asks the machine ([`machine::fence_holds`]).
     fn fence_check(&self, s: &mut State, p: usize, f: &mut Fence) {
         // A planted file at the record's name: the read fails, nothing is written.
         let record = s.record.as_ref().filter(|_| s.record_bad.is_none());
-        let ok = admits(
-            record,
-            s.procs[p].local.as_ref(),
-            &self.owner(p),
-            f.token,
-            at(s.now),
-        );
+        let owner = self.owner(p);
+        let proc = &s.procs[p];
+        let local = proc
+            .local
+            .as_ref()
+            .is_some_and(|l| l.token == f.token && l.owner == owner);
+        // PostgreSQL: the adapter counts the generation held only while its liveness
+        // connection answers, which it does not once the process has seen it end.
+        let answers = self.backend == Backend::Flock || !proc.loss.is_some_and(|l| l.noticed);
+        let ok = machine::fence_holds(record, &owner, f.token, local && answers, at(s.now));
         f.admitted = ok;
+        if ok {
+            f.expiry = record.map_or(0, |r| crate::ticks(r.expiry));
+        }
         if !ok && record.is_some_and(|r| r.token > f.token) {
             s.scenario = Some(Scenario::FenceRefusedAfterSuccessor);
         }

@@ -33,7 +33,7 @@ pub mod props;
 pub mod report;
 mod tx;
 
-pub use fence::{Fence, FenceIo, admits, schedule};
+pub use fence::{Fence, FenceIo, schedule};
 pub use tx::{Ghost, ModelTx, Seen};
 
 /// Which backend's primitives the model gives the processes.
