@@ -314,8 +314,15 @@ fn errors_are_one_clear_line_without_debug_formatting() {
         .stdin(Stdio::null())
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(70), "{}", describe(&out));
-    assert_eq!(stderr(&out), "flocklease: session id is empty\n");
+    // An empty one is bad usage (flock's exit code for it), before anything is created.
+    assert_eq!(out.status.code(), Some(64), "{}", describe(&out));
+    assert!(
+        stderr(&out).starts_with(
+            "error: invalid value '' for '--id <ID>': the session id must not be empty\n"
+        ),
+        "{}",
+        describe(&out)
+    );
     assert!(!s.path("never").exists());
     for args in [&["--help"][..], &["run", "--help"], &["status", "--help"]] {
         let out = Command::new(BIN).args(args).output().unwrap();

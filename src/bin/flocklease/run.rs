@@ -48,10 +48,10 @@ const IDLE: Duration = Duration::from_secs(1);
 /// The arguments of `run`.
 #[derive(Args)]
 #[command(group(ArgGroup::new("what").required(true).args(["command", "shell_command"])))]
-#[command(group(ArgGroup::new("where").required(true).args(["dir", "pg"])))]
+#[command(group(ArgGroup::new("where").args(["dir", "pg"])))]
 pub struct RunArgs {
-    /// The lease directory. Created (mode 0700) if missing, but only its last component: a
-    /// missing parent is an error.
+    /// The lease directory [default: $FLOCKLEASE_DIR]. Created (mode 0700) if missing, but
+    /// only its last component: a missing parent is an error.
     #[arg(long, value_name = "DIR")]
     dir: Option<PathBuf>,
     /// Keep the lease in PostgreSQL instead (a connection string: `host=… user=… dbname=…`
@@ -66,8 +66,8 @@ pub struct RunArgs {
     /// roots). Needs a binary built with the `postgres-tls` feature.
     #[arg(long, value_name = "PEM", requires = "pg")]
     pg_ca: Option<PathBuf>,
-    /// The session id (any text; `/` and the like are safe).
-    #[arg(long, value_name = "ID")]
+    /// The session id (any text but the empty one; `/` and the like are safe).
+    #[arg(long, value_name = "ID", value_parser = nonempty_id)]
     id: String,
     /// The owner recorded in the lease [default: HOST:PID].
     #[arg(long, value_name = "OWNER")]
@@ -95,6 +95,18 @@ pub struct RunArgs {
     /// Print nothing when the lease is held (cron then mails nothing).
     #[arg(short = 'q', long)]
     quiet: bool,
+    /// An exclusive lease: always (accepted as in flock(1)).
+    #[arg(short = 'x', long = "exclusive", visible_alias = "ex")]
+    exclusive: bool,
+    /// flock(1)'s options that have no lease counterpart; refused with a message.
+    #[arg(short = 's', long = "shared", visible_alias = "sh", hide = true)]
+    shared: bool,
+    #[arg(short = 'u', long = "unlock", hide = true)]
+    unlock: bool,
+    #[arg(short = 'o', long = "close", hide = true)]
+    close: bool,
+    #[arg(short = 'F', long = "no-fork", hide = true)]
+    no_fork: bool,
     /// Time between SIGTERM and SIGKILL when the job is stopped.
     #[arg(long, default_value = "5s", value_name = "DURATION",
           value_parser = duration::parse, allow_hyphen_values = true)]
@@ -105,12 +117,9 @@ pub struct RunArgs {
     /// Run CMD with `sh -c`.
     #[arg(short = 'c', long = "command", value_name = "CMD")]
     shell_command: Option<String>,
-    /// The command and its arguments (after `--`, or after the options).
-    #[arg(
-        trailing_var_arg = true,
-        allow_hyphen_values = true,
-        value_name = "COMMAND"
-    )]
+    /// The command and its arguments (after `--`, or after the options). Options are parsed
+    /// strictly up to it: an unknown one is bad usage, never run as the command.
+    #[arg(trailing_var_arg = true, value_name = "COMMAND")]
     command: Vec<String>,
 }
 
@@ -123,8 +132,58 @@ enum DurabilityArg {
     Nosync,
 }
 
+/// A session id given on the command line: any text but the empty one.
+fn nonempty_id(s: &str) -> Result<String, String> {
+    if s.is_empty() {
+        Err("the session id must not be empty".into())
+    } else {
+        Ok(s.to_owned())
+    }
+}
+
+/// Why `a` cannot run, as bad usage: flock(1)'s options without a lease counterpart, or no
+/// place for the lease.
+fn usage_problem(a: &RunArgs) -> Option<String> {
+    let unsupported = [
+        (
+            a.shared,
+            "-s/--shared: a lease is exclusive; use the library for shared access",
+        ),
+        (
+            a.unlock,
+            "-u/--unlock: a lease is released when the job ends (or by the library)",
+        ),
+        (
+            a.close,
+            "-o/--close: the job never holds a lock descriptor of its own to close",
+        ),
+        (
+            a.no_fork,
+            "-F/--no-fork: run must outlive the command to renew and release",
+        ),
+    ];
+    if let Some((_, why)) = unsupported.iter().find(|(set, _)| *set) {
+        return Some(format!("flocklease run does not support {why}"));
+    }
+    if a.dir.is_none() && a.pg.is_none() && std::env::var_os("FLOCKLEASE_DIR").is_none() {
+        return Some(
+            "flocklease run needs --dir DIR or --pg CONNINFO (or FLOCKLEASE_DIR in the \
+             environment)"
+                .into(),
+        );
+    }
+    None
+}
+
 /// Runs `run`, returning the exit status.
-pub fn main(args: RunArgs) -> u8 {
+pub fn main(mut args: RunArgs) -> u8 {
+    if let Some(problem) = usage_problem(&args) {
+        eprintln!("{problem}");
+        return crate::EXIT_USAGE;
+    }
+    if args.dir.is_none() && args.pg.is_none() {
+        args.dir = std::env::var_os("FLOCKLEASE_DIR").map(PathBuf::from);
+    }
     match run(args) {
         Ok(code) => code,
         Err(msg) => {
@@ -435,6 +494,12 @@ fn supervise<L: SessionLease + 'static>(
         }
         if let Some(exit) = job.exit {
             if !job.group_alive() {
+                // Ended by the watchdog at the expiry (this process was stopped or hung):
+                // the lease was lost, and that is the status.
+                if !lost && let Some(loss) = keep.loss() {
+                    lost = true;
+                    eprintln!("flocklease: {loss}; the job (process group {pgid}) was stopped");
+                }
                 return if lost { EXIT_LOST } else { exit.status() };
             }
             if !leftovers_told {
