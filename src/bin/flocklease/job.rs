@@ -113,11 +113,12 @@ impl Job {
         cmd: &mut Command,
         live: Option<&OwnedFd>,
         terminal: Option<Terminal>,
+        arm: Option<RawFd>,
     ) -> io::Result<Job> {
         let live = live.map(AsRawFd::as_raw_fd);
         let tty = terminal.map(Terminal::raw);
         cmd.process_group(0);
-        in_child_before_exec(cmd, live, tty);
+        in_child_before_exec(cmd, live, tty, arm);
         let child = cmd.spawn()?;
         let leader = Pid::from_raw(i32::try_from(child.id()).map_err(io::Error::other)?);
         // `spawn` returns once the child has exec'd, so its pre-exec steps are done. The
@@ -203,19 +204,52 @@ impl Job {
     }
 }
 
-/// Prepares the child between `fork` and `exec`: its own process group, the terminal, the
-/// inherited liveness descriptor, an empty signal mask (the parent blocks the signals it waits
-/// for, and a mask is inherited across `exec`).
+/// `pid` and a newline as ASCII digits, in a stack buffer: no allocation (see
+/// [`in_child_before_exec`]).
+fn pid_line(pid: i32) -> ([u8; 16], usize) {
+    let mut digits = [0u8; 16];
+    let mut n = pid.unsigned_abs();
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    let mut out = [0u8; 16];
+    let len = digits.len() - i;
+    out[..len].copy_from_slice(&digits[i..]);
+    out[len] = b'\n';
+    (out, len + 1)
+}
+
+/// Prepares the child between `fork` and `exec`: its own process group, the watchdog told the
+/// group, the terminal, the inherited liveness descriptor, an empty signal mask (the parent
+/// blocks the signals it waits for, and a mask is inherited across `exec`).
 #[allow(unsafe_code)]
-fn in_child_before_exec(cmd: &mut Command, live: Option<RawFd>, tty: Option<RawFd>) {
+fn in_child_before_exec(
+    cmd: &mut Command,
+    live: Option<RawFd>,
+    tty: Option<RawFd>,
+    arm: Option<RawFd>,
+) {
     // SAFETY: the closure runs in the forked child of a multi-threaded process, where only
     // async-signal-safe functions may be called. It calls only setpgid, getpid, tcsetpgrp
-    // (an ioctl), fcntl and pthread_sigmask through nix's thin wrappers, which neither allocate
-    // nor take locks; errors are built from the raw errno without allocating. `live` and `tty`
-    // are descriptors open in the parent, hence in the child.
+    // (an ioctl), fcntl, write and pthread_sigmask through nix's thin wrappers, which neither
+    // allocate nor take locks; errors are built from the raw errno without allocating, and the
+    // pid line in a stack buffer. `live`, `tty` and `arm` are descriptors open in the parent,
+    // hence in the child (`arm` is close-on-exec: the command never sees it).
     unsafe {
         cmd.pre_exec(move || {
             setpgid(Pid::from_raw(0), Pid::from_raw(0))?;
+            if let Some(fd) = arm {
+                // The watchdog learns the job's group before the command runs at all, so a
+                // `run` killed right after the start still has its job stopped.
+                let (buf, len) = pid_line(getpid().as_raw());
+                let _ = nix::unistd::write(BorrowedFd::borrow_raw(fd), &buf[..len]);
+            }
             if let Some(fd) = tty {
                 // SIGTTOU is still blocked (inherited), so a background group may do this.
                 let _ = tcsetpgrp(BorrowedFd::borrow_raw(fd), getpid());

@@ -325,7 +325,8 @@ fn hold<L: SessionLease + 'static>(
     }
     let spawned = {
         let mut route = signals.lock();
-        let spawned = Job::spawn(&mut cmd, live.as_ref(), job::Terminal::foreground());
+        let arm = watchdog.as_ref().map(Watchdog::raw_fd);
+        let spawned = Job::spawn(&mut cmd, live.as_ref(), job::Terminal::foreground(), arm);
         if spawned.is_ok() {
             *route = Route::Loop(tx);
         }

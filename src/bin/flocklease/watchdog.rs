@@ -80,6 +80,12 @@ impl Watchdog {
         })
     }
 
+    /// The pipe's descriptor, for the job's pre-exec step to tell its own group (see
+    /// `job::Job::spawn`): the watchdog knows it before the command runs.
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(&self.pipe)
+    }
+
     /// Tells the watchdog which process group to stop if `run` dies.
     pub fn arm(&mut self, pgid: Pid) {
         let _ = writeln!(self.pipe, "{pgid}");
