@@ -307,7 +307,7 @@ mod fuzzing {
         alive: bool,
     }
 
-    /// SPEC §3 and §6 restated over the observable history, without the machine: what each
+    /// PROTOCOL §3 and §10 restated over the observable history, without the machine: what each
     /// call must answer, given the generations granted so far, crashes and the clock. A bug
     /// in the machine shared by both adapters passes their comparison but not this.
     #[derive(Debug, Default)]
@@ -328,8 +328,8 @@ mod fuzzing {
         ) -> String {
             let expiry = now.checked_add(ttl).expect("in range");
             if let Some(g) = &mut self.current {
-                // §6.6 / §6.8: a crashed or expired holder is replaced; otherwise it is held,
-                // unless this very instance holds it for this owner (a refresh).
+                // PROTOCOL §10.6 / §10.8: a crashed or expired holder is replaced; otherwise it
+                // is held, unless this very instance holds it for this owner (a refresh).
                 let expired = now >= g.expiry;
                 if g.alive && !expired {
                     if g.instance == instance && g.owner == owner {
@@ -360,8 +360,8 @@ mod fuzzing {
             ttl: Duration,
         ) -> String {
             match &mut self.current {
-                // §6.4 / §6.5: only the current generation, by the instance holding it, and
-                // then even after its expiry.
+                // PROTOCOL §10.4 / §10.5: only the current generation, by the instance holding
+                // it, and then even after its expiry.
                 Some(g)
                     if g.alive
                         && g.instance == instance
@@ -375,7 +375,7 @@ mod fuzzing {
             }
         }
 
-        /// A release: §6.3, only the current generation's own instance frees it.
+        /// A release: PROTOCOL §10.3, only the current generation's own instance frees it.
         fn release(&mut self, instance: usize, owner: usize, token: u64) {
             if self.current.as_ref().is_some_and(|g| {
                 g.alive && g.instance == instance && g.owner == owner && g.token == token
@@ -393,7 +393,7 @@ mod fuzzing {
 
     /// The same operations by two owners on two instances, against `FlockLease` on a scratch
     /// directory and `MemLease`, with one manual clock: every outcome must be identical, and
-    /// equal to what an `Oracle` written from the specification (not from the machine)
+    /// equal to what an `Oracle` written from the protocol (docs/PROTOCOL.md, not from the machine)
     /// expects.
     pub fn ops_bytes(data: &[u8]) {
         static NEXT: AtomicU64 = AtomicU64::new(0);

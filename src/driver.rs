@@ -669,7 +669,7 @@ mod unexpired_tests {
 
     #[test]
     fn an_expired_grant_is_renewed_or_answered_lost() {
-        // At the expiry is expired (SPEC: expiry <= now).
+        // At the expiry is expired (PROTOCOL §5.1: expiry <= now).
         let renewed = unexpired(Grant::Granted(lease(100)), at(100), |l| {
             assert_eq!(l.token, 7);
             Ok(Grant::Granted(lease(130)))

@@ -217,7 +217,7 @@ impl<'a, L: SessionLease> LeaseGuard<'a, L> {
     }
 
     /// Renews the lease (same token, fresh expiry); `false` when it was lost. A lost lease's
-    /// release on drop is a harmless no-op (SPEC §3.3).
+    /// release on drop is a harmless no-op (PROTOCOL §3.3).
     ///
     /// # Errors
     ///

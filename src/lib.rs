@@ -75,7 +75,10 @@
 //!   expiry by the wall clock, and nothing interrupts the holder's work.
 //! - Deleting the record by hand resets the token; the crate never deletes it.
 //!
-//! # Decisions where the specification leaves room
+//! # Decisions beyond the Go package
+//!
+//! The protocol is written down in `docs/PROTOCOL.md` in the repository; these are choices in
+//! it that a reader of the Go package might not expect.
 //!
 //! - A takeover locks the new generation, commits the record, and only then closes the
 //!   previous generation this instance held: a failed commit loses nothing.

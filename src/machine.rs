@@ -696,7 +696,7 @@ mod tests {
         }
     }
 
-    // SPEC 3.1, row 1: absent or tombstone -> takeover with old + 1.
+    // PROTOCOL §3.1, row 1: absent or tombstone -> takeover with old + 1.
     #[test]
     fn acquire_absent_grants_token_one() {
         let p = plan(&input(None, None, 0, acq("a")));
@@ -845,7 +845,7 @@ mod tests {
         assert_eq!(step(&i), Err(StepError::ExpiryOutOfRange));
     }
 
-    // SPEC 3.2.
+    // PROTOCOL §3.2.
     #[test]
     fn renew_not_held_locally_is_held() {
         let i = input(rec("a", 3, 10), None, 5, renew_ev("a", 3));
@@ -882,7 +882,7 @@ mod tests {
         }
     }
 
-    // SPEC 3.3.
+    // PROTOCOL §3.3.
     #[test]
     fn release_stale_or_foreign_touches_nothing() {
         let released = Plan {

@@ -158,7 +158,7 @@ impl Owner {
     /// This process, as `HOST:PID` (the host name, `localhost` if it cannot be read).
     ///
     /// Every thread of the process gets the same owner, and an instance treats an acquire by
-    /// the owner it already holds for as a refresh (SPEC §3.1): threads sharing one
+    /// the owner it already holds for as a refresh (PROTOCOL §3.1): threads sharing one
     /// instance and this owner are all "inside" at once. For one holder at a time among
     /// threads, give each acquirer its own owner ([`Owner::unique`]), as
     /// [`SessionLease::acquire_guard`](crate::SessionLease::acquire_guard) does.

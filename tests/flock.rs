@@ -1,5 +1,6 @@
-//! `FlockLease`-specific behaviour: the flock semantics it relies on, SPEC §5's hardening, and
-//! the file layout. Conformance cases live in `conformance.rs`.
+//! `FlockLease`-specific behaviour: the flock semantics it relies on, the hardening of
+//! PROTOCOL §1.3, §2.2, §4 and §6, and the file layout. Conformance cases live in
+//! `conformance.rs`.
 
 #![allow(clippy::unwrap_used)]
 
@@ -160,7 +161,7 @@ fn liveness_lock_is_not_inherited_by_spawned_programs() {
     );
 }
 
-// ---- SPEC §5 ----
+// ---- PROTOCOL §1.3, §2.2, §4, §6: hardening ----
 
 #[test]
 fn corrupt_record_is_a_typed_error_that_writes_nothing_and_leaks_nothing() {

@@ -1,4 +1,4 @@
-//! The fenced section (SPEC §9) and its property (SPEC §6.11): a holder's write to the
+//! The fenced section (PROTOCOL §9) and its property (PROTOCOL §10.11): a holder's write to the
 //! protected resource, made so that no successor can be granted while it is made.
 //!
 //! A process that believes it holds a lease may run a fenced section with it, one model step

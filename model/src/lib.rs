@@ -15,7 +15,7 @@
 //! this model's state as `FlockLease` maps it onto files. The order of the steps is the
 //! driver's; no lease decision is made here: the model records what happened, and checks it.
 //!
-//! The safety properties are SPEC §6 ([`props`]). A call's properties are judged when it
+//! The safety properties are PROTOCOL §10 ([`props`]). A call's properties are judged when it
 //! ends, against what it read under the lock, and leave a mark in [`State::violations`] for an
 //! `always` property to see. `sometimes` properties show that each scenario is reachable.
 
@@ -83,13 +83,14 @@ pub struct LeaseModel {
     /// Whether the adapter fsyncs (`Durability::Full`). With `false`, a host crash can bring
     /// back an older token.
     pub durable: bool,
-    /// Whether every process uses the same owner string (SPEC §3.1: still foreign to each other).
+    /// Whether every process uses the same owner string (PROTOCOL §3.1: still foreign to each
+    /// other).
     pub shared_owner: bool,
     /// The backend.
     pub backend: Backend,
     /// PostgreSQL: how many times a holder's liveness connection may drop while it runs.
     pub liveness_losses: u8,
-    /// Whether a process that believes it holds a lease runs fenced sections with it (SPEC
+    /// Whether a process that believes it holds a lease runs fenced sections with it (PROTOCOL
     /// §9), and property \[11\] is checked.
     pub fenced: bool,
 }

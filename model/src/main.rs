@@ -43,7 +43,7 @@ options (applied in order, on top of the named configuration):
                      lock, record, temp, all (default: the configuration's)
   --no-observer      no observer (waiter, status) share-locking liveness files
   --no-go-prober     no Go-style prober creating and exclusively try-locking them
-  --no-fenced        no fenced sections (SPEC §9; on in every named configuration but
+  --no-fenced        no fenced sections (PROTOCOL §9; on in every named configuration but
                      large and long), and no property [11]
   --fenced           fenced sections on
   --planted BUG      plant a known bug to see the checker catch it: create-then-lock (the

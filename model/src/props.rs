@@ -1,5 +1,5 @@
-//! The properties (SPEC §6): `always` properties over every state, the call properties judged
-//! when a call ends, and the `sometimes` scenarios.
+//! The properties (PROTOCOL §10): `always` properties over every state, the call properties
+//! judged when a call ends, and the `sometimes` scenarios.
 //!
 //! Every judgement here uses the model's own reading of the state (ticks, tokens, who holds
 //! which lock), never the machine's helpers: a bug planted in the machine cannot bend the
@@ -11,32 +11,32 @@ use stateright::Property;
 
 use crate::{Backend, Call, Kind, LeaseModel, LeaseView, Said, Scenario, State, ticks};
 
-/// Names of the `always` properties (SPEC §6 numbers in brackets).
+/// Names of the `always` properties (PROTOCOL §10 numbers in brackets: §10.n is [n]).
 pub mod names {
-    /// §6.1 (flock).
+    /// PROTOCOL §10.1 (flock).
     pub const ONE_HOLDER: &str = "[1] at most one unexpired holder, the record's";
-    /// §6.1 (PostgreSQL form).
+    /// PROTOCOL §10.1 (PostgreSQL form).
     pub const ONE_LIVE_HOLDER: &str =
         "[1] at most one unexpired holder with its liveness intact, the record's";
-    /// §6.2, across a host crash.
+    /// PROTOCOL §10.2, across a host crash.
     pub const NEVER_BACK: &str = "[2] tokens never go back, even after a host crash";
-    /// §6.2.
+    /// PROTOCOL §10.2.
     pub const INCREASE: &str = "[2] every new generation gets a greater token";
-    /// §6.3.
+    /// PROTOCOL §10.3.
     pub const STALE_RELEASE: &str = "[3] a stale release changes nothing";
-    /// §6.4.
+    /// PROTOCOL §10.4.
     pub const RENEW_CURRENT: &str = "[4] renew only for the current generation";
-    /// §6.5.
+    /// PROTOCOL §10.5.
     pub const RENEW_SUCCEEDS: &str = "[5] renew by the current holder succeeds";
-    /// §6.6.
+    /// PROTOCOL §10.6.
     pub const CRASHED_REPLACED: &str = "[6] a crashed holder is replaced at once";
-    /// §6.7.
+    /// PROTOCOL §10.7.
     pub const NO_FAILURE_AFTER_COMMIT: &str = "[7] no failure after commit";
-    /// §6.7.
+    /// PROTOCOL §10.7.
     pub const NO_SUCCESS_WITHOUT_COMMIT: &str = "[7] no success without commit";
-    /// §6.7 (and "held" is never a failure): with nothing injected, nothing fails.
+    /// PROTOCOL §10.7 (and "held" is never a failure): with nothing injected, nothing fails.
     pub const NO_FAILURE_WITHOUT_FAULT: &str = "[7] no failure without a fault";
-    /// §6.8.
+    /// PROTOCOL §10.8.
     pub const EXPIRED_TAKEN: &str = "[8] an expired record is never answered held";
     /// PostgreSQL: a generation is locked again (after its liveness connection ended) only by
     /// its holder's transition, under the row lock, while the row names the generation.
@@ -46,10 +46,10 @@ pub mod names {
     /// is granted only with the generation locked again by this holder.
     pub const RENEW_RELOCKED: &str =
         "[pg] a renew after the holder saw its liveness end is granted only re-locked";
-    /// §6.9 (flock): judged at every probe, against who keeps the generation.
+    /// PROTOCOL §10.9 (flock): judged at every probe, against who keeps the generation.
     pub const PROBE_TRUTH: &str =
         "[9] a probe never makes a dead holder look alive, nor a live one dead";
-    /// §6.11: judged when the resource accepts a write, against the last new generation
+    /// PROTOCOL §10.11: judged when the resource accepts a write, against the last new generation
     /// committed.
     pub const FENCED: &str = "[11] no fenced write is accepted after a successor's grant";
 }
@@ -336,7 +336,7 @@ pub(crate) fn observe(
             if !held_here(token) {
                 // 2: it raises the token above every one reported before — judged here for
                 // a lease still unexpired when reported (a grant reported already expired,
-                // after a successor's, is SPEC §6.10's matter), and at the commit for all.
+                // after a successor's, is PROTOCOL §10.10's matter), and at the commit for all.
                 if token <= s.max_granted && s.now < ticks(*expiry) {
                     flags.push(INCREASE);
                 }

@@ -218,8 +218,8 @@ pub fn describe(m: &LeaseModel) -> String {
     }
     if m.fenced {
         extras.push(
-            "every lease holder may run a fenced section (SPEC §9) with the lease it believes \
-             it holds, its write judged when the resource accepts it"
+            "every lease holder may run a fenced section (PROTOCOL §9) with the lease it \
+             believes it holds, its write judged when the resource accepts it"
                 .into(),
         );
     }

@@ -359,7 +359,7 @@ impl Transaction for ModelTx<'_> {
                 Liveness::Unknown
             }
         };
-        // SPEC §6.9: the answer is the truth about the generation's holder.
+        // PROTOCOL §10.9: the answer is the truth about the generation's holder.
         let lied = match liveness {
             Liveness::Dead => self.alive(token),
             Liveness::Live => match file.and_then(|f| f.holder) {
@@ -492,7 +492,7 @@ impl Transaction for ModelTx<'_> {
                 source: io::Error::from(io::ErrorKind::NotFound),
             });
         };
-        // SPEC §6.2, judged at the commit: a new generation's token exceeds every one
+        // PROTOCOL §10.2, judged at the commit: a new generation's token exceeds every one
         // committed before (reports may come later, and out of order, from a transition on a
         // replaced lock).
         let read = self.ghost.seen.as_ref().and_then(|x| x.record.as_ref());

@@ -64,7 +64,7 @@ fn smaller_configurations_hold() {
     assert_all_hold(&model);
 }
 
-/// Two processes with the same owner string are foreign to each other (SPEC §3.1).
+/// Two processes with the same owner string are foreign to each other (PROTOCOL §3.1).
 #[test]
 fn shared_owner_holds() {
     assert_all_hold(&LeaseModel::named("shared-owner").expect("a named configuration"));

@@ -363,8 +363,8 @@ impl Transaction for FlockTx<'_> {
     }
 
     /// The takeover's sweep, in two parts. The dead generation's file (the record's, `below -
-    /// 1`) goes at once, one call. The listing of the directory for older leftovers (SPEC
-    /// §5.8), whose cost grows with the number of ids sharing the directory, is left to this
+    /// 1`) goes at once, one call. The listing of the directory for older leftovers (PROTOCOL
+    /// §6.8), whose cost grows with the number of ids sharing the directory, is left to this
     /// id's next transition here ([`FlockTx::run_carried_sweep`]), still under the transition
     /// lock, so that a crash takeover costs the same in a directory of 100 000 ids as in one of
     /// ten. (A leftover temporary record is replaced by the takeover's own write anyway.)
