@@ -188,6 +188,11 @@ fn far(role: &str) -> Option<Far> {
     );
     let net = format!("10.213.{}", n % 250);
     let (here_addr, there_addr) = (format!("{net}.1"), format!("{net}.2"));
+    // The previous test's pair may still be going away (see below): wait for its name.
+    let gone = std::time::Instant::now() + Duration::from_secs(10);
+    while ip(None, &["link", "show", &here]).is_ok() && std::time::Instant::now() < gone {
+        std::thread::yield_now();
+    }
     if let Err(e) = ip(
         None,
         &["link", "add", &here, "type", "veth", "peer", "name", &there],
@@ -196,11 +201,22 @@ fn far(role: &str) -> Option<Far> {
         return None;
     }
     let veth = Veth(here.clone());
-    ip(
-        None,
-        &["addr", "add", &format!("{here_addr}/24"), "dev", &here],
-    )
-    .unwrap();
+    // The previous test's pair goes away with its namespace, which the kernel tears down in
+    // the background: its address can linger for a moment. Retried, bounded.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match ip(
+            None,
+            &["addr", "add", &format!("{here_addr}/24"), "dev", &here],
+        ) {
+            Ok(()) => break,
+            Err(e) if std::time::Instant::now() < deadline => {
+                let _ = &e;
+                std::thread::yield_now();
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
     ip(None, &["link", "set", &here, "up"]).unwrap();
     let server = pg::server_also_on(&here_addr, &format!("{net}.0/24"))?;
     let db = server.fresh_db();

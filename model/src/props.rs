@@ -11,7 +11,7 @@ use stateright::Property;
 
 use crate::{Backend, Call, Kind, LeaseModel, LeaseView, Said, Scenario, State, ticks};
 
-/// Names of the `always` properties (PROTOCOL §10 numbers in brackets: §10.n is [n]).
+/// Names of the `always` properties (PROTOCOL §10 numbers in brackets: §10.n is \[n\]).
 pub mod names {
     /// PROTOCOL §10.1 (flock).
     pub const ONE_HOLDER: &str = "[1] at most one unexpired holder, the record's";
