@@ -258,14 +258,16 @@ fn far(role: &str) -> Option<Far> {
 
 #[test]
 fn a_holder_host_that_vanishes_is_noticed_on_both_ends_before_the_expiry() {
+    // Bound in this order so that they drop in the reverse one: the child, then the pair,
+    // then the turn of the next test (which must not find this test's pair).
     let Some(Far {
+        _serial,
+        _veth,
         child: mut holder,
         pid,
         there,
         server,
         db,
-        _veth,
-        _serial,
     }) = far("holder")
     else {
         return;
@@ -320,14 +322,16 @@ fn a_holder_host_that_vanishes_is_noticed_on_both_ends_before_the_expiry() {
 /// with `RowLockTimeout` until the far host's path comes back.
 #[test]
 fn a_holder_host_that_vanishes_mid_transaction_does_not_keep_the_row_locked() {
+    // Bound in this order so that they drop in the reverse one: the child, then the pair,
+    // then the turn of the next test (which must not find this test's pair).
     let Some(Far {
+        _serial,
+        _veth,
         mut child,
         pid,
         there,
         server,
         db,
-        _veth,
-        _serial,
     }) = far("stuck")
     else {
         return;
