@@ -240,10 +240,15 @@ fn flock_round(fenced: bool, seed: u64) -> Counts {
 fn check(backend: &str, round: impl Fn(bool, u64) -> Counts) {
     let seed = seed();
     let fenced = round(true, seed);
-    println!(
+    // Written to stderr directly, past libtest's capture: the counts show in CI's log.
+    let _ = writeln!(
+        std::io::stderr(),
         "chaos {backend} fenced (seed {seed}): {} writes accepted, {} stale writes refused, {} \
          stale writes accepted, {} grants",
-        fenced.accepted, fenced.stale_refused, fenced.stale_accepted, fenced.grants
+        fenced.accepted,
+        fenced.stale_refused,
+        fenced.stale_accepted,
+        fenced.grants
     );
     assert!(
         fenced.accepted > 0,
@@ -256,10 +261,13 @@ fn check(backend: &str, round: impl Fn(bool, u64) -> Counts) {
     let mut control = Counts::default();
     for attempt in 1..=3 {
         control = round(false, seed.wrapping_add(attempt));
-        println!(
+        let _ = writeln!(
+            std::io::stderr(),
             "chaos {backend} unfenced control, round {attempt}: {} writes accepted, {} stale \
              writes accepted, {} grants",
-            control.accepted, control.stale_accepted, control.grants
+            control.accepted,
+            control.stale_accepted,
+            control.grants
         );
         if control.stale_accepted > 0 {
             break;
