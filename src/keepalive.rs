@@ -170,16 +170,20 @@ impl<L: SessionLease + 'static> KeepAliveBuilder<L> {
 
     /// A keep-alive that is lost from the start: it never renews.
     fn spawn_lost(self, loss: Loss) -> KeepAlive<L> {
-        let keep = self.spawn(Duration::from_secs(3600));
-        keep.shared.lose(loss);
-        keep
+        // Recorded before the threads start: the watcher would otherwise see the expired
+        // lease first and report that instead.
+        self.spawn_with(Duration::from_secs(3600), Some(loss))
     }
 
     fn spawn(self, interval: Duration) -> KeepAlive<L> {
+        self.spawn_with(interval, None)
+    }
+
+    fn spawn_with(self, interval: Duration, lost: Option<Loss>) -> KeepAlive<L> {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 lease: self.lease,
-                lost: None,
+                lost,
                 stop: false,
                 last_error: None,
                 wakers: Vec::new(),
