@@ -17,6 +17,10 @@ publish = false
 [dependencies]
 flocklease = { path = "$repo" }
 
+[features]
+# The README's PostgreSQL examples are written for a crate with this feature.
+postgres = ["flocklease/postgres"]
+
 [workspace]
 TOML
 echo 'fn main() {}' > "$work/src/main.rs"
@@ -30,5 +34,7 @@ awk -v dir="$work/src/bin" '
 count=$(ls "$work/src/bin" | wc -l)
 echo "building $count README examples as a separate crate in $work"
 cp "$repo/Cargo.lock" "$work/Cargo.lock"
+# As a flock-only user builds them, and with the PostgreSQL backend.
 cargo build --offline --quiet --manifest-path "$work/Cargo.toml" --bins
-echo "README examples compile in a crate that depends only on flocklease"
+cargo build --offline --quiet --manifest-path "$work/Cargo.toml" --bins --features postgres
+echo "README examples compile in a crate that depends only on flocklease (with and without postgres)"

@@ -1,12 +1,16 @@
-//! The error type. Every variant that involves a file names it.
+//! The error type, [`Error`] (also at the crate root), and the detail types its variants
+//! carry. Every variant that involves a file names it.
 
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::name::{InvalidInput, SessionId};
-use crate::record::DecodeError;
+use crate::name::SessionId;
+
+pub use crate::name::InvalidInput;
+pub use crate::record::DecodeError;
+pub use crate::timestamp::{OutOfRange, TimeError};
 
 /// A failure of a lease operation. Contention is not an error: see [`Grant::Held`](crate::Grant).
 ///
@@ -151,11 +155,12 @@ pub enum Error {
     },
     /// An argument was refused.
     InvalidInput(InvalidInput),
-    /// A PostgreSQL statement or connection failed ([`PgLease`](crate::pg::PgLease)). The
+    /// A PostgreSQL statement or connection failed (`pg::PgLease` (feature `postgres`)). The
     /// transition did not commit, or its outcome was checked and differs from what the caller
     /// asked for; the lease state is as it was.
     ///
     /// Remedy: check that the server is reachable and the role may use the lease table; retry.
+    #[cfg(feature = "postgres")]
     Database {
         /// What was being done (`"connect"`, `"lock the lease row"`, `"commit"`, ...).
         op: &'static str,
@@ -170,6 +175,7 @@ pub enum Error {
     ///
     /// Remedy: find the session holding the row lock (`pg_locks`, `pg_stat_activity`) and end
     /// it; a longer lock timeout if transitions are legitimately slow.
+    #[cfg(feature = "postgres")]
     RowLockTimeout {
         /// The session id.
         id: SessionId,
@@ -181,6 +187,7 @@ pub enum Error {
     /// outside the years 0001–9999). Nothing was written.
     ///
     /// Remedy: an operator must repair the row (never delete it: that resets the token).
+    #[cfg(feature = "postgres")]
     CorruptRow {
         /// The session id.
         id: SessionId,
@@ -190,6 +197,7 @@ pub enum Error {
     /// The lease tables were created by another version of the library.
     ///
     /// Remedy: use a matching library version, or another schema (`search_path`).
+    #[cfg(feature = "postgres")]
     SchemaVersion {
         /// The version found in the database.
         found: i32,
@@ -202,6 +210,7 @@ pub enum Error {
     ///
     /// Remedy: use one lease table per database (a separate database for a separate set of
     /// leases).
+    #[cfg(feature = "postgres")]
     SharedLockSpace {
         /// The schemas holding a lease table.
         schemas: Vec<String>,
@@ -215,6 +224,7 @@ pub enum Error {
     /// session that got it), before anything is granted or committed.
     ///
     /// Remedy: connect directly to the server, or through a session-mode pooler.
+    #[cfg(feature = "postgres")]
     SessionNotKept {
         /// What was observed.
         detail: String,
@@ -225,16 +235,18 @@ pub enum Error {
     ///
     /// Remedy: name a PEM file with the server's CA (`PgTls::ca_file`), or enable the
     /// `postgres-tls` feature.
+    #[cfg(feature = "postgres")]
     TlsSetup {
         /// What is missing.
         detail: String,
     },
-    /// A blocking [`PgLease`](crate::pg::PgLease) call made inside a current-thread async
+    /// A blocking `pg::PgLease` (feature `postgres`) call made inside a current-thread async
     /// runtime's context runs on a thread of its own while the caller waits; that thread
     /// could not be started (the system's thread limit) or it panicked.
     ///
     /// Remedy: make the call in `tokio::task::spawn_blocking`, or from a multi-thread
     /// runtime (where it is announced with `block_in_place`).
+    #[cfg(feature = "postgres")]
     AsyncContext,
     /// A PostgreSQL `COMMIT` got no reply and its outcome could not be settled: the server
     /// stopped answering and its session could not be confirmed ended, or the row could not be
@@ -245,6 +257,7 @@ pub enum Error {
     ///
     /// Remedy: call again once the server answers; the next call settles it. Fence only with
     /// the token of a lease actually granted.
+    #[cfg(feature = "postgres")]
     CommitUnknown {
         /// The session id.
         id: SessionId,
@@ -256,6 +269,7 @@ pub enum Error {
     /// or this holder's previous session is still ending on the server.
     ///
     /// Remedy: restore the row with a token above every live generation's; retry later.
+    #[cfg(feature = "postgres")]
     AdvisoryLockBusy {
         /// The session id.
         id: SessionId,
@@ -279,21 +293,7 @@ impl Error {
             | Error::ForeignOwner { path, .. }
             | Error::LiveLockBusy { path }
             | Error::LockReplaced { path } => Some(path),
-            Error::TokenExhausted { .. }
-            | Error::CommitUnknown { .. }
-            | Error::ExpiryOutOfRange { .. }
-            | Error::InvalidFileMode { .. }
-            | Error::InvalidInterval { .. }
-            | Error::InvalidInput(_)
-            | Error::Database { .. }
-            | Error::RowLockTimeout { .. }
-            | Error::CorruptRow { .. }
-            | Error::SchemaVersion { .. }
-            | Error::SharedLockSpace { .. }
-            | Error::SessionNotKept { .. }
-            | Error::AsyncContext
-            | Error::TlsSetup { .. }
-            | Error::AdvisoryLockBusy { .. } => None,
+            _ => None,
         }
     }
 
@@ -314,6 +314,28 @@ impl Error {
     }
 }
 
+/// What to do about a lease file that no call can use, by the file's role (its name):
+/// `remove` is what the remedy does to it (remove the file, or the link).
+fn remedy(path: &Path, remove: &str) -> String {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy())
+        .unwrap_or_default();
+    if name.ends_with(".lock") {
+        format!("{remove}: the next call creates the transition lock again")
+    } else if name.ends_with(".lease.json") {
+        // Deleting the record would reset the token; the generations' files keep its
+        // high-water mark in their names.
+        format!(
+            "{remove} and write a released record whose token is at least the highest N of \
+             the id's <stem>.N.live files (docs/PROTOCOL.md §6.6): without a record the \
+             fencing token would start again at 1"
+        )
+    } else {
+        format!("{remove}: lease files are regular files of their own")
+    }
+}
+
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -325,10 +347,18 @@ impl fmt::Display for Error {
             Error::Corrupt { path, source } => {
                 write!(f, "corrupt lease record {}: {source}", path.display())
             }
-            Error::Symlink { path } => {
-                write!(f, "refusing to follow symbolic link {}", path.display())
-            }
-            Error::NotAFile { path } => write!(f, "{} is not a regular file", path.display()),
+            Error::Symlink { path } => write!(
+                f,
+                "refusing to follow symbolic link {}; {}",
+                path.display(),
+                remedy(path, "remove the link")
+            ),
+            Error::NotAFile { path } => write!(
+                f,
+                "{} is not a regular file; {}",
+                path.display(),
+                remedy(path, "remove it")
+            ),
             Error::WorldWritable { path, mode } => write!(
                 f,
                 "lease directory {} is writable by every user without the sticky bit (mode \
@@ -351,7 +381,11 @@ impl fmt::Display for Error {
             ),
             Error::ForeignOwner { path, uid } => write!(
                 f,
-                "refusing lease file {} owned by another user (uid {uid}) in a shared directory",
+                "refusing lease file {} owned by another user (uid {uid}) in a shared \
+                 directory, where anyone could have planted it; use a lease directory of your \
+                 own (mkdir -m 0700), trust the directory's users \
+                 (FlockLeaseBuilder::trust_foreign_owners), or, if it was planted, remove it \
+                 as its owner or root",
                 path.display()
             ),
             Error::InvalidFileMode { mode } => write!(
@@ -384,6 +418,7 @@ impl fmt::Display for Error {
                 left.as_secs_f64()
             ),
             Error::InvalidInput(e) => write!(f, "invalid input: {e}"),
+            #[cfg(feature = "postgres")]
             Error::Database { op, id, source } => {
                 write!(f, "postgresql: {op}")?;
                 if let Some(id) = id {
@@ -399,42 +434,51 @@ impl fmt::Display for Error {
                 }
                 Ok(())
             }
+            #[cfg(feature = "postgres")]
             Error::RowLockTimeout { id, waited } => write!(
                 f,
                 "lease row of session {id} stayed locked for {:.3} s: another transition on \
                  this id is stuck",
                 waited.as_secs_f64()
             ),
+            #[cfg(feature = "postgres")]
             Error::CorruptRow { id, reason } => {
                 write!(f, "corrupt lease row of session {id}: {reason}")
             }
+            #[cfg(feature = "postgres")]
             Error::SchemaVersion { found, expected } => write!(
                 f,
                 "lease tables have schema version {found}, this library uses {expected}"
             ),
+            #[cfg(feature = "postgres")]
             Error::SharedLockSpace { schemas } => write!(
                 f,
                 "lease tables in several schemas of one database ({}) would share its advisory \
                  locks; use one lease table per database",
                 schemas.join(", ")
             ),
+            #[cfg(feature = "postgres")]
             Error::TlsSetup { detail } => write!(f, "postgresql TLS: {detail}"),
+            #[cfg(feature = "postgres")]
             Error::SessionNotKept { detail } => write!(
                 f,
                 "the postgresql connection does not keep a server session of its own \
                  ({detail}): a transaction- or statement-mode pooler? connect directly or \
                  through a session-mode pooler"
             ),
+            #[cfg(feature = "postgres")]
             Error::AsyncContext => f.write_str(
                 "a blocking postgresql call inside a current-thread async runtime could not \
                  run on a thread of its own; call it in tokio::task::spawn_blocking, or from \
                  a multi-thread runtime",
             ),
+            #[cfg(feature = "postgres")]
             Error::CommitUnknown { id, detail } => write!(
                 f,
                 "postgresql: the commit of session {id} got no reply and its outcome is unknown \
                  ({detail}); the next call settles it"
             ),
+            #[cfg(feature = "postgres")]
             Error::AdvisoryLockBusy { id, token } => write!(
                 f,
                 "liveness lock of generation {token} of session {id} is held by another \
@@ -450,6 +494,7 @@ impl std::error::Error for Error {
             Error::Io { source, .. } => Some(source),
             Error::Corrupt { source, .. } => Some(source),
             Error::InvalidInput(e) => Some(e),
+            #[cfg(feature = "postgres")]
             Error::Database { source, .. } => Some(&**source),
             _ => None,
         }

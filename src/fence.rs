@@ -11,7 +11,7 @@
 //! (`42\n`; an empty or missing file: none yet). [`Fence::admit`] refuses a token lower than
 //! the highest and records a greater one; [`Fence::write_file`] writes a whole file
 //! atomically only if its token is admitted; [`Fence::with`] runs any code under the same
-//! rule. The rule itself is [`machine::fence_step`].
+//! rule. The rule itself is the transition machine's `fence_step` (docs/PROTOCOL.md §9).
 //!
 //! # How it works
 //!

@@ -30,7 +30,7 @@ pub enum Loss {
         last_error: Option<String>,
     },
     /// The backend reported that the generation's liveness lock is gone while the holder runs
-    /// (with [`PgLease`](crate::pg::PgLease): its liveness connection ended — dropped, ended
+    /// (with `pg::PgLease` (feature `postgres`): its liveness connection ended — dropped, ended
     /// by the server, server restart). A rival may take the lease over before its expiry;
     /// its token will be greater. Reported at once, not at the next renew.
     LivenessLost,
@@ -92,7 +92,7 @@ impl<L: SessionLease + 'static> KeepAliveBuilder<L> {
     }
 
     /// The clock the lease's expiry is compared with (default: the lease manager's,
-    /// [`SessionLease::clock`]: for a [`PgLease`](crate::pg::PgLease) its estimate of the
+    /// [`SessionLease::clock`]: for a `pg::PgLease` (feature `postgres`) its estimate of the
     /// server's clock, by which the server judges expiry).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
@@ -657,6 +657,7 @@ impl<L: SessionLease> Renewer<L> {
                 Ok(Grant::Held) => return Some(Loss::TakenOver),
                 // The backend cannot keep the liveness lock where it was taken (a pooler
                 // that shares server sessions): the lease cannot be known to be live.
+                #[cfg(feature = "postgres")]
                 Err(Error::SessionNotKept { .. }) => return Some(Loss::LivenessLost),
                 Err(e) => {
                     // Transient while the lease is valid: retry sooner; at the expiry the

@@ -88,7 +88,7 @@ impl Grant {
 ///
 /// Implemented by [`FlockLease`](crate::FlockLease) (processes on one host sharing a
 /// directory) and [`MemLease`](crate::MemLease) (instances in one process, for tests). Other
-/// backends may implement it; [`conformance`](crate::conformance) checks one.
+/// backends may implement it; the conformance suite (`conformance`, feature `internals`) checks one.
 pub trait SessionLease: Send + Sync {
     /// Acquires the lease of `id` for `owner`.
     ///
@@ -128,7 +128,7 @@ pub trait SessionLease: Send + Sync {
     /// over before its expiry.
     ///
     /// A `flock(2)` liveness lock cannot vanish while its process runs, so the default does
-    /// nothing and drops `notify`. [`PgLease`](crate::pg::PgLease) calls `notify` (from any
+    /// nothing and drops `notify`. `pg::PgLease` (feature `postgres`) calls `notify` (from any
     /// thread, possibly before returning when the loss is already known or the generation is
     /// not held here) the moment the generation's liveness connection ends. After a release
     /// of the generation, `notify` is dropped uncalled. [`KeepAlive`](crate::KeepAlive) turns
@@ -138,7 +138,7 @@ pub trait SessionLease: Send + Sync {
     }
 
     /// The clock this backend judges expiry by: [`FlockLease`](crate::FlockLease)'s and
-    /// [`MemLease`](crate::MemLease)'s own clock; [`PgLease`](crate::pg::PgLease)'s estimate
+    /// [`MemLease`](crate::MemLease)'s own clock; `pg::PgLease` (feature `postgres`)'s estimate
     /// of the server's. No call returns [`Grant::Granted`] with an expiry at or before this
     /// clock's time at its return: a grant that expired before the call could return is
     /// renewed if nobody took over, else answered as lost. [`KeepAlive`](crate::KeepAlive)

@@ -33,8 +33,13 @@
 //! - [`MemLease`]: the same semantics in memory with an injected clock, for your tests.
 //! - [`Fence`]: the resource side of fencing, a fence file that refuses stale tokens, and a
 //!   whole-file write that happens only for an admitted token ([`Fence::write_file`]).
-//! - For backend authors: [`machine`] (the pure transition function), [`driver`] (its one
-//!   interpreter) and [`conformance`] (the test suite every backend passes).
+//! - [`status`]: a read-only view of a lease directory (what `flocklease status` prints).
+//! - `pg` (feature `postgres`): the same leases across hosts, in a PostgreSQL database.
+//! - [`error`]: the detail types [`Error`]'s variants carry.
+//! - The protocol, every guarantee and what is not promised: `docs/PROTOCOL.md` in the
+//!   repository. The machinery behind the adapters (the pure transition function `machine`,
+//!   its interpreter `driver`, the conformance suite every backend passes) is public only with
+//!   the `internals` feature, for the model checker and the fuzz targets.
 //!
 //! In the protocol's terms: [`SessionLease::acquire`] returns a [`Lease`]
 //! `{ session_id, owner, token, expiry }`, or [`Grant::Held`] when another live owner holds it;
@@ -89,7 +94,7 @@
 //!   skipped then too: a generation this instance held before stays locked until its next
 //!   call on the id, which closes it (the record no longer names it).
 //! - A release's tombstone keeps the token, so its directory fsync is best effort
-//!   ([`machine::DirSync::BestEffort`]): once the tombstone is renamed into place the release
+//!   (best effort): once the tombstone is renamed into place the release
 //!   succeeds. Lost to power loss, it only brings back the released (dead) generation.
 //! - A failed takeover leaves its new `<stem>.<token>.live` file, unlocked; the next takeover
 //!   reuses that name. When a crashed or expired holder is taken over, its liveness file is
@@ -121,14 +126,13 @@
 //! - Ids and owners are 1–1024 bytes without control characters; an empty owner is refused.
 //! - A record moved back by hand under a live holder makes the next takeover fail with
 //!   [`Error::LiveLockBusy`] rather than share a token.
-//! - Each instance keeps at most [`flock::LOCK_CACHE`] transition-lock descriptors open between
-//!   transitions.
+//! - Each instance keeps at most 256 transition-lock descriptors open between transitions.
 //!
 //! # Architecture
 //!
-//! One pure transition function, [`machine::step`], decides every transition. The real adapter
+//! One pure transition function, `machine::step`, decides every transition. The real adapter
 //! [`FlockLease`], the in-memory adapter [`MemLease`] and the model checker interpret its
-//! decisions through one interpreter, [`driver::run`]; so does `pg::PgLease` (feature
+//! decisions through one interpreter, `driver::run`; so does `pg::PgLease` (feature
 //! `postgres`), the same leases across hosts in a PostgreSQL database.
 //!
 //! # Examples
@@ -155,52 +159,73 @@
 
 #![forbid(unsafe_code)]
 
-pub mod conformance;
-pub mod driver;
+pub mod error;
 pub mod fence;
-pub mod flock;
-mod gate;
-pub mod keepalive;
-pub mod machine;
-pub mod memory;
 #[cfg(feature = "postgres")]
 pub mod pg;
 pub mod status;
 
-// The modules below hold what the crate root re-exports; their paths stay public for code
-// written against them, but the documentation shows their items at the root.
-#[doc(hidden)]
-pub mod clock;
-#[doc(hidden)]
-pub mod error;
-#[doc(hidden)]
-pub mod lease;
-#[doc(hidden)]
-pub mod name;
-#[doc(hidden)]
-pub mod timestamp;
+mod clock;
+mod gate;
+mod keepalive;
+mod lease;
+mod memory;
+mod name;
+mod timestamp;
 
-// Support for tests, fuzzing and the model, not an API: byte-driven checks for the fuzz
-// targets and the corpus replay, the fault-injection seam (documented when the
-// `fault-injection` feature is on), and the record codec (the format is documented in the
-// README and in `Record`).
-#[doc(hidden)]
+// The machinery behind the adapters, public only with the `internals` feature (for the model
+// checker, the fuzz targets and the crate's own tests; no stability promise): the pure
+// transition function, its interpreter, the record codec, the flock adapter's module (its
+// step seam, its descriptor cache), the byte-driven checks and the conformance suite every
+// backend passes. Without the feature they are private and the documentation does not show
+// them.
+#[cfg(feature = "internals")]
 pub mod checks;
-#[cfg_attr(not(feature = "fault-injection"), doc(hidden))]
-pub mod fault;
-#[doc(hidden)]
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code)]
+mod checks;
+#[cfg(feature = "internals")]
+pub mod conformance;
+#[cfg(feature = "internals")]
+pub mod driver;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code)]
+mod driver;
+#[cfg(feature = "internals")]
+pub mod flock;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code)]
+mod flock;
+#[cfg(feature = "internals")]
+pub mod machine;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code)]
+mod machine;
+#[cfg(feature = "internals")]
 pub mod record;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code)]
+mod record;
+
+// The fault-injection seam, public only with the `fault-injection` feature (tests only).
+#[cfg(feature = "fault-injection")]
+pub mod fault;
+#[cfg(not(feature = "fault-injection"))]
+#[allow(dead_code)]
+mod fault;
 
 pub use clock::{Clock, ManualClock, SystemClock};
+#[doc(inline)]
 pub use error::Error;
+#[doc(inline)]
 pub use fence::{Admission, Fence};
 pub use flock::{AcquireWait, DEFAULT_LOCK_TIMEOUT, Durability, FlockLease, FlockLeaseBuilder};
-pub use keepalive::{KeepAlive, KeepAliveBuilder, Loss, Lost};
+pub use keepalive::{DEFAULT_CLOCK_CHECK, KeepAlive, KeepAliveBuilder, Loss, Lost};
 pub use lease::{DEFAULT_TTL, Grant, Lease, LeaseGuard, SessionLease};
 pub use memory::{MemLease, MemStore};
-pub use name::{InvalidInput, MAX_ID_BYTES, MAX_OWNER_BYTES, Owner, SessionId, stem};
+pub use name::{MAX_ID_BYTES, MAX_OWNER_BYTES, Owner, SessionId, stem};
 pub use record::Record;
-pub use timestamp::{OutOfRange, Timestamp};
+pub use timestamp::Timestamp;
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

@@ -40,7 +40,7 @@ impl Record {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum DecodeError {
-    /// The file is larger than [`MAX_RECORD_BYTES`].
+    /// The file is larger than 64 KiB (`MAX_RECORD_BYTES`).
     TooLarge {
         /// The size seen (at least the limit plus one).
         len: usize,

@@ -9,9 +9,12 @@
 //!   nor make a crashed holder look alive. This works on every local file system and across pid
 //!   namespaces, unlike matching `/proc/locks` lines against `stat` (btrfs reports another
 //!   device number there).
-//! - **Every open** uses `O_NOFOLLOW | O_NONBLOCK` and checks that it got a regular file: a
-//!   FIFO, socket, device or symbolic link planted under a record's name is reported in that
-//!   row (state `unreadable`), never waited on or followed.
+//! - **A bad file is judged as a call would judge it**: the record and the transition lock are
+//!   opened read-only by the library's own opener (`O_NOFOLLOW | O_NONBLOCK`, the directory's
+//!   ownership policy), so a FIFO, directory, socket or symbolic link planted under their
+//!   names, or a file of another user in a shared directory, is reported in that row (state
+//!   `unreadable`) with exactly the error, and remedy, that an acquire of the id would return
+//!   ([`crate::Error`]'s text), never waited on or followed.
 //!
 //! # Session ids
 //!
@@ -32,10 +35,11 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::error::Error;
+use crate::flock::files::{self, Access, Opener, Role};
 use crate::flock::live;
 use crate::machine::{self, Liveness};
 use crate::name::{MAX_ID_BYTES, SessionId};
-use crate::record::{self, LiveTag, MAX_RECORD_BYTES};
+use crate::record::{self, LiveTag, MAX_RECORD_BYTES, Record};
 use crate::timestamp::Timestamp;
 
 /// The suffix of the sidecar file that names a stem's session id: `<stem>.id`.
@@ -51,22 +55,25 @@ pub struct SessionStatus {
     /// whose content hashes to this stem. Omitted from JSON when unknown.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
-    /// The recorded owner (empty once released).
-    pub owner: String,
-    /// The recorded fencing token.
-    pub token: u64,
-    /// The recorded expiry, RFC 3339 (empty when the record could not be read).
-    pub expiry: String,
+    /// The recorded owner (empty once released); `None` (JSON `null`) when the record could
+    /// not be read or decoded.
+    pub owner: Option<String>,
+    /// The recorded fencing token; `None` when the record could not be read or decoded.
+    pub token: Option<u64>,
+    /// The recorded expiry, RFC 3339; `None` when the record could not be read or decoded.
+    pub expiry: Option<String>,
     /// `live` (unexpired, its holder's lock is held), `dead` (unexpired, but its holder is
     /// gone), `unknown` (unexpired, its liveness file is missing or unusable), `expired`,
-    /// `released`, `corrupt` (the record does not decode), `unreadable` (the record is not a
-    /// regular file, or cannot be opened or read) or `exhausted` (a takeover is due, but the
-    /// token is `u64::MAX`: tokens never wrap, so every acquire fails).
+    /// `released`, `corrupt` (the record does not decode), `unreadable` (the record or the
+    /// transition lock is no regular file, a symbolic link, another user's file in a shared
+    /// directory, or cannot be opened or read: every call on the id fails with the error
+    /// shown) or `exhausted` (a takeover is due, but the token is `u64::MAX`: tokens never
+    /// wrap, so every acquire fails).
     pub state: &'static str,
     /// Whether an acquire by another owner would be granted now (the machine's answer).
     pub acquirable: bool,
-    /// For a `corrupt` or `unreadable` record, why; for a liveness file that cannot be probed,
-    /// why its state is `unknown`.
+    /// For a `corrupt` or `unreadable` row, the error every call on the id returns (with its
+    /// remedy); for a liveness file that cannot be probed, why its state is `unknown`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
@@ -92,6 +99,7 @@ impl SessionStatus {
 /// [`Error::Io`] when the directory cannot be read. A corrupt or unreadable record is reported
 /// in its row.
 pub fn scan(dir: &Path, now: Timestamp) -> Result<Vec<SessionStatus>, Error> {
+    let opener = opener(dir)?;
     let mut out = vec![];
     for entry in fs::read_dir(dir).map_err(|e| Error::io("read directory", dir, e))? {
         let entry = entry.map_err(|e| Error::io("read directory", dir, e))?;
@@ -100,7 +108,7 @@ pub fn scan(dir: &Path, now: Timestamp) -> Result<Vec<SessionStatus>, Error> {
             continue;
         };
         let id = read_id(dir, stem);
-        out.push(status_of(dir, stem, id, now));
+        out.push(status_of(&opener, dir, stem, id, now));
     }
     out.sort_by(|a, b| a.stem.cmp(&b.stem));
     Ok(out)
@@ -112,25 +120,40 @@ pub fn scan(dir: &Path, now: Timestamp) -> Result<Vec<SessionStatus>, Error> {
 /// # Errors
 ///
 /// [`Error::NotADirectory`] or [`Error::Io`] when `dir` is not a readable directory (so a
-/// mistyped directory is never reported as "free"). A corrupt or unreadable record is
-/// reported in the row.
+/// mistyped directory is never reported as "free"), [`Error::WorldWritable`] when no call
+/// could use it. A corrupt or unreadable record or transition lock is reported in the row (a
+/// bad lock also without a record: the id is then not free, since every call fails).
 pub fn session(dir: &Path, id: &SessionId, now: Timestamp) -> Result<Option<SessionStatus>, Error> {
-    let meta = fs::metadata(dir).map_err(|e| Error::io("stat", dir, e))?;
-    if !meta.is_dir() {
-        return Err(Error::NotADirectory {
-            path: dir.to_owned(),
-        });
+    let opener = opener(dir)?;
+    let stem = id.stem();
+    let present = |path: PathBuf| !matches!(fs::symlink_metadata(path), Err(e) if e.kind() == io::ErrorKind::NotFound);
+    // Without a record the id is free, unless its lock is a file no call can use.
+    if !present(record_path(dir, stem))
+        && opener
+            .inspect(&dir.join(format!("{stem}.lock")), Role::Lock)
+            .is_ok()
+    {
+        return Ok(None);
     }
-    let path = record_path(dir, id.stem());
-    match fs::symlink_metadata(&path) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        _ => Ok(Some(status_of(
-            dir,
-            id.stem(),
-            Some(id.as_str().to_owned()),
-            now,
-        ))),
-    }
+    Ok(Some(status_of(
+        &opener,
+        dir,
+        stem,
+        Some(id.as_str().to_owned()),
+        now,
+    )))
+}
+
+/// The library's opener for `dir` under its ownership policy (as a default
+/// [`FlockLease`](crate::FlockLease) would open it).
+fn opener(dir: &Path) -> Result<Opener, Error> {
+    let (owners, sticky) = files::policy(dir, false)?;
+    Ok(Opener {
+        owners,
+        sticky,
+        file_mode: files::DEFAULT_FILE_MODE,
+        faults: Default::default(),
+    })
 }
 
 /// Records `id` in its sidecar `<dir>/<stem>.id` unless it already says so. Call it while
@@ -173,32 +196,63 @@ fn read_id(dir: &Path, stem: &str) -> Option<String> {
     (id.stem() == stem).then(|| id.as_str().to_owned())
 }
 
-fn status_of(dir: &Path, stem: &str, id: Option<String>, now: Timestamp) -> SessionStatus {
-    let broken = |state: &'static str, error: String| SessionStatus {
+fn status_of(
+    opener: &Opener,
+    dir: &Path,
+    stem: &str,
+    id: Option<String>,
+    now: Timestamp,
+) -> SessionStatus {
+    let broken = |state: &'static str, rec: Option<&Record>, error: String| SessionStatus {
         stem: stem.to_owned(),
         id: id.clone(),
-        owner: String::new(),
-        token: 0,
-        expiry: String::new(),
+        owner: rec.map(|r| r.owner.clone()),
+        token: rec.map(|r| r.token),
+        expiry: rec.map(|r| r.expiry.to_string()),
         state,
         acquirable: false,
         error: Some(error),
     };
+    // The files every call on the id opens, in a call's order: the lock, then the record.
+    let lock = opener.inspect(&dir.join(format!("{stem}.lock")), Role::Lock);
     let path = record_path(dir, stem);
     let mut bytes = vec![];
-    let read = open_nonblocking(OpenOptions::new().read(true), &path).and_then(|f| {
-        f.take(MAX_RECORD_BYTES as u64 + 1)
+    let read = match opener.inspect(&path, Role::Record) {
+        Ok(Some(f)) => f
+            .take(MAX_RECORD_BYTES as u64 + 1)
             .read_to_end(&mut bytes)
-            .map_err(|e| Error::io("read", &path, e))
-    });
-    if let Err(e) = read {
-        return broken("unreadable", e.to_string());
-    }
-    let (rec, tag) = match record::decode_tagged(&bytes) {
-        Ok(r) => r,
-        Err(source) => return broken("corrupt", Error::Corrupt { path, source }.to_string()),
+            .map(|_| true)
+            .map_err(|e| Error::io("read", &path, e)),
+        Ok(None) => Ok(false),
+        Err(e) => Err(e),
     };
-    let (liveness, probe_error) = probe(&dir.join(format!("{stem}.{}.live", rec.token)), tag);
+    let decoded = match read {
+        Ok(true) => Some(
+            record::decode_tagged(&bytes).map_err(|source| Error::Corrupt {
+                path: path.clone(),
+                source,
+            }),
+        ),
+        Ok(false) => None,
+        Err(e) => Some(Err(e)),
+    };
+    // A call fails on a bad lock before it reads the record: that error first.
+    if let Err(e) = lock {
+        let rec = decoded
+            .as_ref()
+            .and_then(|d| d.as_ref().ok())
+            .map(|(r, _)| r);
+        return broken("unreadable", rec, e.to_string());
+    }
+    let (rec, tag) = match decoded {
+        Some(Ok(r)) => r,
+        Some(Err(e @ Error::Corrupt { .. })) => return broken("corrupt", None, e.to_string()),
+        Some(Err(e)) => return broken("unreadable", None, e.to_string()),
+        // Only `session` asks about an id without a record, and only when its lock is bad.
+        None => return broken("unreadable", None, String::new()),
+    };
+    let live = dir.join(format!("{stem}.{}.live", rec.token));
+    let (liveness, probe_error) = probe(opener, &live, tag);
     let state = if rec.is_tombstone() {
         "released"
     } else if machine::is_expired(rec.expiry, now) {
@@ -228,9 +282,9 @@ fn status_of(dir: &Path, stem: &str, id: Option<String>, now: Timestamp) -> Sess
     SessionStatus {
         stem: stem.to_owned(),
         id,
-        owner: rec.owner,
-        token: rec.token,
-        expiry: rec.expiry.to_string(),
+        owner: Some(rec.owner),
+        token: Some(rec.token),
+        expiry: Some(rec.expiry.to_string()),
         state,
         acquirable,
         error,
@@ -240,8 +294,8 @@ fn status_of(dir: &Path, stem: &str, id: Option<String>, now: Timestamp) -> Sess
 /// Probes a generation's liveness file as the library does ([`live::identify`], then a
 /// non-blocking shared lock, dropped at once): a file that is not the generation's own counts
 /// as unknown (the machine then falls back to the expiry), with the reason.
-fn probe(path: &Path, tag: Option<LiveTag>) -> (Liveness, Option<String>) {
-    let opened = open_nofollow(OpenOptions::new().read(true), path);
+fn probe(opener: &Opener, path: &Path, tag: Option<LiveTag>) -> (Liveness, Option<String>) {
+    let opened = opener.open(path, Access::Probe);
     match live::identify(opened, path, tag).and_then(|found| live::probe(found, path)) {
         Ok(probed) => (probed.liveness, probed.reason),
         Err(e) => (Liveness::Unknown, Some(e.to_string())),

@@ -8,7 +8,8 @@ use std::fs;
 use std::path::Path;
 
 use flocklease::conformance::START;
-use flocklease::{Error, InvalidInput, ManualClock, Owner, SessionId};
+use flocklease::error::InvalidInput;
+use flocklease::{Error, ManualClock, Owner, SessionId};
 use support::open_manual;
 
 /// Every path under `root`, sorted.

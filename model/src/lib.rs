@@ -248,6 +248,84 @@ impl LeaseModel {
         })
     }
 
+    /// Every actor and action of this configuration, in one sentence: what `--help` says of
+    /// each named configuration, generated from its fields so that it cannot drift.
+    pub fn describe(&self) -> String {
+        let mut parts = vec![format!(
+            "{} {} processes calling acquire, renew and release step by step (one system call \
+             or statement a step) and crashing at any step{}",
+            self.procs,
+            match self.backend {
+                Backend::Flock => "flock",
+                Backend::Postgres => "PostgreSQL",
+            },
+            if self.fenced {
+                ", and running fenced sections"
+            } else {
+                ""
+            }
+        )];
+        parts.push(format!(
+            "the clock ticking from 0 to {}, TTL {} ticks, tokens up to {}{}",
+            self.max_time,
+            self.ttl_ticks,
+            self.max_token,
+            if self.shared_owner {
+                ", one owner string for every process"
+            } else {
+                ""
+            }
+        ));
+        match self.faults {
+            0 => parts.push("no failing I/O step".into()),
+            1 => parts.push("1 failing I/O step".into()),
+            n => parts.push(format!("{n} failing I/O steps")),
+        }
+        if self.host_crash {
+            parts.push("a host crash".into());
+        }
+        if self.cleaner > 0 && self.backend == Backend::Flock {
+            let t = self.tamper;
+            let what: Vec<&str> = [
+                (t.delete_live, "deleting the recorded liveness file"),
+                (t.replace_live, "replacing it"),
+                (t.lock, "deleting or replacing <stem>.lock"),
+                (t.record, "replacing the record"),
+                (t.temp, "deleting a temporary record"),
+            ]
+            .iter()
+            .filter(|(on, _)| *on)
+            .map(|(_, s)| *s)
+            .collect();
+            let times = match self.cleaner {
+                1 => "once".to_owned(),
+                n => format!("up to {n} times"),
+            };
+            parts.push(format!("the cleaner {} ({times})", what.join(", ")));
+        }
+        if self.observer {
+            parts.push("an observer (waiter, status) share-locking liveness files".into());
+        }
+        if self.go_prober {
+            parts.push("the Go-style prober creating and exclusively try-locking them".into());
+        }
+        if self.liveness_losses > 0 {
+            parts.push(format!(
+                "liveness lost {} while its holder runs (the server ending the session first, \
+                 or the holder seeing its connection break while the session lives on), and \
+                 the renew that locks the generation again",
+                match self.liveness_losses {
+                    1 => "once".to_owned(),
+                    n => format!("up to {n} times"),
+                }
+            ));
+        }
+        if !self.durable {
+            parts.push("Durability::NoSync".into());
+        }
+        parts.join("; ")
+    }
+
     /// The owner string of process `p`.
     pub fn owner(&self, p: usize) -> Owner {
         if self.shared_owner {

@@ -15,20 +15,8 @@ commands:
   explore    serve stateright's explorer to click through interleavings in a browser
 
 options (applied in order, on top of the named configuration):
-  --config NAME      start from a named configuration (default: default):
-                       default       2 processes, ticks 0-2, TTL 2, tokens up to 2, 1 fault,
-                                     a host crash, the cleaner deleting or replacing the
-                                     recorded liveness file once, the Go-style prober
-                       large (CI)    the same bounds; the cleaner deleting or replacing
-                                     <stem>.lock, replacing the record or deleting a
-                                     temporary record once; the observer
-                       long          ticks 0-3, tokens up to 3; the liveness file's deletion
-                       shared-owner  the default with one owner string for every process
-                       postgres      liveness lost once while its holder runs (the server
-                                     ending the session first, or the holder seeing the
-                                     connection break while the server's session lives
-                                     on), the renew that locks the generation again, a
-                                     fault; no host crash, no files
+  --config NAME      start from a named configuration (default: default); each is
+                     described below the options
   --backend B        flock or postgres (postgres: liveness can be lost while its holder runs)
   --procs N          lease-manager processes (default 2, at most 3)
   --max-time T       the clock runs from tick 0 to T (default 2)
@@ -62,12 +50,35 @@ options (applied in order, on top of the named configuration):
   --addr HOST:PORT   explorer address (default 127.0.0.1:3000)
 ";
 
+/// The usage text, with every named configuration described from its own fields.
+fn usage() -> String {
+    let mut text = USAGE.to_owned();
+    text.push_str("\nconfigurations (every actor and action each one has):\n");
+    for name in CONFIGS {
+        let model = LeaseModel::named(name).unwrap_or_default();
+        text.push_str(&format!("  {name}:\n"));
+        let mut line = String::from("   ");
+        for word in model.describe().split(' ') {
+            if line.len() + word.len() + 1 > 94 {
+                text.push_str(&line);
+                text.push('\n');
+                line = String::from("   ");
+            }
+            line.push(' ');
+            line.push_str(word);
+        }
+        text.push_str(&line);
+        text.push('\n');
+    }
+    text
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match run(&args) {
         Ok(code) => code,
         Err(msg) => {
-            eprintln!("flocklease-model: {msg}\n\n{USAGE}");
+            eprintln!("flocklease-model: {msg}\n\n{}", usage());
             ExitCode::from(2)
         }
     }
@@ -130,7 +141,7 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
             "--no-sync" => model.durable = false,
             "--addr" => addr = value()?.clone(),
             "-h" | "--help" => {
-                print!("{USAGE}");
+                print!("{}", usage());
                 return Ok(ExitCode::SUCCESS);
             }
             other => return Err(format!("unknown option {other}")),
@@ -166,7 +177,7 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
             Ok(ExitCode::SUCCESS)
         }
         "-h" | "--help" => {
-            print!("{USAGE}");
+            print!("{}", usage());
             Ok(ExitCode::SUCCESS)
         }
         other => Err(format!("unknown command {other}")),

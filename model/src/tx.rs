@@ -256,11 +256,13 @@ impl ModelTx<'_> {
         }
         self.fault("lock")?;
         if !relock(self.state, self.p, token) {
-            // The old session still holds it: not yet ended on the server.
+            // The old session still holds it: not yet ended on the server. (The real
+            // backend's error is `AdvisoryLockBusy`, a variant of its feature; the model,
+            // built without it, answers with the flock backend's equivalent: the generation's
+            // liveness lock is held by someone else.)
             self.ghost.relock_busy = true;
-            return Err(Error::AdvisoryLockBusy {
-                id: session(),
-                token,
+            return Err(Error::LiveLockBusy {
+                path: format!("{}.{token}.live", session().stem()).into(),
             });
         }
         self.ghost.relocked = true;

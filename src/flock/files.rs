@@ -79,6 +79,15 @@ impl Access {
     }
 }
 
+/// Which file of an id [`Opener::inspect`] looks at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// `<stem>.lease.json`.
+    Record,
+    /// `<stem>.lock`.
+    Lock,
+}
+
 /// Who may own the files this instance opens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum OwnerCheck {
@@ -140,6 +149,46 @@ impl Opener {
         Ok(file)
     }
 
+    /// Looks at an existing file of the directory without changing anything, and judges it as
+    /// a call would: `None` when it is missing; [`Error::Symlink`], [`Error::NotAFile`],
+    /// [`Error::ForeignOwner`] or [`Error::Io`] exactly when [`Opener::open`] (and the type
+    /// check a transition makes after it) would fail on it. One rule decides a bad file for
+    /// the library, `status` and `flocklease run` alike.
+    ///
+    /// Opened read-only (a reader without write permission sees what is there); a
+    /// transition opens the lock for writing, where a directory fails before its owner is
+    /// checked, so for the lock a directory is reported as such first.
+    pub(crate) fn inspect(&self, path: &Path, role: Role) -> Result<Option<File>, Error> {
+        let opened = OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+            .open(path);
+        let file = match opened {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(self.open_error(path, e)),
+        };
+        let meta = file.metadata().map_err(|e| Error::io("stat", path, e))?;
+        let not_a_file = || Error::NotAFile {
+            path: path.to_owned(),
+        };
+        if role == Role::Lock && meta.is_dir() {
+            return Err(not_a_file());
+        }
+        if let OwnerCheck::Mine(me) = self.owners
+            && meta.uid() != me
+        {
+            return Err(Error::ForeignOwner {
+                path: path.to_owned(),
+                uid: meta.uid(),
+            });
+        }
+        if !meta.is_file() {
+            return Err(not_a_file());
+        }
+        Ok(Some(file))
+    }
+
     /// Applies the ownership policy and the configured mode to a freshly opened file.
     fn check_file(&self, path: &Path, file: &File, access: Access) -> Result<(), Error> {
         let default_mode = self.file_mode == DEFAULT_FILE_MODE;
@@ -195,14 +244,33 @@ impl Opener {
 /// The mode of new lease files unless configured otherwise.
 pub(crate) const DEFAULT_FILE_MODE: u32 = 0o600;
 
-/// Opens the lease directory: creates it (mode 0700, parents as needed, each new directory
+/// Opens the lease directory: creates it if missing (mode 0700, only its last component,
 /// synced into its parent), checks it, and decides the ownership policy.
 pub(crate) fn open_dir(
     dir: &Path,
     allow_network_fs: bool,
     trust_foreign: bool,
 ) -> Result<(File, OwnerCheck, bool), Error> {
-    create_dir_durably(dir)?;
+    create_dir(dir)?;
+    let (owners, sticky) = policy(dir, trust_foreign)?;
+    if !allow_network_fs {
+        let st = nix::sys::statfs::statfs(dir)
+            .map_err(|e| Error::io("statfs", dir, io::Error::from(e)))?;
+        if let Some(fs) = network_fs_name(st.filesystem_type().0 as i64) {
+            return Err(Error::NetworkFilesystem {
+                path: dir.to_owned(),
+                fs,
+            });
+        }
+    }
+    let file = File::open(dir).map_err(|e| Error::io("open", dir, e))?;
+    Ok((file, owners, sticky))
+}
+
+/// The ownership policy of an existing lease directory, and whether it is sticky and
+/// world-writable (read only: nothing is created). Shared by [`open_dir`] and
+/// [`crate::status`], so a look at a directory judges its files as a call would.
+pub(crate) fn policy(dir: &Path, trust_foreign: bool) -> Result<(OwnerCheck, bool), Error> {
     let meta = fs::metadata(dir).map_err(|e| Error::io("stat", dir, e))?;
     if !meta.is_dir() {
         return Err(Error::NotADirectory {
@@ -223,38 +291,51 @@ pub(crate) fn open_dir(
     } else {
         OwnerCheck::Mine(nix::unistd::geteuid().as_raw())
     };
-    if !allow_network_fs {
-        let st = nix::sys::statfs::statfs(dir)
-            .map_err(|e| Error::io("statfs", dir, io::Error::from(e)))?;
-        if let Some(fs) = network_fs_name(st.filesystem_type().0 as i64) {
-            return Err(Error::NetworkFilesystem {
-                path: dir.to_owned(),
-                fs,
-            });
+    Ok((owners, mode & 0o1002 == 0o1002))
+}
+
+/// Creates the lease directory if it is missing: only its last component (mode 0700), never
+/// its parents, so a mistyped parent is an error rather than a new tree; the new entry is
+/// synced into its parent so the directory, and the tokens granted in it, survive power loss.
+/// A relative path is taken relative to the working directory.
+pub(crate) fn create_dir(dir: &Path) -> Result<(), Error> {
+    let parent = dir
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    match fs::symlink_metadata(dir) {
+        Ok(_) => return Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Error::io("stat", dir, e)),
+    }
+    let missing_parent = |why: &str| {
+        Error::io(
+            "create directory",
+            dir,
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!(
+                    "its parent {} {why} (only the last component is created: create the \
+                     parent first)",
+                    parent.display()
+                ),
+            ),
+        )
+    };
+    match fs::metadata(parent) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return Err(missing_parent("is not a directory")),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(missing_parent("does not exist"));
         }
-    }
-    let file = File::open(dir).map_err(|e| Error::io("open", dir, e))?;
-    Ok((file, owners, mode & 0o1002 == 0o1002))
-}
-
-/// Creates `dir` and any missing parents (mode 0700), syncing each new directory's entry into
-/// its parent so the lease directory itself survives power loss.
-fn create_dir_durably(dir: &Path) -> Result<(), Error> {
-    create_dirs(dir).map_err(|e| Error::io("create directory", dir, e))
-}
-
-fn create_dirs(dir: &Path) -> io::Result<()> {
-    if dir.is_dir() {
-        return Ok(());
-    }
-    let parent = dir.parent().filter(|p| !p.as_os_str().is_empty());
-    if let Some(parent) = parent {
-        create_dirs(parent)?;
+        Err(e) => return Err(Error::io("stat", parent, e)),
     }
     match DirBuilder::new().mode(0o700).create(dir) {
-        Ok(()) => File::open(parent.unwrap_or(Path::new(".")))?.sync_all(),
+        Ok(()) => File::open(parent)
+            .and_then(|p| p.sync_all())
+            .map_err(|e| Error::io("fsync", parent, e)),
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(e),
+        Err(e) => Err(Error::io("create directory", dir, e)),
     }
 }
 

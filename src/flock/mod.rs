@@ -132,7 +132,8 @@ pub struct FlockLeaseBuilder {
 }
 
 impl FlockLease {
-    /// Opens (creating it with mode 0700 if needed) the lease directory `dir` with the default
+    /// Opens (creating its last component with mode 0700 if needed) the lease directory `dir`
+    /// with the default
     /// options: TTL 30 s, system clock, [`Durability::Full`], a 5 s bound on lock waits.
     ///
     /// # Errors
@@ -683,8 +684,10 @@ impl FlockLeaseBuilder {
         self
     }
 
-    /// Opens the lease directory, creating it (mode 0700, parents as needed, each synced into
-    /// its parent) if missing.
+    /// Opens the lease directory, creating it if missing: mode 0700, only its last component
+    /// (a missing parent is an [`Error::Io`] naming it, so a mistyped path never creates a
+    /// tree), synced into its parent. A relative path is relative to the working directory
+    /// when this is called. `flocklease run --dir` follows the same rule.
     ///
     /// Directory policy: a private or group directory is used as it is; a world-writable
     /// directory is accepted only with the sticky bit (`/tmp`), and then every lease file

@@ -1,7 +1,7 @@
 //! [`PgLease`]: the same lease across hosts, kept in PostgreSQL (feature `postgres`).
 //!
-//! The same [`machine`](crate::machine) decides every transition, through the same
-//! [`driver::run`]; only the primitives change:
+//! The same transition machine decides every transition, through the same interpreter as
+//! the flock backend (docs/PROTOCOL.md §8); only the primitives change:
 //!
 //! | flock backend | PostgreSQL backend |
 //! | --- | --- |

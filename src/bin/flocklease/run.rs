@@ -18,9 +18,8 @@
 //!   SIGKILL to the group at once, with no grace period (what remains: the milliseconds
 //!   between the server ending the session and the watchdog's SIGKILL, fenced by the token).
 
-use std::fs::{self, DirBuilder};
+use std::fs;
 use std::io;
-use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -204,9 +203,11 @@ fn run(a: RunArgs) -> Result<u8, String> {
         return run_pg(&a, &url, &signals, &id, &owner);
     }
     // clap requires --dir or --pg.
-    let dir = prepare_dir(a.dir.as_deref().unwrap_or_else(|| unreachable!()))?;
+    let given = a.dir.as_deref().unwrap_or_else(|| unreachable!());
+    // The library's rule for the directory: its last component is created if missing, never
+    // its parents (a mistyped parent is an error naming it).
     let leases = Arc::new(
-        FlockLease::builder(&dir)
+        FlockLease::builder(given)
             .ttl(a.ttl)
             .durability(match a.durability {
                 DurabilityArg::Full => Durability::Full,
@@ -215,6 +216,8 @@ fn run(a: RunArgs) -> Result<u8, String> {
             .open()
             .map_err(|e| crate::describe(&e))?,
     );
+    // The job is told the absolute path (it may change its working directory).
+    let dir = fs::canonicalize(given).map_err(|e| format!("resolve {}: {e}", given.display()))?;
     // `-w 0` is `-n`, as in flock(1).
     let wait = a.wait.filter(|w| !w.is_zero());
     let Some(lease) = acquire(&leases, &id, &owner, wait).map_err(|e| crate::describe(&e))? else {
@@ -587,51 +590,6 @@ fn default_owner() -> String {
     format!("{host}:{}", std::process::id())
 }
 
-/// Creates the lease directory's last component if missing (mode 0700), never its parents;
-/// returns its absolute path.
-fn prepare_dir(dir: &Path) -> Result<PathBuf, String> {
-    match fs::metadata(dir) {
-        Ok(_) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            let parent = dir
-                .parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .unwrap_or(Path::new("."));
-            match fs::metadata(parent) {
-                Ok(m) if m.is_dir() => {}
-                Ok(_) => {
-                    return Err(format!(
-                        "cannot create lease directory {}: {} is not a directory",
-                        dir.display(),
-                        parent.display()
-                    ));
-                }
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                    return Err(format!(
-                        "cannot create lease directory {}: its parent {} does not exist \
-                         (only the last component is created; create the parent first)",
-                        dir.display(),
-                        parent.display()
-                    ));
-                }
-                Err(e) => return Err(format!("stat {}: {e}", parent.display())),
-            }
-            match DirBuilder::new().mode(0o700).create(dir) {
-                // The new entry synced into its parent, as the library does for the
-                // directories it creates: else power loss could take the directory, and the
-                // tokens granted in it, away.
-                Ok(()) => fs::File::open(parent)
-                    .and_then(|p| p.sync_all())
-                    .map_err(|e| format!("sync directory {}: {e}", parent.display()))?,
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(format!("create directory {}: {e}", dir.display())),
-            }
-        }
-        Err(e) => return Err(format!("stat {}: {e}", dir.display())),
-    }
-    fs::canonicalize(dir).map_err(|e| format!("resolve {}: {e}", dir.display()))
-}
-
 /// "ID is held by OWNER (token N, expires in 12 s)", as far as the record tells.
 fn held_message(dir: &Path, id: &SessionId, wait: Option<Duration>) -> String {
     let waited = wait.map_or(String::new(), |w| {
@@ -639,11 +597,14 @@ fn held_message(dir: &Path, id: &SessionId, wait: Option<Duration>) -> String {
     });
     let now = SystemClock.now();
     match flocklease::status::session(dir, id, now) {
-        Ok(Some(s)) if !s.owner.is_empty() => format!(
-            "{id} is held by {} (token {}, expires {}){waited}",
-            s.owner,
-            s.token,
-            status::relative(&s.expiry, now)
+        Ok(Some(flocklease::status::SessionStatus {
+            owner: Some(owner),
+            token: Some(token),
+            expiry: Some(expiry),
+            ..
+        })) if !owner.is_empty() => format!(
+            "{id} is held by {owner} (token {token}, expires {}){waited}",
+            status::relative(&expiry, now)
         ),
         _ => format!("{id} is held by another owner{waited}"),
     }

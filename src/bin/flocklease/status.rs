@@ -203,24 +203,19 @@ fn print_table(rows: &[SessionStatus], now: Timestamp) {
                 s.to_owned()
             }
         };
-        let expiry = if r.expiry.is_empty() {
-            "-".to_owned()
-        } else {
-            format!("{} ({})", r.expiry, relative(&r.expiry, now))
+        let expiry = match &r.expiry {
+            None => "-".to_owned(),
+            Some(expiry) => format!("{expiry} ({})", relative(expiry, now)),
         };
         let state = match (&r.error, r.acquirable) {
             (Some(e), _) => format!("{} ({e})", r.state),
             (None, true) => format!("{} (free to acquire)", r.state),
             (None, false) => r.state.to_owned(),
         };
-        let token = if matches!(r.state, "corrupt" | "unreadable") {
-            "-".to_owned()
-        } else {
-            r.token.to_string()
-        };
+        let token = r.token.map_or_else(|| "-".to_owned(), |t| t.to_string());
         lines.push([
             dash(r.id.as_deref().unwrap_or("")),
-            dash(&r.owner),
+            dash(r.owner.as_deref().unwrap_or("")),
             token,
             expiry,
             state,

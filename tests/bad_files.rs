@@ -1,0 +1,239 @@
+//! One story for every bad file: a FIFO, a directory, a symbolic link or another user's file
+//! planted as an id's record or transition lock is reported with the same words by the
+//! library (the error of an acquire), `flocklease status` (text and JSON, one id and the whole
+//! directory) and `flocklease run`, with the remedy, and exit status 70 from both commands.
+
+#![cfg(feature = "cli")]
+#![allow(clippy::unwrap_used)]
+
+mod cli_support;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use cli_support::*;
+use flocklease::{Error, FlockLease, Owner, SessionId};
+
+const ID: &str = "nightly";
+
+/// A command of the binary on `dir`, bounded by the guard.
+fn cli(args: &[&str], dir: &Path, tail: &[&str]) -> Output {
+    let child = Command::new(BIN)
+        .args(args)
+        .arg("--dir")
+        .arg(dir)
+        .args(tail)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    output_of(child)
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Plant {
+    Fifo,
+    Directory,
+    Symlink,
+    /// A regular file of another user (uid 65534) in a sticky world-writable directory.
+    Foreign,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Which {
+    Record,
+    Lock,
+}
+
+/// A lease directory in which `ID` was granted and released once (so its record and lock
+/// exist), then the file `which` replaced by `plant`.
+fn planted(plant: Plant, which: Which) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let leases = FlockLease::open(dir.path()).unwrap();
+    let id = SessionId::new(ID).unwrap();
+    let lease = leases
+        .acquire(&id, &Owner::new("first").unwrap())
+        .unwrap()
+        .lease()
+        .unwrap();
+    flocklease::SessionLease::release(&leases, &lease).unwrap();
+    drop(leases);
+    let stem = id.stem();
+    let path = match which {
+        Which::Record => dir.path().join(format!("{stem}.lease.json")),
+        Which::Lock => dir.path().join(format!("{stem}.lock")),
+    };
+    match plant {
+        Plant::Fifo => {
+            std::fs::remove_file(&path).unwrap();
+            nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        }
+        Plant::Directory => {
+            std::fs::remove_file(&path).unwrap();
+            std::fs::create_dir(&path).unwrap();
+        }
+        Plant::Symlink => {
+            let target = dir.path().join("elsewhere");
+            std::fs::rename(&path, &target).unwrap();
+            std::os::unix::fs::symlink(&target, &path).unwrap();
+        }
+        Plant::Foreign => {
+            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+            nix::unistd::chown(&path, Some(nix::unistd::Uid::from_raw(65534)), None).unwrap();
+        }
+    }
+    dir
+}
+
+/// The library's word on the planted file: the error of an acquire by a new owner.
+fn library_error(dir: &Path) -> Error {
+    let leases = FlockLease::open(dir).unwrap();
+    let id = SessionId::new(ID).unwrap();
+    match leases.acquire(&id, &Owner::new("second").unwrap()) {
+        Err(e) => e,
+        Ok(grant) => panic!("granted over a planted file: {grant:?}"),
+    }
+}
+
+fn check(plant: Plant, which: Which) {
+    let dir = planted(plant, which);
+    let dir = dir.path();
+    let error = library_error(dir);
+    match (plant, &error) {
+        (Plant::Fifo | Plant::Directory, Error::NotAFile { .. })
+        | (Plant::Symlink, Error::Symlink { .. })
+        | (Plant::Foreign, Error::ForeignOwner { .. }) => {}
+        _ => panic!("{plant:?} {which:?}: the library said {error:?}"),
+    }
+    let text = error.to_string();
+    assert!(
+        text.contains("; "),
+        "{plant:?} {which:?}: no remedy in {text:?}"
+    );
+
+    // status --id, JSON: the same error, the record's fields null when it cannot be read.
+    let out = cli(&["status"], dir, &["--id", ID, "--json"]);
+    assert_eq!(out.status.code(), Some(70), "{}", describe(&out));
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let row = &rows[0];
+    assert_eq!(row["state"], "unreadable", "{plant:?} {which:?}: {row}");
+    assert_eq!(row["acquirable"], false, "{row}");
+    assert_eq!(row["error"], text.as_str(), "{plant:?} {which:?}");
+    match which {
+        Which::Record => {
+            for key in ["owner", "token", "expiry"] {
+                assert!(
+                    row[key].is_null(),
+                    "{plant:?}: {key} of an unreadable record: {row}"
+                );
+            }
+        }
+        // The record itself reads well: what it says is shown.
+        Which::Lock => assert_eq!(row["token"], 1, "{row}"),
+    }
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!("flocklease: {text}\n"),
+        "{plant:?} {which:?}: status --id's message"
+    );
+
+    // status, the whole directory, text and JSON.
+    let out = cli(&["status"], dir, &["--json"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let row = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == ID || r["stem"] == SessionId::new(ID).unwrap().stem())
+        .unwrap_or_else(|| panic!("{plant:?} {which:?}: no row in {rows}"));
+    assert_eq!(
+        row["error"],
+        text.as_str(),
+        "{plant:?} {which:?}: the listing's row"
+    );
+    let out = cli(&["status"], dir, &[]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains(&format!("unreadable ({text})")),
+        "{plant:?} {which:?}: the table does not show the error:\n{table}"
+    );
+    assert!(!table.contains("free to acquire"), "{table}");
+
+    // run: the same message, exit 70, the command never run.
+    let marker = dir.join("ran");
+    let out = cli(
+        &["run"],
+        dir,
+        &["--id", ID, "--", "touch", marker.to_str().unwrap()],
+    );
+    assert_eq!(out.status.code(), Some(70), "{}", describe(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!("flocklease: {text}\n"),
+        "{plant:?} {which:?}: run's message"
+    );
+    assert!(!marker.exists(), "the command ran");
+}
+
+fn root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+#[test]
+fn a_planted_fifo_is_one_story() {
+    check(Plant::Fifo, Which::Record);
+    check(Plant::Fifo, Which::Lock);
+}
+
+#[test]
+fn a_planted_directory_is_one_story() {
+    check(Plant::Directory, Which::Record);
+    check(Plant::Directory, Which::Lock);
+}
+
+#[test]
+fn a_planted_symlink_is_one_story() {
+    check(Plant::Symlink, Which::Record);
+    check(Plant::Symlink, Which::Lock);
+}
+
+#[test]
+fn another_users_file_in_a_shared_directory_is_one_story() {
+    if !root() {
+        // Giving a file away needs root; CI runs the tests as root.
+        assert!(
+            std::env::var_os("FLOCKLEASE_REQUIRE_ROOT").is_none(),
+            "CI must run this test as root"
+        );
+        eprintln!("skipped: not root, cannot give a file to another user");
+        return;
+    }
+    check(Plant::Foreign, Which::Record);
+    check(Plant::Foreign, Which::Lock);
+}
+
+#[test]
+fn a_missing_parent_is_an_error_for_the_library_and_run_alike() {
+    let dir = tempfile::tempdir().unwrap();
+    let typo = dir.path().join("typo").join("leases");
+    let error = FlockLease::open(&typo).unwrap_err().to_string();
+    assert!(error.contains("does not exist"), "{error}");
+    assert!(
+        !dir.path().join("typo").exists(),
+        "the library created the parent"
+    );
+    let out = cli(&["run"], &typo, &["--id", ID, "--", "true"]);
+    assert_eq!(out.status.code(), Some(70), "{}", describe(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!("flocklease: {error}\n")
+    );
+    // The last component alone is created, mode 0700.
+    let leases = dir.path().join("leases");
+    FlockLease::open(&leases).unwrap();
+    let mode = std::fs::metadata(&leases).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o700);
+}
