@@ -57,6 +57,7 @@ fn main() {
         .as_slice()
     {
         ["holder", dir] => return holder(Path::new(dir)),
+        ["holder-many", dir, n] => return holder_many(Path::new(dir), n.parse().unwrap()),
         ["flock-holder", path] => return flock_holder(Path::new(path)),
         ["contender", dir, secs] => return contender(Path::new(dir), secs.parse().unwrap()),
         ["ops", op, n, dir] => return ops(op, n.parse().unwrap(), Path::new(dir)),
@@ -66,6 +67,10 @@ fn main() {
     if args.iter().any(|a| a == "scaling") {
         let shm = scratch(Path::new("/dev/shm"));
         return scaling(shm.path(), if quick { 3 } else { 5 }, quick);
+    }
+    if args.iter().any(|a| a == "recovery") {
+        let shm = scratch(Path::new("/dev/shm"));
+        return recovery(shm.path(), quick);
     }
     if args.iter().any(|a| a == "takeover") {
         let shm = scratch(Path::new("/dev/shm"));
@@ -82,6 +87,7 @@ fn main() {
     }
     durable(disk.path(), rounds);
     scaling(shm.path(), rounds, quick);
+    recovery(shm.path(), quick);
     contention(shm.path(), quick);
     takeover(shm.path(), if quick { 30 } else { 200 });
 }
@@ -622,6 +628,112 @@ fn holder(dir: &Path) {
         .unwrap();
     println!("{}", l.token);
     let _ = std::io::stdin().read(&mut [0u8]);
+}
+
+/// Child: hold the leases `dead-0` .. `dead-{n-1}`, say so, wait to be killed.
+fn holder_many(dir: &Path, n: usize) {
+    raise_descriptor_limit();
+    let leases = open(dir, Durability::NoSync);
+    let me = Owner::new("holder").unwrap();
+    let held: Vec<Lease> = (0..n)
+        .map(|i| {
+            let id = SessionId::new(format!("dead-{i}")).unwrap();
+            leases.acquire(&id, &me).unwrap().lease().unwrap()
+        })
+        .collect();
+    println!("{}", held.len());
+    let _ = std::io::stdin().read(&mut [0u8]);
+}
+
+/// Each held lease keeps one descriptor: lift the soft limit to the hard one.
+fn raise_descriptor_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    setrlimit(Resource::RLIMIT_NOFILE, hard, hard).unwrap();
+}
+
+/// Crash recovery: a process holding `dead` ids among `background` released ones is
+/// SIGKILLed, and this process takes over and renews every one of them (what a survivor does
+/// after a crash). Returns the total and the median per id (takeover + renew), in ns.
+fn recover(dir: &Path, background: usize, dead: usize) -> (f64, f64) {
+    let _ = fs::remove_dir_all(dir);
+    let leases = open(dir, Durability::NoSync);
+    let me = Owner::new("bench").unwrap();
+    for id in ids(background) {
+        let l = leases.acquire(&id, &me).unwrap().lease().unwrap();
+        leases.release(&l).unwrap();
+    }
+    drop(leases);
+    let (mut child, line) = spawn_child(&["holder-many", dir.to_str().unwrap(), &dead.to_string()]);
+    assert_eq!(line.trim(), dead.to_string());
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let leases = open(dir, Durability::NoSync);
+    let dead_ids: Vec<SessionId> = (0..dead)
+        .map(|i| SessionId::new(format!("dead-{i}")).unwrap())
+        .collect();
+    let mut each = Vec::with_capacity(dead);
+    let mut held = Vec::with_capacity(dead);
+    let start = Instant::now();
+    for id in &dead_ids {
+        let t = Instant::now();
+        let l = leases.acquire(id, &me).unwrap().lease().unwrap();
+        assert_eq!(l.token, 2, "a crash takeover");
+        held.push(leases.renew(&l).unwrap().lease().unwrap());
+        each.push(t.elapsed().as_nanos() as f64);
+    }
+    let total = start.elapsed().as_nanos() as f64;
+    drop(held);
+    drop(leases);
+    let _ = fs::remove_dir_all(dir);
+    (total, percentile(&mut each, 0.5))
+}
+
+fn recovery(dir: &Path, quick: bool) {
+    raise_descriptor_limit();
+    let (background, dead) = if quick {
+        (20_000, 2_000)
+    } else {
+        (100_000, 10_000)
+    };
+    println!(
+        "\n### crash recovery: taking over and renewing every id of a killed process (tmpfs, no fsync)\n"
+    );
+    println!(
+        "A process holding the ids `dead-*` is SIGKILLed; this process takes over and renews each. \
+         The baseline: 10 dead ids in a directory of 10, the same run (median of 20 recoveries)."
+    );
+    println!();
+    let sub = dir.join("recovery");
+    let mut base_each = vec![];
+    let mut base_total = vec![];
+    for _ in 0..20 {
+        let (total, each) = recover(&sub, 0, 10);
+        base_total.push(total / 10.0);
+        base_each.push(each);
+    }
+    let per_id = percentile(&mut base_total, 0.5);
+    let base_median = percentile(&mut base_each, 0.5);
+    let (total, median) = recover(&sub, background, dead);
+    println!(
+        "| directory | dead ids | total | per id (mean) | per id (median) | ratio to the 10-id directory |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- |");
+    println!(
+        "| 10 ids | 10 | {:.2} ms | {:.1} µs | {:.1} µs | 1.00× |",
+        per_id * 10.0 / 1e6,
+        per_id / 1e3,
+        base_median / 1e3
+    );
+    println!(
+        "| {} ids | {dead} | {:.2} s | {:.1} µs | {:.1} µs | total {:.2}× of {dead} × the 10-id mean; median {:.2}× |",
+        background + dead,
+        total / 1e9,
+        total / dead as f64 / 1e3,
+        median / 1e3,
+        total / (dead as f64 * per_id),
+        median / base_median
+    );
 }
 
 /// Child: hold a bare flock on `path`, say so, wait to be killed.

@@ -99,8 +99,10 @@
 //! - A failed takeover leaves its new `<stem>.<token>.live` file, unlocked; the next takeover
 //!   reuses that name. When a crashed or expired holder is taken over, its liveness file is
 //!   deleted at once; older dead generations' files and a leftover temporary file are swept by
-//!   the taker's next transition on the id through the same instance (so a takeover never
-//!   lists the directory). A takeover from a tombstone deletes the released generation's file
+//!   the taker's next transition on the id through the same instance, or a later one: an
+//!   instance's pending sweeps share listings of the directory (in a directory of `E`
+//!   entries, one per `E / 64` takeovers), so recovering many dead ids costs O(ids) however
+//!   large the directory (a takeover itself never lists it). A takeover from a tombstone deletes the released generation's file
 //!   (in case the release could not).
 //! - The temporary record is created exclusively (`O_EXCL`): a file found at its name (a
 //!   crash leftover, or planted) is removed, never reused or followed.

@@ -48,6 +48,7 @@ use wait::Cancel;
 
 #[cfg(feature = "fault-injection")]
 pub use step::Stepper;
+pub use tx::SWEEP_SHARE;
 
 /// The default bound on waiting for an id's transition lock: 5 seconds.
 pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -114,6 +115,8 @@ pub struct FlockLease {
     opener: Opener,
     /// Inotify instances kept for waiting acquires.
     watches: wait::Watches,
+    /// The deferred sweeps of this instance's takeovers, and the one listing they share.
+    sweeps: Mutex<tx::Sweeps>,
 }
 
 /// Options for [`FlockLease`]; start from [`FlockLease::builder`].
@@ -723,6 +726,7 @@ impl FlockLeaseBuilder {
                 prune_at: PRUNE_AT,
             }),
             cached_locks: AtomicUsize::new(0),
+            sweeps: Mutex::default(),
             opener: Opener {
                 owners,
                 sticky,

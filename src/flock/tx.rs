@@ -33,6 +33,33 @@ impl Slot {
     }
 }
 
+/// How many deferred sweeps share one listing of the directory: after a listing of `E`
+/// entries, the next one waits until `E / SWEEP_SHARE` more takeovers have left a sweep, so
+/// listings cost at most `SWEEP_SHARE` entries per takeover however many ids the directory
+/// holds (PROTOCOL §6.8). In a small directory every sweep still lists at once.
+pub const SWEEP_SHARE: usize = 64;
+
+/// The deferred sweeps of one instance's takeovers (PROTOCOL §6.8), and the listing they
+/// share. Leftovers are rare (a crash inside a transition, a failed deletion) and harmless but
+/// for the space they take, so a sweep may wait: a listing serves every sweep pending when it
+/// runs. It runs under the transition lock of the id whose sweep asks for it, and it only
+/// *names* the other pending ids' leftovers: each id removes its own at its next transition
+/// here, under its own transition lock and within the bound the machine gives for the record
+/// that transition read ([`machine::deferred_sweep_below`]), exactly as a listing of its own
+/// would. A name found earlier can only have gone since (a temporary name is never reused; a
+/// generation below the bound is dead whenever it was created).
+#[derive(Debug, Default)]
+pub(crate) struct Sweeps {
+    /// The ids (stems) whose takeover left a sweep not yet run.
+    pending: std::collections::HashSet<String>,
+    /// Leftovers the last listing found for pending ids other than the one that listed.
+    found: std::collections::HashMap<String, Vec<std::ffi::OsString>>,
+    /// Sweeps left since the last listing.
+    since: usize,
+    /// Sweeps to wait for before the next listing (0: list at the next sweep).
+    every: usize,
+}
+
 /// A generation this instance holds: the locked liveness file stays open for its whole life.
 #[derive(Debug)]
 pub(super) struct LocalGen {
@@ -143,10 +170,65 @@ impl FlockTx<'_> {
     }
 
     /// Removes every liveness file of this id below `below` and a leftover temporary record:
-    /// the listing part of a takeover's sweep.
+    /// the listing part of a takeover's sweep. It uses what a listing shared with the
+    /// instance's other pending sweeps found ([`Sweeps`]), or lists the directory if enough
+    /// sweeps have waited, or waits itself for the next transition.
     fn sweep_listing(&mut self, below: u64) {
+        let stem = &self.paths.stem;
+        let pending = {
+            let mut sweeps = super::lock(&self.lease.sweeps);
+            if let Some(names) = sweeps.found.remove(stem) {
+                // Still pending if this very transition's takeover left a new sweep.
+                if self.slot.pending_sweep.is_none() {
+                    sweeps.pending.remove(stem);
+                }
+                drop(sweeps);
+                for name in names {
+                    self.remove_if_stale(&name, below);
+                }
+                return;
+            }
+            if sweeps.since < sweeps.every {
+                // Not yet worth a listing: this sweep waits for one (a later transition).
+                self.slot.keep_sweep(below);
+                return;
+            }
+            sweeps.since = 0;
+            let mut pending = std::mem::take(&mut sweeps.pending);
+            pending.remove(stem);
+            if self.slot.pending_sweep.is_some() {
+                sweeps.pending.insert(stem.clone());
+            }
+            pending
+        };
+        let (entries, found) = self.list(below, &pending);
+        let mut sweeps = super::lock(&self.lease.sweeps);
+        sweeps.every = entries / SWEEP_SHARE;
+        for other in pending {
+            // Ids whose sweep ran meanwhile (another listing) need nothing more.
+            if sweeps.found.contains_key(&other) {
+                continue;
+            }
+            let names = found.get(&other).cloned().unwrap_or_default();
+            sweeps.found.insert(other.clone(), names);
+            sweeps.pending.insert(other);
+        }
+    }
+
+    /// One listing of the directory: removes this id's leftovers below `below`, and collects
+    /// the names of the `others`' candidates. Returns how many entries it read.
+    fn list(
+        &mut self,
+        below: u64,
+        others: &std::collections::HashSet<String>,
+    ) -> (
+        usize,
+        std::collections::HashMap<String, Vec<std::ffi::OsString>>,
+    ) {
+        let mut found: std::collections::HashMap<String, Vec<std::ffi::OsString>> =
+            Default::default();
         if self.check(FaultPoint::ReadDir, &self.paths.dir).is_err() {
-            return;
+            return (0, found);
         }
         // Listed with `std`'s directory reader: open, stat, `getdents64` until it returns
         // nothing, close. (nix's reader, over `fdopendir`, adds two `fcntl` calls and a
@@ -154,35 +236,62 @@ impl FlockTx<'_> {
         // path, like the transaction's file steps (only the directory's fsync uses the
         // descriptor opened at `open`).
         let Ok(entries) = fs::read_dir(&self.paths.dir) else {
-            return;
+            return (0, found);
         };
-        let prefix = self.paths.stem.as_bytes();
+        let mut count = 0;
         // Stops at the first error: a directory that keeps failing to list (an I/O error)
         // is not asked again and again under the transition lock.
         for entry in entries.map_while(Result::ok) {
+            count += 1;
             let name = entry.file_name();
-            let Some(rest) = name
-                .as_bytes()
-                .strip_prefix(prefix)
-                .and_then(|r| r.strip_prefix(b"."))
-            else {
+            // A stem has no dot: the name's stem is what precedes its first one.
+            let bytes = name.as_bytes();
+            let Some(dot) = bytes.iter().position(|&b| b == b'.') else {
                 continue;
             };
-            // Leftover temporary files: records (`lease.json.tmp` of older versions,
-            // `lease.json.<tag>.tmp`) and liveness files being published
-            // (`<token>.live.<tag>.tmp`). Only a crash leaves them: both are created and
-            // renamed or removed within one transition.
-            let stale = rest.ends_with(b".tmp")
-                || rest
-                    .strip_suffix(b".live")
-                    .and_then(|t| std::str::from_utf8(t).ok())
-                    .and_then(|t| t.parse::<u64>().ok())
-                    .is_some_and(|t| t < below);
-            if stale {
-                let _ = fs::remove_file(entry.path());
+            let Ok(stem) = std::str::from_utf8(&bytes[..dot]) else {
+                continue;
+            };
+            if stem == self.paths.stem {
+                self.remove_if_stale(&name, below);
+            } else if others.contains(stem) && candidate(&bytes[dot + 1..]) {
+                found.entry(stem.to_owned()).or_default().push(name);
             }
         }
+        (count, found)
     }
+
+    /// Removes the directory entry `name` of this id if it is a leftover (a temporary file,
+    /// or the liveness file of a generation below `below`).
+    fn remove_if_stale(&self, name: &std::ffi::OsStr, below: u64) {
+        let Some(rest) = name
+            .as_bytes()
+            .strip_prefix(self.paths.stem.as_bytes())
+            .and_then(|r| r.strip_prefix(b"."))
+        else {
+            return;
+        };
+        let stale = rest.ends_with(b".tmp") || live_token(rest).is_some_and(|t| t < below);
+        if stale {
+            let _ = fs::remove_file(self.paths.dir.join(name));
+        }
+    }
+}
+
+/// The token of a liveness file's name after `<stem>.` (`<token>.live`).
+fn live_token(rest: &[u8]) -> Option<u64> {
+    rest.strip_suffix(b".live")
+        .and_then(|t| std::str::from_utf8(t).ok())
+        .and_then(|t| t.parse::<u64>().ok())
+}
+
+/// Whether a name after `<stem>.` may be a leftover: a temporary file (records:
+/// `lease.json.tmp` of older versions, `lease.json.<tag>.tmp`; liveness files being
+/// published: `<token>.live.<tag>.tmp`; only a crash leaves them, since both are created and
+/// renamed or removed within one transition) or a liveness file (judged against the bound
+/// when its id's transition removes it).
+fn candidate(rest: &[u8]) -> bool {
+    rest.ends_with(b".tmp") || live_token(rest).is_some()
 }
 
 impl Transaction for FlockTx<'_> {
@@ -373,6 +482,9 @@ impl Transaction for FlockTx<'_> {
             self.delete_live(dead);
         }
         self.slot.keep_sweep(below);
+        let mut sweeps = super::lock(&self.lease.sweeps);
+        sweeps.since += 1;
+        sweeps.pending.insert(self.paths.stem.clone());
     }
 
     fn adopt(&mut self, pending: PendingLive, local: Local) {
