@@ -135,6 +135,19 @@ pub enum Error {
         /// The transition lock's path.
         path: PathBuf,
     },
+    /// This process has as many descriptors open as its limit allows (`EMFILE`; or the whole
+    /// system, `ENFILE`), even after the instance gave back the descriptors it keeps only to
+    /// save work (cached transition locks, idle inotify instances). Nothing was changed.
+    ///
+    /// Remedy: each held lease keeps one descriptor open (its liveness lock), so a process
+    /// holding many leases needs a higher limit: `ulimit -n`, `LimitNOFILE=` in a systemd
+    /// unit, or `setrlimit(RLIMIT_NOFILE)` up to the hard limit.
+    TooManyOpenFiles {
+        /// The file that could not be opened.
+        path: PathBuf,
+        /// The process's soft limit on open descriptors (`RLIMIT_NOFILE`), if known.
+        limit: Option<u64>,
+    },
     /// A takeover is due but the token is already `u64::MAX`; tokens never wrap.
     TokenExhausted {
         /// The session id.
@@ -292,6 +305,7 @@ impl Error {
             | Error::LockTimeout { path, .. }
             | Error::ForeignOwner { path, .. }
             | Error::LiveLockBusy { path }
+            | Error::TooManyOpenFiles { path, .. }
             | Error::LockReplaced { path } => Some(path),
             _ => None,
         }
@@ -306,6 +320,17 @@ impl Error {
     }
 
     pub(crate) fn io(op: &'static str, path: &Path, source: io::Error) -> Error {
+        if matches!(
+            source.raw_os_error(),
+            Some(nix::libc::EMFILE | nix::libc::ENFILE)
+        ) {
+            return Error::TooManyOpenFiles {
+                path: path.to_owned(),
+                limit: nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+                    .ok()
+                    .map(|(soft, _)| soft),
+            };
+        }
         Error::Io {
             op,
             path: path.to_owned(),
@@ -404,6 +429,16 @@ impl fmt::Display for Error {
                 "liveness lock {} of a new generation is already held; was the record restored?",
                 path.display()
             ),
+            Error::TooManyOpenFiles { path, limit } => {
+                write!(f, "cannot open {}: too many open files", path.display())?;
+                if let Some(limit) = limit {
+                    write!(f, " (this process's limit is {limit})")?;
+                }
+                f.write_str(
+                    "; each held lease keeps one descriptor open, so raise the limit \
+                     (ulimit -n, LimitNOFILE= in a systemd unit, setrlimit RLIMIT_NOFILE)",
+                )
+            }
             Error::TokenExhausted { id } => {
                 write!(f, "fencing token of session {id} is exhausted (u64::MAX)")
             }

@@ -128,7 +128,9 @@
 //! - Ids and owners are 1–1024 bytes without control characters; an empty owner is refused.
 //! - A record moved back by hand under a live holder makes the next takeover fail with
 //!   [`Error::LiveLockBusy`] rather than share a token.
-//! - Each instance keeps at most 256 transition-lock descriptors open between transitions.
+//! - Descriptors: each held lease keeps one open (its liveness lock). Each instance also keeps
+//!   at most 256 transition-lock descriptors open between transitions, and gives them back
+//!   when the process runs out ([`Error::TooManyOpenFiles`] only if that did not help).
 //!
 //! # Architecture
 //!

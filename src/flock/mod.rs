@@ -48,6 +48,7 @@ use wait::Cancel;
 
 #[cfg(feature = "fault-injection")]
 pub use step::Stepper;
+#[cfg(feature = "internals")]
 pub use tx::SWEEP_SHARE;
 
 /// The default bound on waiting for an id's transition lock: 5 seconds.
@@ -285,7 +286,8 @@ impl FlockLease {
                 (None, None) => Instant::now() + Duration::from_secs(3600),
             };
             let live = paths.live(token);
-            match live::identify(self.opener.open(&live, Access::Wait), &live, tag)? {
+            let opened = self.relieved(|| self.opener.open(&live, Access::Wait));
+            match live::identify(opened, &live, tag)? {
                 live::Found::Own(file) => {
                     wait::wait_for_holder(&self.watches, &live, &file, wake, cancel)
                         .map_err(|e| Error::io("wait for", &live, e))?;
@@ -396,7 +398,7 @@ impl FlockLease {
 
     /// Reads the record without the transition lock.
     fn peek_record(&self, path: &Path) -> Result<Option<(Record, Option<LiveTag>)>, Error> {
-        let file = match self.opener.open(path, Access::Read) {
+        let file = match self.relieved(|| self.opener.open(path, Access::Read)) {
             Ok(f) => f,
             Err(e) if e.io_kind() == Some(io::ErrorKind::NotFound) => return Ok(None),
             Err(e) => return Err(e),
@@ -485,16 +487,18 @@ impl FlockLease {
         if slots.map.len() >= slots.prune_at {
             // Only the map refers to an entry with a strong count of one, and new references
             // are made under the map's lock: nobody can be about to use a removed entry.
+            // Never waits for an entry's state (a caller holding one may be waiting for the
+            // map): an entry in use is not idle.
             slots.map.retain(|_, entry| {
-                let idle = Arc::strong_count(entry) == 1
-                    && entry.gate.is_free()
-                    && entry
-                        .state
-                        .try_lock()
-                        .is_ok_and(|s| s.local.is_none() && s.pending_sweep.is_none());
+                if Arc::strong_count(entry) != 1 || !entry.gate.is_free() {
+                    return true;
+                }
+                let Ok(slot) = entry.state.try_lock() else {
+                    return true;
+                };
+                let idle = slot.local.is_none() && slot.pending_sweep.is_none();
                 if idle {
-                    let counted = lock(&entry.state).lock.as_ref().is_some_and(|l| l.counted);
-                    self.uncount(counted);
+                    self.uncount(slot.lock.as_ref().is_some_and(|l| l.counted));
                 }
                 !idle
             });
@@ -600,9 +604,40 @@ impl FlockLease {
         fs::symlink_metadata(path).is_ok_and(|m| m.dev() == lock.dev && m.ino() == lock.ino)
     }
 
+    /// Runs `open` (a step whose only descriptor-making call is its open: retrying it after
+    /// that failed repeats nothing); if the process is out of descriptors, gives back the ones
+    /// this instance keeps only to save work and tries once more. So a call, a release above
+    /// all, never fails for want of a descriptor the instance could have closed.
+    pub(crate) fn relieved<T>(
+        &self,
+        mut open: impl FnMut() -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        match open() {
+            Err(Error::TooManyOpenFiles { .. }) if self.give_back() > 0 => open(),
+            other => other,
+        }
+    }
+
+    /// Closes every cached transition-lock descriptor of an id nobody is using right now, and
+    /// the idle inotify instances; returns how many descriptors it closed. Never waits: an id
+    /// in use (its state locked, this caller's own included) keeps its descriptor.
+    fn give_back(&self) -> usize {
+        let mut closed = self.watches.give_back();
+        let slots = lock(&self.slots);
+        for entry in slots.map.values() {
+            if let Ok(mut slot) = entry.state.try_lock()
+                && let Some(cached) = slot.lock.take()
+            {
+                self.uncount(cached.counted);
+                closed += 1;
+            }
+        }
+        closed
+    }
+
     /// Opens (creating) `<stem>.lock` and notes which file it is.
     fn open_stable(&self, path: &Path) -> Result<StableLock, Error> {
-        let file = self.opener.open(path, Access::LockCreate)?;
+        let file = self.relieved(|| self.opener.open(path, Access::LockCreate))?;
         self.opener.faults.check(FaultPoint::StatStable, path)?;
         let held = file.metadata().map_err(|e| Error::io("stat", path, e))?;
         if !held.is_file() {

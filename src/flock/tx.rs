@@ -119,14 +119,17 @@ impl FlockTx<'_> {
     }
 
     fn open(&self, path: &std::path::Path, access: Access) -> Result<File, Error> {
-        self.lease.opener.open(path, access)
+        self.lease.relieved(|| self.lease.opener.open(path, access))
     }
 
     /// Publishes generation `token`'s liveness file carrying `tag` (see [`live::publish`]);
     /// the record this transition commits names that tag.
     fn publish(&mut self, token: u64, tag: LiveTag, over: live::Over) -> Result<Published, Error> {
         let path = self.paths.live(token);
-        let published = live::publish(&self.lease.opener, &self.lease.dir_file, &path, tag, over)?;
+        // Its one descriptor-making call is its first, the open of the temporary name.
+        let published = self.lease.relieved(|| {
+            live::publish(&self.lease.opener, &self.lease.dir_file, &path, tag, over)
+        })?;
         self.st.commit_tag = Some(tag);
         Ok(published)
     }

@@ -146,6 +146,11 @@ impl Watches {
         }
     }
 
+    /// Closes the idle instances (descriptors are short); returns how many.
+    pub(super) fn give_back(&self) -> usize {
+        std::mem::take(&mut *lock(&self.idle)).len()
+    }
+
     /// An instance whose directory watch reports the directory's entries.
     fn take(&self) -> nix::Result<DirWatch> {
         let parked = lock(&self.idle).pop();
