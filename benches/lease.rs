@@ -58,6 +58,7 @@ fn main() {
     {
         ["holder", dir] => return holder(Path::new(dir)),
         ["holder-many", dir, n] => return holder_many(Path::new(dir), n.parse().unwrap()),
+        ["populate", dir, n] => return populate(Path::new(dir), n.parse().unwrap()),
         ["flock-holder", path] => return flock_holder(Path::new(path)),
         ["contender", dir, secs] => return contender(Path::new(dir), secs.parse().unwrap()),
         ["ops", op, n, dir] => return ops(op, n.parse().unwrap(), Path::new(dir)),
@@ -67,6 +68,10 @@ fn main() {
     if args.iter().any(|a| a == "scaling") {
         let shm = scratch(Path::new("/dev/shm"));
         return scaling(shm.path(), if quick { 3 } else { 5 }, quick);
+    }
+    if args.iter().any(|a| a == "status") {
+        let shm = scratch(Path::new("/dev/shm"));
+        return status_scale(shm.path(), quick);
     }
     if args.iter().any(|a| a == "recovery") {
         let shm = scratch(Path::new("/dev/shm"));
@@ -88,6 +93,7 @@ fn main() {
     durable(disk.path(), rounds);
     scaling(shm.path(), rounds, quick);
     recovery(shm.path(), quick);
+    status_scale(shm.path(), quick);
     contention(shm.path(), quick);
     takeover(shm.path(), if quick { 30 } else { 200 });
 }
@@ -628,6 +634,58 @@ fn holder(dir: &Path) {
         .unwrap();
     println!("{}", l.token);
     let _ = std::io::stdin().read(&mut [0u8]);
+}
+
+/// `status::scan_each` over a directory of many released ids, against the floor of reading
+/// every record once (list, open, read, close).
+fn status_scale(dir: &Path, quick: bool) {
+    let n = if quick { 20_000 } else { 100_000 };
+    let sub = dir.join("status");
+    let _ = fs::remove_dir_all(&sub);
+    populate(&sub, n);
+    println!("\n### status over {n} ids (tmpfs)\n");
+    let now = flocklease::Timestamp::from_unix_secs(2_000_000_000).unwrap();
+    let mut scans = vec![];
+    let mut floors = vec![];
+    let mut buf = vec![0u8; 4096];
+    for _ in 0..3 {
+        let t = Instant::now();
+        let mut rows = 0;
+        flocklease::status::scan_each(&sub, now, |_| rows += 1).unwrap();
+        assert_eq!(rows, n);
+        scans.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        let mut read = 0;
+        for e in fs::read_dir(&sub).unwrap() {
+            let path = e.unwrap().path();
+            if path.to_str().unwrap().ends_with(".lease.json") {
+                read += File::open(&path).unwrap().read(&mut buf).unwrap().min(1);
+            }
+        }
+        assert_eq!(read, n);
+        floors.push(t.elapsed().as_secs_f64());
+    }
+    let (scan, floor) = (percentile(&mut scans, 0.5), percentile(&mut floors, 0.5));
+    println!("| what | median of 3 | ratio to the floor |");
+    println!("| --- | --- | --- |");
+    println!(
+        "| `status::scan_each` (what `flocklease status` prints from) | {scan:.3} s | {:.2}× |",
+        scan / floor
+    );
+    println!(
+        "| floor: list the directory, open + read + close each record | {floor:.3} s | 1.00× |"
+    );
+    let _ = fs::remove_dir_all(&sub);
+}
+
+/// `populate DIR N`: N ids granted and released in DIR (for measuring `flocklease status`).
+fn populate(dir: &Path, n: usize) {
+    let leases = open(dir, Durability::NoSync);
+    let me = Owner::new("bench").unwrap();
+    for id in ids(n) {
+        let l = leases.acquire(&id, &me).unwrap().lease().unwrap();
+        leases.release(&l).unwrap();
+    }
 }
 
 /// Child: hold the leases `dead-0` .. `dead-{n-1}`, say so, wait to be killed.

@@ -93,14 +93,32 @@ impl SessionStatus {
 }
 
 /// Lists the sessions of `dir` (every `<stem>.lease.json`), sorted by stem, as of `now`.
+/// Holds every row in memory; [`scan_each`] streams them instead.
 ///
 /// # Errors
 ///
 /// [`Error::Io`] when the directory cannot be read. A corrupt or unreadable record is reported
 /// in its row.
 pub fn scan(dir: &Path, now: Timestamp) -> Result<Vec<SessionStatus>, Error> {
-    let opener = opener(dir)?;
     let mut out = vec![];
+    scan_each(dir, now, |row| out.push(row))?;
+    out.sort_by(|a, b| a.stem.cmp(&b.stem));
+    Ok(out)
+}
+
+/// Calls `each` with the status of every session of `dir` as of `now`, in the directory's
+/// order, as it is read: memory stays the same however many sessions the directory holds
+/// (what `flocklease status` prints from).
+///
+/// # Errors
+///
+/// As [`scan`]; rows already passed to `each` stay passed.
+pub fn scan_each(
+    dir: &Path,
+    now: Timestamp,
+    mut each: impl FnMut(SessionStatus),
+) -> Result<(), Error> {
+    let opener = opener(dir)?;
     for entry in fs::read_dir(dir).map_err(|e| Error::io("read directory", dir, e))? {
         let entry = entry.map_err(|e| Error::io("read directory", dir, e))?;
         let name = entry.file_name();
@@ -108,10 +126,9 @@ pub fn scan(dir: &Path, now: Timestamp) -> Result<Vec<SessionStatus>, Error> {
             continue;
         };
         let id = read_id(dir, stem);
-        out.push(status_of(&opener, dir, stem, id, now));
+        each(status_of(&opener, dir, stem, id, now));
     }
-    out.sort_by(|a, b| a.stem.cmp(&b.stem));
-    Ok(out)
+    Ok(())
 }
 
 /// The status of one session id of `dir` as of `now`, or `None` when it has no record (it has

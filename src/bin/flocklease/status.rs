@@ -4,7 +4,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use flocklease::status::{SessionStatus, scan, session};
+use std::io::Write;
+
+use flocklease::status::{SessionStatus, scan_each, session};
 use flocklease::{Clock, SessionId, SystemClock, Timestamp};
 
 use crate::EXIT_ERROR;
@@ -56,27 +58,32 @@ fn status(a: &StatusArgs) -> Result<u8, String> {
     // clap requires --dir or --pg.
     let dir = a.dir.as_deref().unwrap_or_else(|| unreachable!());
     let now = SystemClock.now();
-    let rows = match &a.id {
-        None => scan(dir, now).map_err(|e| crate::describe(&e))?,
-        Some(id) => {
-            let id = SessionId::new(id.as_str()).map_err(|e| crate::describe(&e))?;
-            session(dir, &id, now)
-                .map_err(|e| crate::describe(&e))?
-                .into_iter()
-                .collect()
-        }
+    let Some(id) = &a.id else {
+        // The whole directory, streamed: memory stays flat however many ids it holds.
+        let mut out = Rows::new(a.json, now);
+        scan_each(dir, now, |row| out.push(row)).map_err(|e| crate::describe(&e))?;
+        out.finish();
+        return Ok(0);
     };
+    let id = SessionId::new(id.as_str()).map_err(|e| crate::describe(&e))?;
+    let rows: Vec<SessionStatus> = session(dir, &id, now)
+        .map_err(|e| crate::describe(&e))?
+        .into_iter()
+        .collect();
     if a.quiet {
     } else if a.json {
         let json = serde_json::to_string_pretty(&rows).map_err(|e| crate::describe(&e))?;
         println!("{json}");
     } else {
-        match (&a.id, rows.is_empty()) {
-            (Some(id), true) => println!("{id}: free (never granted: no record)"),
-            _ => print_table(&rows, now),
+        match rows.is_empty() {
+            true => println!("{id}: free (never granted: no record)"),
+            false => {
+                let mut out = Rows::new(false, now);
+                rows.iter().cloned().for_each(|r| out.push(r));
+                out.finish();
+            }
         }
     }
-    let Some(_) = &a.id else { return Ok(0) };
     Ok(match rows.first() {
         None => 1,
         Some(row) if row.is_broken() => {
@@ -192,60 +199,116 @@ fn status_pg(_: &StatusArgs, _: &str) -> Result<u8, String> {
     Err("this flocklease was built without PostgreSQL support (cargo feature `postgres`)".into())
 }
 
-fn print_table(rows: &[SessionStatus], now: Timestamp) {
-    let header = ["ID", "OWNER", "TOKEN", "EXPIRY", "STATE", "STEM"].map(String::from);
-    let mut lines = vec![header];
-    for r in rows {
-        let dash = |s: &str| {
-            if s.is_empty() {
-                "-".to_owned()
-            } else {
-                s.to_owned()
+/// Rows of `status --dir`, written as they come: JSON array elements, or table lines aligned
+/// in batches (a column only ever widens, so memory stays one batch).
+struct Rows {
+    json: bool,
+    now: Timestamp,
+    out: std::io::BufWriter<std::io::StdoutLock<'static>>,
+    batch: Vec<[String; 6]>,
+    widths: [usize; 6],
+    written: usize,
+}
+
+/// Table lines aligned together.
+const BATCH: usize = 256;
+
+impl Rows {
+    fn new(json: bool, now: Timestamp) -> Rows {
+        let mut rows = Rows {
+            json,
+            now,
+            out: std::io::BufWriter::new(std::io::stdout().lock()),
+            batch: vec![],
+            widths: [0; 6],
+            written: 0,
+        };
+        if !json {
+            rows.batch
+                .push(["ID", "OWNER", "TOKEN", "EXPIRY", "STATE", "STEM"].map(String::from));
+        }
+        rows
+    }
+
+    fn push(&mut self, r: SessionStatus) {
+        if self.json {
+            // Pretty-printed as one element of an array, as `--json` always was.
+            let text = serde_json::to_string_pretty(&r).unwrap_or_default();
+            let sep = if self.written == 0 { "[\n" } else { ",\n" };
+            let _ = write!(self.out, "{sep}  {}", text.replace('\n', "\n  "));
+            self.written += 1;
+            return;
+        }
+        self.batch.push(table_line(&r, self.now));
+        if self.batch.len() >= BATCH {
+            self.flush_batch();
+        }
+    }
+
+    fn flush_batch(&mut self) {
+        for line in &self.batch {
+            for (w, cell) in self.widths.iter_mut().zip(line) {
+                *w = (*w).max(cell.chars().count());
             }
-        };
-        let expiry = match &r.expiry {
-            None => "-".to_owned(),
-            Some(expiry) => format!("{expiry} ({})", relative(expiry, now)),
-        };
-        let state = match (&r.error, r.acquirable) {
-            (Some(e), _) => format!("{} ({e})", r.state),
-            (None, true) => format!("{} (free to acquire)", r.state),
-            (None, false) => r.state.to_owned(),
-        };
-        let token = r.token.map_or_else(|| "-".to_owned(), |t| t.to_string());
-        lines.push([
-            dash(r.id.as_deref().unwrap_or("")),
-            dash(r.owner.as_deref().unwrap_or("")),
-            token,
-            expiry,
-            state,
-            r.stem.clone(),
-        ]);
+        }
+        let w = self.widths;
+        for l in self.batch.drain(..) {
+            let _ = writeln!(
+                self.out,
+                "{:<w0$}  {:<w1$}  {:>w2$}  {:<w3$}  {:<w4$}  {}",
+                l[0],
+                l[1],
+                l[2],
+                l[3],
+                l[4],
+                l[5],
+                w0 = w[0],
+                w1 = w[1],
+                w2 = w[2],
+                w3 = w[3],
+                w4 = w[4],
+            );
+            self.written += 1;
+        }
     }
-    let width = |col: usize| {
-        lines
-            .iter()
-            .map(|l| l[col].chars().count())
-            .max()
-            .unwrap_or(0)
+
+    fn finish(mut self) {
+        if self.json {
+            let _ = writeln!(self.out, "{}", if self.written == 0 { "[]" } else { "\n]" });
+        } else {
+            self.flush_batch();
+        }
+        let _ = self.out.flush();
+    }
+}
+
+/// One row of the table: id, owner, token, expiry, state, stem.
+fn table_line(r: &SessionStatus, now: Timestamp) -> [String; 6] {
+    let dash = |s: &str| {
+        if s.is_empty() {
+            "-".to_owned()
+        } else {
+            s.to_owned()
+        }
     };
-    let w: Vec<usize> = (0..6).map(width).collect();
-    for l in &lines {
-        println!(
-            "{:<w0$}  {:<w1$}  {:>w2$}  {:<w3$}  {:<w4$}  {}",
-            l[0],
-            l[1],
-            l[2],
-            l[3],
-            l[4],
-            l[5],
-            w0 = w[0],
-            w1 = w[1],
-            w2 = w[2],
-            w3 = w[3],
-            w4 = w[4],
-        );
-    }
+    let expiry = match &r.expiry {
+        None => "-".to_owned(),
+        Some(expiry) => format!("{expiry} ({})", relative(expiry, now)),
+    };
+    let state = match (&r.error, r.acquirable) {
+        (Some(e), _) => format!("{} ({e})", r.state),
+        (None, true) => format!("{} (free to acquire)", r.state),
+        (None, false) => r.state.to_owned(),
+    };
+    let token = r.token.map_or_else(|| "-".to_owned(), |t| t.to_string());
+    [
+        dash(r.id.as_deref().unwrap_or("")),
+        dash(r.owner.as_deref().unwrap_or("")),
+        token,
+        expiry,
+        state,
+        r.stem.clone(),
+    ]
 }
 
 /// `in 12 s`, `3 min ago`, `now`, for an RFC 3339 `expiry` relative to `now`.
