@@ -48,7 +48,10 @@ fn main() {
     );
     let mut rows = vec![];
     {
+        // One revision or the other may have these methods inherent as well.
+        #[allow(unused_imports)]
         use new::SessionLease as _;
+        #[allow(unused_imports)]
         use old::SessionLease as _;
         let (mut ca, mut cb, mut ra, mut rb) = (vec![], vec![], vec![], vec![]);
         for _ in 0..ROUNDS {
