@@ -101,7 +101,7 @@
 //!   deleted at once; older dead generations' files and a leftover temporary file are swept by
 //!   the taker's next transition on the id through the same instance, or a later one: an
 //!   instance's pending sweeps share listings of the directory (in a directory of `E`
-//!   entries, one per `E / 64` takeovers), so recovering many dead ids costs O(ids) however
+//!   entries, about one per `E / 64` takeovers), so recovering many dead ids costs O(ids) however
 //!   large the directory (a takeover itself never lists it). A takeover from a tombstone deletes the released generation's file
 //!   (in case the release could not).
 //! - The temporary record is created exclusively (`O_EXCL`): a file found at its name (a

@@ -28,7 +28,7 @@
 //! names it ([`session`]).
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
@@ -126,7 +126,10 @@ pub fn scan_each(
             continue;
         };
         let id = read_id(dir, stem);
-        each(status_of(&opener, dir, stem, id, now));
+        // A record deleted since the listing: nothing to report.
+        if let Some(row) = status_of(&opener, dir, stem, id, now) {
+            each(row);
+        }
     }
     Ok(())
 }
@@ -143,22 +146,14 @@ pub fn scan_each(
 pub fn session(dir: &Path, id: &SessionId, now: Timestamp) -> Result<Option<SessionStatus>, Error> {
     let opener = opener(dir)?;
     let stem = id.stem();
-    let present = |path: PathBuf| !matches!(fs::symlink_metadata(path), Err(e) if e.kind() == io::ErrorKind::NotFound);
     // Without a record the id is free, unless its lock is a file no call can use.
-    if !present(record_path(dir, stem))
-        && opener
-            .inspect(&dir.join(format!("{stem}.lock")), Role::Lock)
-            .is_ok()
-    {
-        return Ok(None);
-    }
-    Ok(Some(status_of(
+    Ok(status_of(
         &opener,
         dir,
         stem,
         Some(id.as_str().to_owned()),
         now,
-    )))
+    ))
 }
 
 /// The library's opener for `dir` under its ownership policy (as a default
@@ -219,16 +214,18 @@ fn status_of(
     stem: &str,
     id: Option<String>,
     now: Timestamp,
-) -> SessionStatus {
-    let broken = |state: &'static str, rec: Option<&Record>, error: String| SessionStatus {
-        stem: stem.to_owned(),
-        id: id.clone(),
-        owner: rec.map(|r| r.owner.clone()),
-        token: rec.map(|r| r.token),
-        expiry: rec.map(|r| r.expiry.to_string()),
-        state,
-        acquirable: false,
-        error: Some(error),
+) -> Option<SessionStatus> {
+    let broken = |state: &'static str, rec: Option<&Record>, error: String| {
+        Some(SessionStatus {
+            stem: stem.to_owned(),
+            id: id.clone(),
+            owner: rec.map(|r| r.owner.clone()),
+            token: rec.map(|r| r.token),
+            expiry: rec.map(|r| r.expiry.to_string()),
+            state,
+            acquirable: false,
+            error: Some(error),
+        })
     };
     // The files every call on the id opens, in a call's order: the lock, then the record.
     let lock = opener.inspect(&dir.join(format!("{stem}.lock")), Role::Lock);
@@ -265,8 +262,8 @@ fn status_of(
         Some(Ok(r)) => r,
         Some(Err(e @ Error::Corrupt { .. })) => return broken("corrupt", None, e.to_string()),
         Some(Err(e)) => return broken("unreadable", None, e.to_string()),
-        // Only `session` asks about an id without a record, and only when its lock is bad.
-        None => return broken("unreadable", None, String::new()),
+        // No record and a usable lock (the record may have gone since it was listed): free.
+        None => return None,
     };
     let live = dir.join(format!("{stem}.{}.live", rec.token));
     let (liveness, probe_error) = probe(opener, &live, tag);
@@ -296,7 +293,7 @@ fn status_of(
         // The expiry out of range: only at the very end of time.
         Err(_) => (false, state, None),
     };
-    SessionStatus {
+    Some(SessionStatus {
         stem: stem.to_owned(),
         id,
         owner: Some(rec.owner),
@@ -305,7 +302,7 @@ fn status_of(
         state,
         acquirable,
         error,
-    }
+    })
 }
 
 /// Probes a generation's liveness file as the library does ([`live::identify`], then a

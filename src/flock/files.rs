@@ -155,14 +155,35 @@ impl Opener {
     /// check a transition makes after it) would fail on it. One rule decides a bad file for
     /// the library, `status` and `flocklease run` alike.
     ///
-    /// Opened read-only (a reader without write permission sees what is there); a
-    /// transition opens the lock for writing, where a directory fails before its owner is
-    /// checked, so for the lock a directory is reported as such first.
+    /// The record is opened read-only, as a transition reads it. The lock is opened for
+    /// writing (never created), as a transition opens it, so a lock this user may not write
+    /// is reported as the call would fail on it; but by a reader who cannot write to the
+    /// directory at all (an observer, or a read-only file system), who could never acquire,
+    /// it is opened read-only and judged by its type and owner. A transition's write open
+    /// fails on a directory before its owner is checked, so for the lock a directory is
+    /// reported as such first.
     pub(crate) fn inspect(&self, path: &Path, role: Role) -> Result<Option<File>, Error> {
-        let opened = OpenOptions::new()
-            .read(true)
-            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
-            .open(path);
+        let flags = nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK;
+        let read_only = || OpenOptions::new().read(true).custom_flags(flags).open(path);
+        let opened = match role {
+            Role::Record => read_only(),
+            Role::Lock => match OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(flags)
+                .open(path)
+            {
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(nix::libc::EACCES | nix::libc::EPERM | nix::libc::EROFS)
+                    ) && !writable_dir(path) =>
+                {
+                    read_only()
+                }
+                other => other,
+            },
+        };
         let file = match opened {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -239,6 +260,21 @@ impl Opener {
             _ => Error::io("open", path, e),
         }
     }
+}
+
+/// Whether this process may create files in `path`'s directory (effective ids).
+fn writable_dir(path: &Path) -> bool {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    nix::unistd::faccessat(
+        nix::fcntl::AT_FDCWD,
+        dir,
+        nix::unistd::AccessFlags::W_OK,
+        nix::fcntl::AtFlags::AT_EACCESS,
+    )
+    .is_ok()
 }
 
 /// The mode of new lease files unless configured otherwise.

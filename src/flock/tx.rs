@@ -24,6 +24,8 @@ pub(super) struct Slot {
     /// A sweep of generations below this token that a takeover left to this id's next
     /// transition here (see [`FlockTx::sweep`]).
     pub(super) pending_sweep: Option<u64>,
+    /// How many transitions that sweep has waited for a shared listing.
+    sweep_waits: u32,
 }
 
 impl Slot {
@@ -34,9 +36,11 @@ impl Slot {
 }
 
 /// How many deferred sweeps share one listing of the directory: after a listing of `E`
-/// entries, the next one waits until `E / SWEEP_SHARE` more takeovers have left a sweep, so
-/// listings cost at most `SWEEP_SHARE` entries per takeover however many ids the directory
-/// holds (PROTOCOL §6.8). In a small directory every sweep still lists at once.
+/// entries, the next one waits until `E / SWEEP_SHARE` more sweeps have been left by a
+/// takeover or kept waiting again by a transition (or a minute has passed), so listings cost
+/// about `SWEEP_SHARE` entries per takeover however many ids the directory holds (PROTOCOL §6.8),
+/// and a waiting sweep still runs when takeovers stop. In a small directory every sweep still
+/// lists at once.
 pub const SWEEP_SHARE: usize = 64;
 
 /// The deferred sweeps of one instance's takeovers (PROTOCOL §6.8), and the listing they
@@ -52,12 +56,32 @@ pub const SWEEP_SHARE: usize = 64;
 pub(crate) struct Sweeps {
     /// The ids (stems) whose takeover left a sweep not yet run.
     pending: std::collections::HashSet<String>,
-    /// Leftovers the last listing found for pending ids other than the one that listed.
+    /// Pending ids a listing running now will name leftovers for; an id whose sweep ends
+    /// meanwhile (by a listing of its own, or dropped) leaves this set, and that listing
+    /// then records nothing for it.
+    listing: std::collections::HashSet<String>,
+    /// Leftovers a listing found for pending ids other than the one that listed.
     found: std::collections::HashMap<String, Vec<std::ffi::OsString>>,
-    /// Sweeps left since the last listing.
+    /// Sweeps left, or kept waiting, since the last listing.
     since: usize,
     /// Sweeps to wait for before the next listing (0: list at the next sweep).
     every: usize,
+    /// When the last listing ended: a sweep never waits longer than [`SWEEP_WAIT_MAX`] for
+    /// the next one.
+    last: Option<std::time::Instant>,
+}
+
+/// The longest a waiting sweep waits for a shared listing: one listing a minute per instance
+/// at most, whatever the size of the directory, when takeovers have stopped.
+const SWEEP_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(60);
+
+impl Sweeps {
+    /// The sweep of `stem` is over (run, or dropped): nothing more is kept for it.
+    fn end(&mut self, stem: &str) {
+        self.pending.remove(stem);
+        self.listing.remove(stem);
+        self.found.remove(stem);
+    }
 }
 
 /// A generation this instance holds: the locked liveness file stays open for its whole life.
@@ -126,7 +150,8 @@ impl FlockTx<'_> {
     /// the record this transition commits names that tag.
     fn publish(&mut self, token: u64, tag: LiveTag, over: live::Over) -> Result<Published, Error> {
         let path = self.paths.live(token);
-        // Its one descriptor-making call is its first, the open of the temporary name.
+        // On any failure it removes its temporary file and leaves the final name as it was,
+        // so running it again (with the same tag) after running out of descriptors is safe.
         let published = self.lease.relieved(|| {
             live::publish(&self.lease.opener, &self.lease.dir_file, &path, tag, over)
         })?;
@@ -163,11 +188,16 @@ impl FlockTx<'_> {
             return;
         };
         match self.st.seen_token {
-            Some(token) => {
-                if let Some(below) = machine::deferred_sweep_below(below, token) {
-                    self.sweep_listing(below);
+            Some(token) => match machine::deferred_sweep_below(below, token) {
+                Some(below) => self.sweep_listing(below),
+                // No record: nothing is known to be superseded; the sweep is dropped.
+                None => {
+                    self.slot.sweep_waits = 0;
+                    if self.slot.pending_sweep.is_none() {
+                        super::lock(&self.lease.sweeps).end(&self.paths.stem);
+                    }
                 }
-            }
+            },
             None => self.slot.keep_sweep(below),
         }
     }
@@ -178,12 +208,15 @@ impl FlockTx<'_> {
     /// sweeps have waited, or waits itself for the next transition.
     fn sweep_listing(&mut self, below: u64) {
         let stem = &self.paths.stem;
-        let pending = {
+        // Still pending afterwards if this very transition's takeover left a new sweep.
+        let again = self.slot.pending_sweep.is_some();
+        let others = {
             let mut sweeps = super::lock(&self.lease.sweeps);
             if let Some(names) = sweeps.found.remove(stem) {
-                // Still pending if this very transition's takeover left a new sweep.
-                if self.slot.pending_sweep.is_none() {
-                    sweeps.pending.remove(stem);
+                self.slot.sweep_waits = 0;
+                sweeps.end(stem);
+                if again {
+                    sweeps.pending.insert(stem.clone());
                 }
                 drop(sweeps);
                 for name in names {
@@ -191,47 +224,70 @@ impl FlockTx<'_> {
                 }
                 return;
             }
-            if sweeps.since < sweeps.every {
+            let waited_long = sweeps.last.is_some_and(|t| t.elapsed() >= SWEEP_WAIT_MAX);
+            if sweeps.since < sweeps.every && !waited_long {
                 // Not yet worth a listing: this sweep waits for one (a later transition).
+                // Waiting again counts towards it, so that it runs when takeovers stop (a
+                // first wait does not: a takeover already counted this sweep).
+                self.slot.sweep_waits = self.slot.sweep_waits.saturating_add(1);
+                if self.slot.sweep_waits > 1 {
+                    sweeps.since += 1;
+                }
                 self.slot.keep_sweep(below);
                 return;
             }
+            self.slot.sweep_waits = 0;
             sweeps.since = 0;
-            let mut pending = std::mem::take(&mut sweeps.pending);
-            pending.remove(stem);
-            if self.slot.pending_sweep.is_some() {
+            sweeps.end(stem);
+            if again {
                 sweeps.pending.insert(stem.clone());
             }
-            pending
+            let others: std::collections::HashSet<String> = sweeps
+                .pending
+                .iter()
+                .filter(|o| *o != stem && !sweeps.found.contains_key(*o))
+                .cloned()
+                .collect();
+            sweeps.listing.extend(others.iter().cloned());
+            others
         };
-        let (entries, found) = self.list(below, &pending);
+        let listed = self.list(below, &others);
         let mut sweeps = super::lock(&self.lease.sweeps);
-        sweeps.every = entries / SWEEP_SHARE;
-        for other in pending {
-            // Ids whose sweep ran meanwhile (another listing) need nothing more.
-            if sweeps.found.contains_key(&other) {
-                continue;
+        sweeps.last = Some(std::time::Instant::now());
+        let Some((entries, mut found)) = listed else {
+            // An incomplete listing names nothing: the others keep waiting for their own.
+            for other in &others {
+                sweeps.listing.remove(other);
             }
-            let names = found.get(&other).cloned().unwrap_or_default();
-            sweeps.found.insert(other.clone(), names);
-            sweeps.pending.insert(other);
+            return;
+        };
+        sweeps.every = entries / SWEEP_SHARE;
+        for other in others {
+            // Only for ids whose sweep is still waiting for this listing.
+            if sweeps.listing.remove(&other) {
+                let names = found.remove(&other).unwrap_or_default();
+                sweeps.found.insert(other, names);
+            }
         }
     }
 
     /// One listing of the directory: removes this id's leftovers below `below`, and collects
-    /// the names of the `others`' candidates. Returns how many entries it read.
+    /// the names of the `others`' candidates. Returns how many entries it read and what it
+    /// found, or `None` if it could not read the whole directory (then what it found is not
+    /// all there is, and is not used).
+    #[allow(clippy::type_complexity)]
     fn list(
         &mut self,
         below: u64,
         others: &std::collections::HashSet<String>,
-    ) -> (
+    ) -> Option<(
         usize,
         std::collections::HashMap<String, Vec<std::ffi::OsString>>,
-    ) {
+    )> {
         let mut found: std::collections::HashMap<String, Vec<std::ffi::OsString>> =
             Default::default();
         if self.check(FaultPoint::ReadDir, &self.paths.dir).is_err() {
-            return (0, found);
+            return None;
         }
         // Listed with `std`'s directory reader: open, stat, `getdents64` until it returns
         // nothing, close. (nix's reader, over `fdopendir`, adds two `fcntl` calls and a
@@ -239,12 +295,15 @@ impl FlockTx<'_> {
         // path, like the transaction's file steps (only the directory's fsync uses the
         // descriptor opened at `open`).
         let Ok(entries) = fs::read_dir(&self.paths.dir) else {
-            return (0, found);
+            return None;
         };
         let mut count = 0;
         // Stops at the first error: a directory that keeps failing to list (an I/O error)
         // is not asked again and again under the transition lock.
-        for entry in entries.map_while(Result::ok) {
+        for entry in entries {
+            let Ok(entry) = entry else {
+                return None;
+            };
             count += 1;
             let name = entry.file_name();
             // A stem has no dot: the name's stem is what precedes its first one.
@@ -261,7 +320,7 @@ impl FlockTx<'_> {
                 found.entry(stem.to_owned()).or_default().push(name);
             }
         }
-        (count, found)
+        Some((count, found))
     }
 
     /// Removes the directory entry `name` of this id if it is a leftover (a temporary file,

@@ -61,8 +61,10 @@ fn status(a: &StatusArgs) -> Result<u8, String> {
     let Some(id) = &a.id else {
         // The whole directory, streamed: memory stays flat however many ids it holds.
         let mut out = Rows::new(a.json, now);
-        scan_each(dir, now, |row| out.push(row)).map_err(|e| crate::describe(&e))?;
+        let scanned = scan_each(dir, now, |row| out.push(row));
+        // Closed either way, so what was printed stays valid JSON; the error goes to stderr.
         out.finish();
+        scanned.map_err(|e| crate::describe(&e))?;
         return Ok(0);
     };
     let id = SessionId::new(id.as_str()).map_err(|e| crate::describe(&e))?;
