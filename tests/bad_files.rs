@@ -10,26 +10,17 @@ mod cli_support;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
 use cli_support::*;
 use flocklease::{Error, FlockLease, Owner, SessionId};
 
 const ID: &str = "nightly";
 
-/// A command of the binary on `dir`, bounded by the guard.
+/// `flocklease ARGS --dir DIR TAIL`, bounded by the guard.
 fn cli(args: &[&str], dir: &Path, tail: &[&str]) -> Output {
-    let child = Command::new(BIN)
-        .args(args)
-        .arg("--dir")
-        .arg(dir)
-        .args(tail)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    output_of(child)
+    let dir = dir.to_str().unwrap();
+    flocklease(args.iter().chain(&["--dir", dir]).chain(tail))
 }
 
 #[derive(Clone, Copy, Debug)]

@@ -14,17 +14,8 @@ use flocklease::{FlockLease, Owner, Record, SessionId, Timestamp, record};
 
 /// `flocklease status --dir DIR ARGS...`, bounded by the guard (a hang fails the test).
 fn status(dir: &Path, args: &[&str]) -> Output {
-    let child = Command::new(BIN)
-        .arg("status")
-        .arg("--dir")
-        .arg(dir)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    output_of(child)
+    let dir = dir.to_str().unwrap();
+    flocklease(["status", "--dir", dir].iter().chain(args))
 }
 
 fn json_rows(out: &Output) -> Vec<serde_json::Value> {

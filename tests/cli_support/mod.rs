@@ -184,6 +184,19 @@ pub fn wait_exit(child: &mut Child) -> ExitStatus {
     }
 }
 
+/// Runs the binary with `args` to its end (stdin closed, output captured), bounded by
+/// [`GUARD`] (a hang fails the test).
+pub fn flocklease<S: AsRef<std::ffi::OsStr>>(args: impl IntoIterator<Item = S>) -> Output {
+    let child = Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    output_of(child)
+}
+
 /// Like [`wait_exit`], with the captured output.
 pub fn output_of(mut child: Child) -> Output {
     wait_exit(&mut child);

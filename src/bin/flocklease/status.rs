@@ -131,7 +131,7 @@ fn status_pg(a: &StatusArgs, url: &str) -> Result<u8, String> {
             serde_json::to_string_pretty(&json).map_err(|e| crate::describe(&e))?
         );
     } else {
-        let mut lines = vec![["ID", "OWNER", "TOKEN", "EXPIRY", "STATE"].map(String::from)];
+        let mut table = Table::new(["ID", "OWNER", "TOKEN", "EXPIRY", "STATE"]);
         for r in &rows {
             let (owner, token, expiry) = match &r.record {
                 Some(rec) => (
@@ -153,31 +153,9 @@ fn status_pg(a: &StatusArgs, url: &str) -> Result<u8, String> {
                 Some(why) => format!("{} ({why})", r.state()),
                 None => r.state().to_owned(),
             };
-            lines.push([r.id.clone(), owner, token, expiry, state]);
+            table.push([r.id.clone(), owner, token, expiry, state]);
         }
-        let w: Vec<usize> = (0..5)
-            .map(|c| {
-                lines
-                    .iter()
-                    .map(|l| l[c].chars().count())
-                    .max()
-                    .unwrap_or(0)
-            })
-            .collect();
-        for l in &lines {
-            println!(
-                "{:<w0$}  {:<w1$}  {:>w2$}  {:<w3$}  {}",
-                l[0],
-                l[1],
-                l[2],
-                l[3],
-                l[4],
-                w0 = w[0],
-                w1 = w[1],
-                w2 = w[2],
-                w3 = w[3],
-            );
-        }
+        table.finish();
     }
     Ok(match (&a.id, rows.first()) {
         (None, _) => 0,
@@ -201,47 +179,81 @@ fn status_pg(_: &StatusArgs, _: &str) -> Result<u8, String> {
     Err("this flocklease was built without PostgreSQL support (cargo feature `postgres`)".into())
 }
 
-/// Rows of `status --dir`, written as they come: JSON array elements, or table lines aligned
-/// in batches (a column only ever widens, so memory stays one batch).
-struct Rows {
-    json: bool,
-    now: Timestamp,
+/// Rows of `status --dir`, written as they come: JSON array elements one by one, or lines
+/// of a [`Table`].
+enum Rows {
+    Json {
+        out: std::io::BufWriter<std::io::StdoutLock<'static>>,
+        written: usize,
+    },
+    Text {
+        table: Table<6>,
+        now: Timestamp,
+    },
+}
+
+impl Rows {
+    fn new(json: bool, now: Timestamp) -> Rows {
+        if json {
+            Rows::Json {
+                out: std::io::BufWriter::new(std::io::stdout().lock()),
+                written: 0,
+            }
+        } else {
+            Rows::Text {
+                table: Table::new(["ID", "OWNER", "TOKEN", "EXPIRY", "STATE", "STEM"]),
+                now,
+            }
+        }
+    }
+
+    fn push(&mut self, r: SessionStatus) {
+        match self {
+            Rows::Json { out, written } => {
+                // Pretty-printed as one element of an array, as `--json` always was.
+                let text = serde_json::to_string_pretty(&r).unwrap_or_default();
+                let sep = if *written == 0 { "[\n" } else { ",\n" };
+                let _ = write!(out, "{sep}  {}", text.replace('\n', "\n  "));
+                *written += 1;
+            }
+            Rows::Text { table, now } => table.push(table_line(&r, *now)),
+        }
+    }
+
+    fn finish(self) {
+        match self {
+            Rows::Json { mut out, written } => {
+                let _ = writeln!(out, "{}", if written == 0 { "[]" } else { "\n]" });
+                let _ = out.flush();
+            }
+            Rows::Text { table, .. } => table.finish(),
+        }
+    }
+}
+
+/// A table written to stdout as its lines come, aligned in batches (a column only ever widens,
+/// so memory stays one batch): two spaces between columns, the third (the token) right-aligned,
+/// the last not padded.
+struct Table<const N: usize> {
     out: std::io::BufWriter<std::io::StdoutLock<'static>>,
-    batch: Vec<[String; 6]>,
-    widths: [usize; 6],
-    written: usize,
+    batch: Vec<[String; N]>,
+    widths: [usize; N],
 }
 
 /// Table lines aligned together.
 const BATCH: usize = 256;
 
-impl Rows {
-    fn new(json: bool, now: Timestamp) -> Rows {
-        let mut rows = Rows {
-            json,
-            now,
+impl<const N: usize> Table<N> {
+    fn new(header: [&str; N]) -> Table<N> {
+        Table {
             out: std::io::BufWriter::new(std::io::stdout().lock()),
-            batch: vec![],
-            widths: [0; 6],
-            written: 0,
-        };
-        if !json {
-            rows.batch
-                .push(["ID", "OWNER", "TOKEN", "EXPIRY", "STATE", "STEM"].map(String::from));
+            batch: vec![header.map(String::from)],
+            widths: [0; N],
         }
-        rows
     }
 
-    fn push(&mut self, r: SessionStatus) {
-        if self.json {
-            // Pretty-printed as one element of an array, as `--json` always was.
-            let text = serde_json::to_string_pretty(&r).unwrap_or_default();
-            let sep = if self.written == 0 { "[\n" } else { ",\n" };
-            let _ = write!(self.out, "{sep}  {}", text.replace('\n', "\n  "));
-            self.written += 1;
-            return;
-        }
-        self.batch.push(table_line(&r, self.now));
+    fn push(&mut self, line: [String; N]) {
+        self.batch.push(line);
         if self.batch.len() >= BATCH {
             self.flush_batch();
         }
@@ -253,33 +265,23 @@ impl Rows {
                 *w = (*w).max(cell.chars().count());
             }
         }
-        let w = self.widths;
-        for l in self.batch.drain(..) {
-            let _ = writeln!(
-                self.out,
-                "{:<w0$}  {:<w1$}  {:>w2$}  {:<w3$}  {:<w4$}  {}",
-                l[0],
-                l[1],
-                l[2],
-                l[3],
-                l[4],
-                l[5],
-                w0 = w[0],
-                w1 = w[1],
-                w2 = w[2],
-                w3 = w[3],
-                w4 = w[4],
-            );
-            self.written += 1;
+        for line in self.batch.drain(..) {
+            let mut text = String::new();
+            for (c, (cell, w)) in line.iter().zip(self.widths).enumerate() {
+                if c + 1 == N {
+                    text.push_str(cell);
+                } else if c == 2 {
+                    text.push_str(&format!("{cell:>w$}  "));
+                } else {
+                    text.push_str(&format!("{cell:<w$}  "));
+                }
+            }
+            let _ = writeln!(self.out, "{text}");
         }
     }
 
     fn finish(mut self) {
-        if self.json {
-            let _ = writeln!(self.out, "{}", if self.written == 0 { "[]" } else { "\n]" });
-        } else {
-            self.flush_batch();
-        }
+        self.flush_batch();
         let _ = self.out.flush();
     }
 }
