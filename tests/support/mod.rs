@@ -36,26 +36,26 @@ impl RoleChild {
     ///
     /// The child runs a copy of this test binary in a directory every user can enter: the
     /// checkout may lie under a private directory (`mktemp -d` is 0700) that the other user
-    /// cannot traverse.
+    /// cannot traverse. The copy is removed as soon as the child has started (`spawn` returns
+    /// after the exec), so no test binary is left behind in the temporary directory.
     pub fn spawn_as(entry: &str, role: &str, args: &[&str], uid: u32, gid: u32) -> RoleChild {
         use std::os::unix::fs::PermissionsExt;
         use std::os::unix::process::CommandExt;
-        static COPY: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-        let exe = COPY.get_or_init(|| {
-            let dir =
-                std::env::temp_dir().join(format!("flocklease-test-exe-{}", std::process::id()));
-            std::fs::create_dir_all(&dir).expect("create the copy's directory");
-            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-            let copy = dir.join("test-binary");
-            std::fs::copy(std::env::current_exe().expect("current exe"), &copy)
-                .expect("copy the test binary");
-            std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
-            copy
-        });
-        RoleChild::spawn_with(exe, entry, role, args, |c| {
+        let dir = tempfile::Builder::new()
+            .prefix("flocklease-test-exe-")
+            .tempdir()
+            .expect("create the copy's directory");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let copy = dir.path().join("test-binary");
+        std::fs::copy(std::env::current_exe().expect("current exe"), &copy)
+            .expect("copy the test binary");
+        std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let child = RoleChild::spawn_with(&copy, entry, role, args, |c| {
             // Its working directory too: the checkout may be closed to the other user.
             c.uid(uid).gid(gid).current_dir("/");
-        })
+        });
+        dir.close().expect("remove the copy of the test binary");
+        child
     }
 
     /// Like [`RoleChild::spawn`], started through `wrapper` (a program and its arguments that
