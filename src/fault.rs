@@ -58,11 +58,14 @@ pub enum FaultPoint {
     ReadDir,
     /// Opening a holder's liveness file to wait for it (a waiting acquire).
     OpenWait,
+    /// Opening the id's line of waiting acquires, `<stem>.queue` (a failure leaves the wait
+    /// unqueued: it is never the call's error).
+    OpenQueue,
 }
 
 impl FaultPoint {
     /// Every fault point, in the order a transition may reach them.
-    pub const ALL: [FaultPoint; 22] = [
+    pub const ALL: [FaultPoint; 23] = [
         FaultPoint::OpenStable,
         FaultPoint::LockStable,
         FaultPoint::StatStable,
@@ -85,6 +88,7 @@ impl FaultPoint {
         FaultPoint::CheckStable,
         FaultPoint::ReadDir,
         FaultPoint::OpenWait,
+        FaultPoint::OpenQueue,
     ];
 }
 
@@ -126,7 +130,8 @@ impl FaultPoint {
             | FaultPoint::OpenProbe
             | FaultPoint::OpenLive
             | FaultPoint::CreateTemp
-            | FaultPoint::OpenWait => "open",
+            | FaultPoint::OpenWait
+            | FaultPoint::OpenQueue => "open",
             FaultPoint::LockStable | FaultPoint::LockProbe | FaultPoint::LockLive => "lock",
             FaultPoint::StatStable
             | FaultPoint::StatLive

@@ -60,6 +60,10 @@ pub(crate) enum Access {
     Read,
     /// The temporary record, created exclusively.
     Temp,
+    /// `<stem>.queue`, to take a place in it (created if missing, appended to).
+    Queue,
+    /// `<stem>.queue`, to see whether anyone waits (never created).
+    QueueLook,
 }
 
 impl Access {
@@ -71,11 +75,15 @@ impl Access {
             Access::Wait => FaultPoint::OpenWait,
             Access::Read => FaultPoint::OpenRecord,
             Access::Temp => FaultPoint::CreateTemp,
+            Access::Queue | Access::QueueLook => FaultPoint::OpenQueue,
         }
     }
 
     fn creates(self) -> bool {
-        matches!(self, Access::LockCreate | Access::LiveCreate | Access::Temp)
+        matches!(
+            self,
+            Access::LockCreate | Access::LiveCreate | Access::Temp | Access::Queue
+        )
     }
 }
 
@@ -124,8 +132,11 @@ impl Opener {
             Access::LiveCreate => {
                 opts.read(true).write(true).create_new(true);
             }
-            Access::Probe | Access::Wait | Access::Read => {
+            Access::Probe | Access::Wait | Access::Read | Access::QueueLook => {
                 opts.read(true);
+            }
+            Access::Queue => {
+                opts.read(true).append(true).create(true);
             }
             Access::Temp => {
                 // Never reuse a file found at the name: it may be planted.
@@ -134,7 +145,7 @@ impl Opener {
         }
         opts.mode(self.file_mode)
             .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK);
-        let opened = if self.sticky && matches!(access, Access::LockCreate) {
+        let opened = if self.sticky && matches!(access, Access::LockCreate | Access::Queue) {
             let mut existing = opts.clone();
             existing.create(false);
             match existing.open(path) {

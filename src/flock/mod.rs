@@ -36,6 +36,7 @@ use crate::record::{self, LiveTag, Record};
 
 pub(crate) mod files;
 pub(crate) mod live;
+mod queue;
 #[cfg(feature = "fault-injection")]
 mod step;
 mod tx;
@@ -246,6 +247,13 @@ impl FlockLease {
     ) -> Result<Grant, Error> {
         let entry = self.slot(id.stem());
         let paths = &entry.paths;
+        let queue_path = queue::path(&self.dir, &paths.stem);
+        // This call's place in the id's line of waiters (PROTOCOL §4.6): taken when it first
+        // has to wait, kept until it returns.
+        let mut line = queue::Line::Outside;
+        // Since when this call, not first in the line, has seen the lease free and let it go
+        // to the first waiter.
+        let mut yielded: Option<Instant> = None;
         // Consecutive waits that returned at once (the record changed under us, the file is
         // missing): pause increasingly, so a loop that cannot block never spins.
         let mut pause = Duration::ZERO;
@@ -253,18 +261,20 @@ impl FlockLease {
             if wait::cancelled(cancel) {
                 return Ok(Grant::Held);
             }
-            if let Grant::Granted(lease) = self.acquire(id, owner)? {
+            let turn = line.turn(&self.opener, &queue_path) || queue::grace_over(yielded);
+            if turn && let Grant::Granted(lease) = self.acquire(id, owner)? {
                 return Ok(Grant::Granted(lease));
             }
+            line.join(&self.opener, &queue_path);
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(Grant::Held);
             }
             if !pause.is_zero() && !wait::sleep_before(deadline, pause) {
                 return Ok(Grant::Held);
             }
-            // Held: wait for the holder's generation to end — its lock or its expiry — then
-            // let the machine decide again. Reading without the transition lock is safe: the
-            // record is only ever replaced by an atomic rename.
+            // Held, or left to an earlier waiter: wait for the holder's generation to end —
+            // its lock or its expiry — then let the machine decide again. Reading without the
+            // transition lock is safe: the record is only ever replaced by an atomic rename.
             let started = Instant::now();
             let peeked = self.peek_record(&paths.record)?;
             let tag = peeked.as_ref().and_then(|(_, tag)| *tag);
@@ -274,8 +284,15 @@ impl FlockLease {
                 until_expiry,
             }) = waiting
             else {
-                // No holder to wait for (no record, released or expired): ask again.
-                pause = next_pause(pause);
+                // No holder to wait for (no record, released or expired): ask again, or, when
+                // an earlier waiter's turn it is, give it a moment to take the lease.
+                if turn {
+                    pause = next_pause(pause);
+                } else {
+                    yielded.get_or_insert(started);
+                    pause = Duration::ZERO;
+                    wait::sleep_before(deadline, queue::HANDOFF_POLL);
+                }
                 continue;
             };
             let at_expiry = wait::deadline_after(until_expiry);
@@ -289,6 +306,14 @@ impl FlockLease {
             let opened = self.relieved(|| self.opener.open(&live, Access::Wait));
             match live::identify(opened, &live, tag)? {
                 live::Found::Own(file) => {
+                    if !turn && live::holder_gone(&file).map_err(|e| Error::io("lock", &live, e))? {
+                        // The holder is gone and an earlier waiter's turn it is.
+                        yielded.get_or_insert(started);
+                        pause = Duration::ZERO;
+                        wait::sleep_before(deadline, queue::HANDOFF_POLL);
+                        continue;
+                    }
+                    yielded = None;
                     wait::wait_for_holder(&self.watches, &live, &file, wake, cancel)
                         .map_err(|e| Error::io("wait for", &live, e))?;
                 }

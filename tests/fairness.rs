@@ -1,0 +1,186 @@
+//! Waiting acquires line up (PROTOCOL §4.6): when the lease is free, the waiter that has waited
+//! longest tries first; a holder that releases and asks again lines up behind the waiters; a
+//! stopped first waiter holds the others up for a moment only; a planted `<stem>.queue` costs
+//! the order, never the call.
+//!
+//! Each waiter is a child process that says `waiting` once it holds its place in the line (its
+//! fault hook speaks when the wait opens the holder's liveness file, which comes after the
+//! place is taken), so the parent orders the waiters by what they say, never by sleeps.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use flocklease::fault::{FaultHook, FaultPoint};
+use flocklease::{FlockLease, Grant};
+use nix::sys::signal::{Signal, kill};
+use support::{RoleChild, hear, id, open_real, owner, role, tell, wait_stopped};
+
+const ENTRY: &str = "child_entry";
+/// A child's wait gives up after this long and says `held`: a broken line fails the test by
+/// then instead of hanging it.
+const CHILD_WAIT: Duration = Duration::from_secs(10);
+
+#[test]
+fn child_entry() {
+    let Some((role, args)) = role() else { return };
+    assert_eq!(role, "waiter");
+    let dir = Path::new(&args[0]);
+    let said = Arc::new(AtomicBool::new(false));
+    let hook: FaultHook = {
+        let said = Arc::clone(&said);
+        Arc::new(move |point, _| {
+            if point == FaultPoint::OpenWait && !said.swap(true, Ordering::SeqCst) {
+                tell("waiting");
+            }
+            None
+        })
+    };
+    let leases = FlockLease::builder(dir)
+        .ttl(Duration::from_secs(600))
+        .faults(hook)
+        .open()
+        .unwrap();
+    match leases.acquire_wait(&id("s"), &owner(&args[1]), CHILD_WAIT) {
+        Ok(Grant::Granted(lease)) => {
+            tell(&format!("granted {}", lease.token));
+            assert_eq!(hear().as_deref(), Some("release"));
+            leases.release(&lease).unwrap();
+            tell("released");
+        }
+        Ok(Grant::Held) => tell("held"),
+        Err(e) => tell(&format!("error {e}")),
+    }
+}
+
+/// A waiter child for `name`, once it holds its place in the line.
+fn waiter(dir: &Path, name: &str) -> RoleChild {
+    let mut w = RoleChild::spawn(ENTRY, "waiter", &[dir.to_str().unwrap(), name]);
+    assert_eq!(w.line(), "waiting");
+    w
+}
+
+/// Tells `w` to release its grant and waits until it has.
+fn release(w: &mut RoleChild) {
+    w.say("release");
+    assert_eq!(w.line(), "released");
+}
+
+#[test]
+fn a_holder_that_releases_and_asks_again_lines_up_behind_the_waiter() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = open_real(dir.path(), Duration::from_secs(600));
+    let first = a.acquire(&id("s"), &owner("a")).unwrap().lease().unwrap();
+    let mut w = waiter(dir.path(), "w");
+    std::thread::scope(|s| {
+        a.release(&first).unwrap();
+        // At once, as a loop of acquire_wait, work, release does: before the waiter has even
+        // woken up. Without the line this call would take the lease back.
+        let again = s.spawn(|| a.acquire_wait(&id("s"), &owner("a"), CHILD_WAIT));
+        assert_eq!(w.line(), format!("granted {}", first.token + 1));
+        release(&mut w);
+        let again = again.join().unwrap().unwrap().lease().unwrap();
+        assert_eq!(again.token, first.token + 2, "the waiter was served first");
+    });
+    w.finish();
+}
+
+#[test]
+fn waiters_are_served_in_the_order_they_came() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = open_real(dir.path(), Duration::from_secs(600));
+    let first = a.acquire(&id("s"), &owner("a")).unwrap().lease().unwrap();
+    let mut ws: Vec<RoleChild> = ["w1", "w2", "w3", "w4"]
+        .iter()
+        .map(|n| waiter(dir.path(), n))
+        .collect();
+    a.release(&first).unwrap();
+    // All four wake at the release; each grant must go to the next in line. A child served
+    // out of turn keeps the lease until told, so the expected one times out and says `held`.
+    for (k, w) in ws.iter_mut().enumerate() {
+        assert_eq!(
+            w.line(),
+            format!("granted {}", first.token + 1 + k as u64),
+            "waiter {} out of turn",
+            k + 1
+        );
+        release(w);
+    }
+    for w in ws {
+        w.finish();
+    }
+}
+
+#[test]
+fn a_stopped_first_waiter_holds_the_others_up_only_for_a_moment() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = open_real(dir.path(), Duration::from_secs(600));
+    let first = a.acquire(&id("s"), &owner("a")).unwrap().lease().unwrap();
+    let mut w1 = waiter(dir.path(), "w1");
+    let mut w2 = waiter(dir.path(), "w2");
+    kill(w1.pid(), Signal::SIGSTOP).unwrap();
+    wait_stopped(w1.pid());
+    a.release(&first).unwrap();
+    // w1 keeps its place (its process lives) but cannot take the lease: w2 does, after the
+    // hand-off grace.
+    assert_eq!(w2.line(), format!("granted {}", first.token + 1));
+    release(&mut w2);
+    kill(w1.pid(), Signal::SIGCONT).unwrap();
+    assert_eq!(w1.line(), format!("granted {}", first.token + 2));
+    release(&mut w1);
+    w1.finish();
+    w2.finish();
+}
+
+#[test]
+fn a_killed_waiter_gives_up_its_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = open_real(dir.path(), Duration::from_secs(600));
+    let first = a.acquire(&id("s"), &owner("a")).unwrap().lease().unwrap();
+    let w1 = waiter(dir.path(), "w1");
+    let mut w2 = waiter(dir.path(), "w2");
+    w1.kill();
+    a.release(&first).unwrap();
+    assert_eq!(w2.line(), format!("granted {}", first.token + 1));
+    release(&mut w2);
+    w2.finish();
+    // The line is empty again: a new caller tries at once and is granted.
+    let again = a.acquire_wait(&id("s"), &owner("a"), CHILD_WAIT).unwrap();
+    assert_eq!(again.lease().unwrap().token, first.token + 2);
+}
+
+#[test]
+fn a_planted_queue_file_costs_the_order_never_the_call() {
+    use std::os::unix::fs::symlink;
+    for plant in ["symlink", "fifo", "directory"] {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::NamedTempFile::new().unwrap();
+        let queue = dir.path().join(format!("{}.queue", id("s").stem()));
+        match plant {
+            "symlink" => symlink(outside.path(), &queue).unwrap(),
+            "fifo" => nix::unistd::mkfifo(&queue, nix::sys::stat::Mode::S_IRWXU).unwrap(),
+            _ => std::fs::create_dir(&queue).unwrap(),
+        }
+        let a = open_real(dir.path(), Duration::from_secs(600));
+        let b = open_real(dir.path(), Duration::from_secs(600));
+        let first = a.acquire(&id("s"), &owner("a")).unwrap().lease().unwrap();
+        // Contention is still an answer, and a release still ends the wait.
+        let held = b
+            .acquire_wait(&id("s"), &owner("b"), Duration::from_millis(20))
+            .unwrap();
+        assert_eq!(held, Grant::Held, "{plant}");
+        std::thread::scope(|s| {
+            let waiting = s.spawn(|| b.acquire_wait(&id("s"), &owner("b"), CHILD_WAIT));
+            a.release(&first).unwrap();
+            let got = waiting.join().unwrap().unwrap().lease().unwrap();
+            assert_eq!(got.token, first.token + 1, "{plant}");
+        });
+        // Nothing was written through the link.
+        assert_eq!(std::fs::read(outside.path()).unwrap(), b"", "{plant}");
+    }
+}
