@@ -21,7 +21,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use flocklease::{Durability, FlockLease, Lease, Owner, SessionId};
+use flocklease::{Durability, FlockLease, Grant, Lease, Owner, SessionId};
 
 /// Counts allocations, to report allocations per operation.
 struct Counting;
@@ -61,6 +61,9 @@ fn main() {
         ["populate", dir, n] => return populate(Path::new(dir), n.parse().unwrap()),
         ["flock-holder", path] => return flock_holder(Path::new(path)),
         ["contender", dir, secs] => return contender(Path::new(dir), secs.parse().unwrap()),
+        [role, dir, start, end] if role.contains(':') => {
+            return contender_role(role, Path::new(dir), window(start, end));
+        }
         ["ops", op, n, dir] => return ops(op, n.parse().unwrap(), Path::new(dir)),
         _ => {}
     }
@@ -76,6 +79,10 @@ fn main() {
     if args.iter().any(|a| a == "recovery") {
         let shm = scratch(Path::new("/dev/shm"));
         return recovery(shm.path(), quick);
+    }
+    if args.iter().any(|a| a == "fairness") {
+        let shm = scratch(Path::new("/dev/shm"));
+        return fairness(shm.path(), quick);
     }
     if args.iter().any(|a| a == "takeover") {
         let shm = scratch(Path::new("/dev/shm"));
@@ -95,6 +102,7 @@ fn main() {
     recovery(shm.path(), quick);
     status_scale(shm.path(), quick);
     contention(shm.path(), quick);
+    fairness(shm.path(), quick);
     takeover(shm.path(), if quick { 30 } else { 200 });
 }
 
@@ -618,6 +626,186 @@ fn contender(dir: &Path, secs: u64) {
         if let Some(l) = leases.acquire(&id, &me).unwrap().lease() {
             grants += 1;
             leases.release(&l).unwrap();
+        }
+    }
+    println!("{grants}");
+}
+
+/// Waiting acquires on one id: processes looping `acquire_wait` → release, with the line of
+/// waiters (PROTOCOL §4.6) and, as the baseline in the same run, without it (a directory
+/// planted at `<stem>.queue` turns the line off for every process, which is how a wait behaved
+/// before there was one). Then waiters beside Go-style pollers: `acquire`, and when held, sleep
+/// 1 ms and try again, the loop of a caller of a package without a waiting acquire.
+fn fairness(dir: &Path, quick: bool) {
+    let secs = if quick { 1 } else { 3 };
+    println!("\n### waiting acquires on one id (tmpfs, no fsync; {secs} s per row)\n");
+    println!(
+        "| processes | grant held | line | grants/s | per process: min – mean – max | min/mean | min/max |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    for (procs, hold) in [(2, 0), (4, 0), (8, 0), (2, 200), (8, 200)] {
+        for line in [true, false] {
+            let role = format!("waiter:{hold}");
+            let roles = vec![role.as_str(); procs];
+            let grants = contend(
+                dir,
+                &format!("fair-{procs}-{hold}-{line}"),
+                &roles,
+                line,
+                secs,
+            );
+            let g: Vec<u64> = grants.iter().map(|(_, n)| *n).collect();
+            let (min, max, mean) = spread(&g);
+            println!(
+                "| {procs} | {} | {} | {:.0} | {min} – {mean:.0} – {max} | {:.2} | {:.2} |",
+                if hold == 0 {
+                    "released at once".to_owned()
+                } else {
+                    format!("{hold} µs")
+                },
+                if line { "on" } else { "off (baseline)" },
+                g.iter().sum::<u64>() as f64 / secs as f64,
+                min as f64 / mean.max(1.0),
+                min as f64 / max.max(1) as f64
+            );
+        }
+    }
+    println!(
+        "\n### 4 waiting acquires beside 4 Go-style contenders on one id (tmpfs, no fsync; each grant held 200 µs; {secs} s per row)\n"
+    );
+    println!(
+        "| contenders | line | waiters: min – mean – max | contenders: min – mean – max | waiters' share |"
+    );
+    println!("| --- | --- | --- | --- | --- |");
+    for (kind, label) in [
+        ("ticker", "tick: 1 ms sleep after every attempt"),
+        (
+            "poller",
+            "poll: 1 ms sleep when held, again at once after a release",
+        ),
+    ] {
+        for line in [true, false] {
+            let other = format!("{kind}:200");
+            let mut roles = vec!["waiter:200"; 4];
+            roles.extend([other.as_str(); 4]);
+            let grants = contend(dir, &format!("mixed-{kind}-{line}"), &roles, line, secs);
+            let pick = |waiters: bool| -> Vec<u64> {
+                grants
+                    .iter()
+                    .filter(|(r, _)| r.starts_with("waiter") == waiters)
+                    .map(|(_, n)| *n)
+                    .collect()
+            };
+            let (w, p) = (pick(true), pick(false));
+            let (wmin, wmax, wmean) = spread(&w);
+            let (pmin, pmax, pmean) = spread(&p);
+            let (ws, ps) = (w.iter().sum::<u64>(), p.iter().sum::<u64>());
+            println!(
+                "| {label} | {} | {wmin} – {wmean:.0} – {wmax} | {pmin} – {pmean:.0} – {pmax} | {:.0} % |",
+                if line { "on" } else { "off (baseline)" },
+                ws as f64 * 100.0 / (ws + ps).max(1) as f64
+            );
+        }
+    }
+}
+
+/// Min, max and mean of `g`.
+fn spread(g: &[u64]) -> (u64, u64, f64) {
+    let min = *g.iter().min().unwrap();
+    let max = *g.iter().max().unwrap();
+    (min, max, g.iter().sum::<u64>() as f64 / g.len() as f64)
+}
+
+/// Runs one child per role on one id in a fresh directory `name` until the same instant, and
+/// returns each child's role and grants.
+fn contend<'r>(
+    dir: &Path,
+    name: &str,
+    roles: &[&'r str],
+    line: bool,
+    secs: u64,
+) -> Vec<(&'r str, u64)> {
+    let sub = dir.join(name);
+    fs::create_dir_all(&sub).unwrap();
+    fs::set_permissions(&sub, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    if !line {
+        let stem = SessionId::new("contended").unwrap().stem().to_owned();
+        fs::create_dir(sub.join(format!("{stem}.queue"))).unwrap();
+    }
+    let exe = std::env::current_exe().unwrap();
+    // Every child starts and stops at the same instants, whenever its process started.
+    let start = unix_ms() + 300;
+    let end = start + secs * 1000;
+    let children: Vec<_> = roles
+        .iter()
+        .map(|role| {
+            Command::new(&exe)
+                .args([
+                    role,
+                    sub.to_str().unwrap(),
+                    &start.to_string(),
+                    &end.to_string(),
+                ])
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    roles
+        .iter()
+        .zip(children)
+        .map(|(role, c)| {
+            let out = c.wait_with_output().unwrap();
+            (
+                *role,
+                String::from_utf8_lossy(&out.stdout).trim().parse().unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// A child's window, from its arguments (Unix milliseconds): sleeps until its start, and
+/// returns a check that is true once its end has passed.
+fn window(start: &str, end: &str) -> impl Fn() -> bool + use<> {
+    let (start, end): (u64, u64) = (start.parse().unwrap(), end.parse().unwrap());
+    std::thread::sleep(Duration::from_millis(start.saturating_sub(unix_ms())));
+    move || unix_ms() >= end
+}
+
+/// Child: one contender of [`fairness`], `<kind>:<hold µs>`, for its window; prints the number
+/// of grants. Each grant is held `hold` µs (slept), then released. `waiter`: `acquire_wait`
+/// again at once. `poller`: a Go-style loop, `acquire`, and 1 ms of sleep whenever it is held
+/// (again at once after its own release). `ticker`: `acquire`, and 1 ms of sleep after every
+/// attempt.
+fn contender_role(role: &str, dir: &Path, over: impl Fn() -> bool) {
+    let (kind, hold) = role.split_once(':').unwrap();
+    let hold = Duration::from_micros(hold.parse().unwrap());
+    let leases = open(dir, Durability::NoSync);
+    let me = Owner::new(format!("{kind}{}", std::process::id())).unwrap();
+    let id = SessionId::new("contended").unwrap();
+    let mut grants = 0u64;
+    while !over() {
+        let got = match kind {
+            "waiter" => leases.acquire_wait(&id, &me, Duration::from_millis(100)),
+            _ => leases.acquire(&id, &me),
+        }
+        .unwrap();
+        if let Grant::Granted(l) = &got {
+            grants += 1;
+            if !hold.is_zero() {
+                std::thread::sleep(hold);
+            }
+            leases.release(l).unwrap();
+        }
+        if kind == "ticker" || (kind == "poller" && got.is_held()) {
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
     println!("{grants}");
