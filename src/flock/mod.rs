@@ -184,6 +184,14 @@ impl FlockLease {
     /// 10 ms. The wait starts no thread and takes no lock a holder, a probe or a transition
     /// needs: a waiter never makes a crashed holder look alive.
     ///
+    /// Waiting acquires of an id **line up** (`<stem>.queue`, PROTOCOL §4.6): when the lease is
+    /// free, the one that has waited longest tries first, and a call made while others wait
+    /// goes to the back of the line, even right after its own release. A first waiter that
+    /// does not take a free lease within 50 ms (stopped, starved of CPU) is passed over. The
+    /// line orders attempts only; each attempt is an ordinary acquire. Callers that do not
+    /// wait in line ([`SessionLease::acquire`](crate::SessionLease::acquire), the Go package)
+    /// are not held back by it.
+    ///
     /// Returns [`Grant::Held`] when `timeout` passes with the lease still held: contention is
     /// an answer, not an error. A timeout too large for the clock means no limit.
     ///
