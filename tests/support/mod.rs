@@ -47,13 +47,28 @@ impl RoleChild {
             .expect("create the copy's directory");
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         let copy = dir.path().join("test-binary");
-        std::fs::copy(std::env::current_exe().expect("current exe"), &copy)
-            .expect("copy the test binary");
-        std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let child = RoleChild::spawn_with(&copy, entry, role, args, |c| {
-            // Its working directory too: the checkout may be closed to the other user.
-            c.uid(uid).gid(gid).current_dir("/");
-        });
+        let exe = std::env::current_exe().expect("current exe");
+        // A hard link where it can be (no written copy, so no descriptor open for writing that
+        // a concurrent fork could hold: exec would fail with ETXTBSY); a copy across file
+        // systems, whose exec is retried while another test's fork still holds it.
+        let linked = std::fs::hard_link(&exe, &copy).is_ok();
+        if !linked {
+            std::fs::copy(&exe, &copy).expect("copy the test binary");
+            std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let mut tries = 0;
+        let child = loop {
+            match RoleChild::try_spawn(&copy, entry, role, args, |c| {
+                // Its working directory too: the checkout may be closed to the other user.
+                c.uid(uid).gid(gid).current_dir("/");
+            }) {
+                Err(e) if e.raw_os_error() == Some(nix::libc::ETXTBSY) && tries < 100 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                other => break other.expect("spawn child"),
+            }
+        };
         dir.close().expect("remove the copy of the test binary");
         child
     }
@@ -74,6 +89,16 @@ impl RoleChild {
         args: &[&str],
         f: impl FnOnce(&mut Command),
     ) -> RoleChild {
+        RoleChild::try_spawn(exe, entry, role, args, f).expect("spawn child")
+    }
+
+    fn try_spawn(
+        exe: &Path,
+        entry: &str,
+        role: &str,
+        args: &[&str],
+        f: impl FnOnce(&mut Command),
+    ) -> std::io::Result<RoleChild> {
         let mut cmd = Command::new(exe);
         f(&mut cmd);
         let mut child = cmd
@@ -83,15 +108,14 @@ impl RoleChild {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn child");
+            .spawn()?;
         let stdin = child.stdin.take();
         let stdout = BufReader::new(child.stdout.take().expect("child stdout"));
-        RoleChild {
+        Ok(RoleChild {
             child,
             stdin,
             stdout,
-        }
+        })
     }
 
     /// The next protocol line from the child (without the `@@ ` prefix).
