@@ -22,6 +22,14 @@ use nix::sys::signal::{Signal, kill};
 use support::{RoleChild, hear, id, open_real, owner, role, tell, wait_stopped};
 
 const ENTRY: &str = "child_entry";
+
+/// The tests of this binary take turns: each judges an order that a waiter slower than the
+/// hand-off grace (50 ms, a machine loaded by the other tests' children) could upset.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
 /// A child's wait gives up after this long and says `held`: a broken line fails the test by
 /// then instead of hanging it.
 const CHILD_WAIT: Duration = Duration::from_secs(10);
@@ -73,6 +81,7 @@ fn release(w: &mut RoleChild) {
 
 #[test]
 fn a_holder_that_releases_and_asks_again_lines_up_behind_the_waiter() {
+    let _turn = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let a = open_real(dir.path(), Duration::from_secs(600));
     let first = a.acquire(&id("s"), &owner("a")).unwrap().lease().unwrap();
@@ -92,6 +101,7 @@ fn a_holder_that_releases_and_asks_again_lines_up_behind_the_waiter() {
 
 #[test]
 fn waiters_are_served_in_the_order_they_came() {
+    let _turn = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let a = open_real(dir.path(), Duration::from_secs(600));
     let first = a.acquire(&id("s"), &owner("a")).unwrap().lease().unwrap();
@@ -118,6 +128,7 @@ fn waiters_are_served_in_the_order_they_came() {
 
 #[test]
 fn a_stopped_first_waiter_holds_the_others_up_only_for_a_moment() {
+    let _turn = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let a = open_real(dir.path(), Duration::from_secs(600));
     let first = a.acquire(&id("s"), &owner("a")).unwrap().lease().unwrap();
@@ -139,6 +150,7 @@ fn a_stopped_first_waiter_holds_the_others_up_only_for_a_moment() {
 
 #[test]
 fn a_killed_waiter_gives_up_its_place() {
+    let _turn = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let a = open_real(dir.path(), Duration::from_secs(600));
     let first = a.acquire(&id("s"), &owner("a")).unwrap().lease().unwrap();
@@ -156,6 +168,7 @@ fn a_killed_waiter_gives_up_its_place() {
 
 #[test]
 fn a_planted_queue_file_costs_the_order_never_the_call() {
+    let _turn = one_at_a_time();
     use std::os::unix::fs::symlink;
     for plant in ["symlink", "fifo", "directory"] {
         let dir = tempfile::tempdir().unwrap();
