@@ -73,6 +73,14 @@ fn waiter(dir: &Path, name: &str) -> RoleChild {
     w
 }
 
+/// A lease directory, a lease manager over it and the lease of `s` it holds (TTL 600 s).
+fn held() -> (tempfile::TempDir, FlockLease, flocklease::Lease) {
+    let dir = tempfile::tempdir().unwrap();
+    let a = open_real(dir.path(), Duration::from_secs(600));
+    let first = a.acquire(&id("s"), &owner("a")).unwrap().lease().unwrap();
+    (dir, a, first)
+}
+
 /// Tells `w` to release its grant and waits until it has.
 fn release(w: &mut RoleChild) {
     w.say("release");
@@ -82,9 +90,7 @@ fn release(w: &mut RoleChild) {
 #[test]
 fn a_holder_that_releases_and_asks_again_lines_up_behind_the_waiter() {
     let _turn = one_at_a_time();
-    let dir = tempfile::tempdir().unwrap();
-    let a = open_real(dir.path(), Duration::from_secs(600));
-    let first = a.acquire(&id("s"), &owner("a")).unwrap().lease().unwrap();
+    let (dir, a, first) = held();
     let mut w = waiter(dir.path(), "w");
     std::thread::scope(|s| {
         a.release(&first).unwrap();
@@ -102,9 +108,7 @@ fn a_holder_that_releases_and_asks_again_lines_up_behind_the_waiter() {
 #[test]
 fn waiters_are_served_in_the_order_they_came() {
     let _turn = one_at_a_time();
-    let dir = tempfile::tempdir().unwrap();
-    let a = open_real(dir.path(), Duration::from_secs(600));
-    let first = a.acquire(&id("s"), &owner("a")).unwrap().lease().unwrap();
+    let (dir, a, first) = held();
     let mut ws: Vec<RoleChild> = ["w1", "w2", "w3", "w4"]
         .iter()
         .map(|n| waiter(dir.path(), n))
@@ -129,9 +133,7 @@ fn waiters_are_served_in_the_order_they_came() {
 #[test]
 fn a_stopped_first_waiter_holds_the_others_up_only_for_a_moment() {
     let _turn = one_at_a_time();
-    let dir = tempfile::tempdir().unwrap();
-    let a = open_real(dir.path(), Duration::from_secs(600));
-    let first = a.acquire(&id("s"), &owner("a")).unwrap().lease().unwrap();
+    let (dir, a, first) = held();
     let mut w1 = waiter(dir.path(), "w1");
     let mut w2 = waiter(dir.path(), "w2");
     kill(w1.pid(), Signal::SIGSTOP).unwrap();
@@ -151,9 +153,7 @@ fn a_stopped_first_waiter_holds_the_others_up_only_for_a_moment() {
 #[test]
 fn a_killed_waiter_gives_up_its_place() {
     let _turn = one_at_a_time();
-    let dir = tempfile::tempdir().unwrap();
-    let a = open_real(dir.path(), Duration::from_secs(600));
-    let first = a.acquire(&id("s"), &owner("a")).unwrap().lease().unwrap();
+    let (dir, a, first) = held();
     let w1 = waiter(dir.path(), "w1");
     let mut w2 = waiter(dir.path(), "w2");
     w1.kill();

@@ -29,7 +29,7 @@ impl RoleChild {
     /// Starts this test binary as a child in `role`, with `args` in `FLOCKLEASE_ARGS`.
     pub fn spawn(entry: &str, role: &str, args: &[&str]) -> RoleChild {
         let exe = std::env::current_exe().expect("current exe");
-        RoleChild::spawn_with(&exe, entry, role, args, |_| {})
+        RoleChild::try_spawn(&exe, entry, role, args, |_| {}).expect("spawn child")
     }
 
     /// Like [`RoleChild::spawn`], as user `uid` and group `gid` (the caller must be root).
@@ -77,19 +77,10 @@ impl RoleChild {
     /// exec the rest of the command line in place, e.g. `unshare --net --`).
     pub fn spawn_wrapped(wrapper: &[&str], entry: &str, role: &str, args: &[&str]) -> RoleChild {
         let exe = std::env::current_exe().expect("current exe");
-        RoleChild::spawn_with(Path::new(wrapper[0]), entry, role, args, |c| {
+        RoleChild::try_spawn(Path::new(wrapper[0]), entry, role, args, |c| {
             c.args(&wrapper[1..]).arg(exe);
         })
-    }
-
-    fn spawn_with(
-        exe: &Path,
-        entry: &str,
-        role: &str,
-        args: &[&str],
-        f: impl FnOnce(&mut Command),
-    ) -> RoleChild {
-        RoleChild::try_spawn(exe, entry, role, args, f).expect("spawn child")
+        .expect("spawn child")
     }
 
     fn try_spawn(
