@@ -81,6 +81,28 @@ fn held() -> (tempfile::TempDir, FlockLease, flocklease::Lease) {
     (dir, a, first)
 }
 
+/// The line's file of `s` in `dir`.
+fn queue_file(dir: &Path) -> std::path::PathBuf {
+    dir.join(format!("{}.queue", id("s").stem()))
+}
+
+/// Whether any place in the line of `s` is held (a lock on any byte of its file).
+fn someone_in_line(dir: &Path) -> bool {
+    use nix::fcntl::{FcntlArg, fcntl};
+    let Ok(file) = std::fs::File::open(queue_file(dir)) else {
+        return false;
+    };
+    let mut probe = nix::libc::flock {
+        l_type: nix::libc::F_WRLCK as i16,
+        l_whence: nix::libc::SEEK_SET as i16,
+        l_start: 0,
+        l_len: 0,
+        l_pid: 0,
+    };
+    fcntl(&file, FcntlArg::F_OFD_GETLK(&mut probe)).unwrap();
+    i32::from(probe.l_type) != nix::libc::F_UNLCK
+}
+
 /// Tells `w` to release its grant and waits until it has.
 fn release(w: &mut RoleChild) {
     w.say("release");
@@ -128,6 +150,7 @@ fn waiters_are_served_in_the_order_they_came() {
     for w in ws {
         w.finish();
     }
+    assert!(!someone_in_line(dir.path()), "a place was left behind");
 }
 
 #[test]
@@ -136,16 +159,67 @@ fn a_stopped_first_waiter_holds_the_others_up_only_for_a_moment() {
     let (dir, a, first) = held();
     let mut w1 = waiter(dir.path(), "w1");
     let mut w2 = waiter(dir.path(), "w2");
+    let mut w3 = waiter(dir.path(), "w3");
     kill(w1.pid(), Signal::SIGSTOP).unwrap();
     wait_stopped(w1.pid());
     a.release(&first).unwrap();
     // w1 keeps its place (its process lives) but cannot take the lease: w2 does, after the
-    // hand-off grace.
+    // hand-off grace, and then w3, in their order (each passes w1 over on its own).
     assert_eq!(w2.line(), format!("granted {}", first.token + 1));
     release(&mut w2);
+    assert_eq!(w3.line(), format!("granted {}", first.token + 2));
+    release(&mut w3);
     kill(w1.pid(), Signal::SIGCONT).unwrap();
-    assert_eq!(w1.line(), format!("granted {}", first.token + 2));
+    assert_eq!(w1.line(), format!("granted {}", first.token + 3));
     release(&mut w1);
+    for w in [w1, w2, w3] {
+        w.finish();
+    }
+}
+
+#[test]
+fn a_holder_asking_again_while_others_wait_is_answered_at_once() {
+    let _turn = one_at_a_time();
+    let (dir, a, first) = held();
+    let mut w = waiter(dir.path(), "w");
+    // The holder's own owner asking again is a refresh (re-entrant), not a place in the line
+    // behind w: the lease is its own.
+    let again = a.acquire_wait(&id("s"), &owner("a"), CHILD_WAIT).unwrap();
+    assert_eq!(again.lease().unwrap().token, first.token);
+    a.release(&first).unwrap();
+    assert_eq!(w.line(), format!("granted {}", first.token + 1));
+    release(&mut w);
+    w.finish();
+}
+
+#[test]
+fn a_grown_line_file_is_emptied_by_the_last_waiter_out_and_holed_while_others_wait() {
+    use std::os::unix::fs::MetadataExt;
+    let _turn = one_at_a_time();
+    let (dir, a, first) = held();
+    // A file grown by many waits (more than the 64 KiB the line lets it grow to).
+    std::fs::write(queue_file(dir.path()), vec![b'.'; 200 * 1024]).unwrap();
+    let mut w1 = waiter(dir.path(), "w1");
+    let mut w2 = waiter(dir.path(), "w2");
+    a.release(&first).unwrap();
+    assert_eq!(w1.line(), format!("granted {}", first.token + 1));
+    // w1 left the line while w2 waits: the offsets stay, the blocks before the end go.
+    let meta = std::fs::metadata(queue_file(dir.path())).unwrap();
+    assert!(
+        meta.len() > 200 * 1024,
+        "the file keeps its length: {}",
+        meta.len()
+    );
+    assert!(
+        meta.blocks() * 512 <= 16 * 1024,
+        "{} bytes still allocated",
+        meta.blocks() * 512
+    );
+    release(&mut w1);
+    assert_eq!(w2.line(), format!("granted {}", first.token + 2));
+    // w2 was the last one out: the file is empty again.
+    assert_eq!(std::fs::metadata(queue_file(dir.path())).unwrap().len(), 0);
+    release(&mut w2);
     w1.finish();
     w2.finish();
 }

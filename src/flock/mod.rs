@@ -186,11 +186,12 @@ impl FlockLease {
     ///
     /// Waiting acquires of an id **line up** (`<stem>.queue`, PROTOCOL §4.6): when the lease is
     /// free, the one that has waited longest tries first, and a call made while others wait
-    /// goes to the back of the line, even right after its own release. A first waiter that
-    /// does not take a free lease within 50 ms (stopped, starved of CPU) is passed over. The
-    /// line orders attempts only; each attempt is an ordinary acquire. Callers that do not
-    /// wait in line ([`SessionLease::acquire`](crate::SessionLease::acquire), the Go package)
-    /// are not held back by it.
+    /// goes to the back of the line, even right after its own release (but an instance that
+    /// holds the id asks at once: the same owner's call is a refresh). A waiter ahead that
+    /// leaves a free lease alone for 50 ms (stopped, starved of CPU) is passed over. The line
+    /// orders attempts only; each attempt is an ordinary acquire. Callers that do not wait in
+    /// line ([`SessionLease::acquire`](crate::SessionLease::acquire), the Go package) are not
+    /// held back by it.
     ///
     /// Returns [`Grant::Held`] when `timeout` passes with the lease still held: contention is
     /// an answer, not an error. A timeout too large for the clock means no limit.
@@ -259,9 +260,8 @@ impl FlockLease {
         // This call's place in the id's line of waiters (PROTOCOL §4.6): taken when it first
         // has to wait, kept until it returns.
         let mut line = queue::Line::Outside;
-        // Since when this call, not first in the line, has seen the lease free and let it go
-        // to the first waiter.
-        let mut yielded: Option<Instant> = None;
+        // How long this call, not first in the line, has let a free lease go to the first.
+        let mut yielded = queue::Yielded::default();
         // Consecutive waits that returned at once (the record changed under us, the file is
         // missing): pause increasingly, so a loop that cannot block never spins.
         let mut pause = Duration::ZERO;
@@ -269,7 +269,16 @@ impl FlockLease {
             if wait::cancelled(cancel) {
                 return Ok(Grant::Held);
             }
-            let turn = line.turn(&self.opener, &queue_path) || queue::grace_over(yielded);
+            // An instance that holds the id tries at once: its own owner's call is a refresh
+            // (re-entrant), another owner's is answered held and lines up.
+            let mut turn =
+                lock(&entry.state).local.is_some() || line.turn(&self.opener, &queue_path);
+            if !turn && yielded.grace_over() {
+                // The waiter ahead left a free lease alone for the grace: pass it over.
+                line.pass_over();
+                yielded.saw_held();
+                turn = true;
+            }
             if turn && let Grant::Granted(lease) = self.acquire(id, owner)? {
                 return Ok(Grant::Granted(lease));
             }
@@ -286,6 +295,7 @@ impl FlockLease {
             let started = Instant::now();
             let peeked = self.peek_record(&paths.record)?;
             let tag = peeked.as_ref().and_then(|(_, tag)| *tag);
+            let seen = peeked.as_ref().map(|(rec, _)| rec.token);
             let waiting = peeked.and_then(|(rec, _)| machine::wait_for(&rec, self.clock.now()));
             let Some(machine::Wait {
                 token,
@@ -297,7 +307,7 @@ impl FlockLease {
                 if turn {
                     pause = next_pause(pause);
                 } else {
-                    yielded.get_or_insert(started);
+                    yielded.saw_free(seen);
                     pause = Duration::ZERO;
                     wait::sleep_before(deadline, queue::HANDOFF_POLL);
                 }
@@ -316,12 +326,12 @@ impl FlockLease {
                 live::Found::Own(file) => {
                     if !turn && live::holder_gone(&file).map_err(|e| Error::io("lock", &live, e))? {
                         // The holder is gone and an earlier waiter's turn it is.
-                        yielded.get_or_insert(started);
+                        yielded.saw_free(seen);
                         pause = Duration::ZERO;
                         wait::sleep_before(deadline, queue::HANDOFF_POLL);
                         continue;
                     }
-                    yielded = None;
+                    yielded.saw_held();
                     wait::wait_for_holder(&self.watches, &live, &file, wake, cancel)
                         .map_err(|e| Error::io("wait for", &live, e))?;
                 }

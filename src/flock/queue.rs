@@ -33,9 +33,12 @@ pub(super) const HANDOFF_GRACE: Duration = Duration::from_millis(50);
 /// [`HANDOFF_GRACE`]): the first waiter's grant ends it.
 pub(super) const HANDOFF_POLL: Duration = Duration::from_micros(200);
 
-/// The file is emptied when the last waiter leaves and it has grown past this many bytes
-/// (one per wait).
-const TRIM_AT: u64 = 4096;
+/// When a waiter leaves a file grown past this many bytes (one per wait), it is emptied if
+/// nobody else is in the line, and otherwise the blocks before the last [`KEEP`] bytes are
+/// given back (a hole: offsets, and so the order, stay as they are).
+const TRIM_AT: u64 = 64 * 1024;
+/// The bytes a hole punched into a grown file leaves in place at its end.
+const KEEP: u64 = 4096;
 
 /// One call's place in the line, or why it has none.
 #[derive(Debug)]
@@ -52,11 +55,11 @@ impl Line {
     /// Whether this call may try to acquire now: nobody waits before it. A call still
     /// `Outside` tries only when nobody waits at all (so a holder that released and asks again
     /// at once lines up behind the waiters instead of taking the lease back); one `In` the line
-    /// when no earlier place is held; an `Off` call always.
+    /// when no earlier place is held (but those it passed over); an `Off` call always.
     pub(super) fn turn(&self, opener: &Opener, path: &Path) -> bool {
         match self {
             Line::Outside => !anyone_waiting(opener, path),
-            Line::In(place) => place.first(),
+            Line::In(place) => place.ahead().is_none(),
             Line::Off => true,
         }
     }
@@ -67,6 +70,17 @@ impl Line {
             *self = Place::take(opener, path).map_or(Line::Off, Line::In);
         }
     }
+
+    /// Passes over the earliest place ahead of this one (its waiter left a free lease for the
+    /// hand-off grace: stopped, starved, or a descriptor a forked child inherited): from now
+    /// on this call's turn does not wait for it.
+    pub(super) fn pass_over(&mut self) {
+        if let Line::In(place) = self
+            && let Some(at) = place.earliest_ahead()
+        {
+            place.after = at;
+        }
+    }
 }
 
 /// A place in the line: the byte at offset `at`, write-locked by this open file description.
@@ -74,52 +88,108 @@ impl Line {
 pub(super) struct Place {
     file: File,
     at: i64,
+    /// Places before this offset do not count (passed over, see [`Line::pass_over`]); -1:
+    /// none passed over.
+    after: i64,
 }
 
 impl Place {
     fn take(opener: &Opener, path: &Path) -> Option<Place> {
         let mut file = opener.open(path, Access::Queue).ok()?;
-        file.write_all(b".").ok()?;
-        // O_APPEND: the byte went to the end, whatever others appended meanwhile.
-        let at = i64::try_from(file.stream_position().ok()?).ok()? - 1;
-        set_lock(&file, lock_range(libc::F_WRLCK, at, 1)).ok()?;
-        // Closing the file (dropping the place) drops the lock.
-        Some(Place { file, at })
+        // An emptying by the last waiter out may come between the append and the lock (it
+        // holds the whole file locked meanwhile): then append again, at the new end.
+        for _ in 0..3 {
+            file.write_all(b".").ok()?;
+            // O_APPEND: the byte went to the end, whatever others appended meanwhile.
+            let at = i64::try_from(file.stream_position().ok()?).ok()? - 1;
+            if set_lock(&file, lock_range(libc::F_WRLCK, at, 1)).is_err() {
+                continue;
+            }
+            // Locked: nobody can empty the file now. Emptied before the lock, the byte is gone
+            // and later arrivals would get earlier offsets: take another place.
+            if file.metadata().ok()?.len() > at as u64 {
+                return Some(Place {
+                    file,
+                    at,
+                    after: -1,
+                });
+            }
+            set_lock(&file, lock_range(libc::F_UNLCK, at, 1)).ok()?;
+        }
+        None
     }
 
-    /// Whether no other waiter holds an earlier place. A failed check answers yes: the line
-    /// only orders attempts.
-    fn first(&self) -> bool {
-        self.at == 0 || !held_by_others(&self.file, 0, self.at).unwrap_or(false)
+    /// The offset of the earliest place held before this one (by another waiter), but for
+    /// those passed over. A failed check answers none: the line only orders attempts.
+    fn ahead(&self) -> Option<i64> {
+        let from = self.after + 1;
+        if from >= self.at {
+            return None;
+        }
+        held_by_others(&self.file, from, self.at - from).unwrap_or(None)
+    }
+}
+
+impl Place {
+    /// Like [`Place::ahead`], the earliest such place: the kernel reports any one lock of a
+    /// range, so look again before it until there is none.
+    fn earliest_ahead(&self) -> Option<i64> {
+        let from = self.after + 1;
+        let mut earliest = None;
+        let mut to = self.at;
+        while from < to {
+            match held_by_others(&self.file, from, to - from) {
+                Ok(Some(at)) if at < to => {
+                    earliest = Some(at);
+                    to = at;
+                }
+                _ => break,
+            }
+        }
+        earliest
     }
 }
 
 impl Drop for Place {
     fn drop(&mut self) {
-        // The last one out empties a grown file. A waiter that appended but has not locked yet
-        // may lose its rank to the next arrival: the order of one pair, never an attempt.
-        if !held_by_others(&self.file, 0, 0).unwrap_or(true)
-            && self.file.metadata().is_ok_and(|m| m.len() > TRIM_AT)
-        {
-            let _ = self.file.set_len(0);
+        let Ok(meta) = self.file.metadata() else {
+            return;
+        };
+        if meta.len() <= TRIM_AT {
+            return;
         }
+        // The last one out empties the file, holding all of it locked so that no arrival can
+        // lock a place meanwhile (one that appended first appends again: `Place::take`).
+        if set_lock(&self.file, lock_range(libc::F_WRLCK, 0, 0)).is_ok() {
+            let _ = self.file.set_len(0);
+            return;
+        }
+        // Others wait: give back the blocks of the bytes before the last few (a file system
+        // that cannot punch holes keeps them).
+        let _ = nix::fcntl::fallocate(
+            &self.file,
+            nix::fcntl::FallocateFlags::FALLOC_FL_PUNCH_HOLE
+                | nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE,
+            0,
+            (meta.len() - KEEP) as libc::off_t,
+        );
     }
 }
 
 /// Whether any waiter holds a place in the line at `path` (missing or unusable: no).
 fn anyone_waiting(opener: &Opener, path: &Path) -> bool {
     match opener.open(path, Access::QueueLook) {
-        Ok(file) => held_by_others(&file, 0, 0).unwrap_or(false),
+        Ok(file) => held_by_others(&file, 0, 0).is_ok_and(|at| at.is_some()),
         Err(_) => false,
     }
 }
 
-/// Whether a description other than `file`'s holds a lock on `len` bytes from `start` (`len`
-/// 0: to the end and beyond).
-fn held_by_others(file: &File, start: i64, len: i64) -> nix::Result<bool> {
+/// The start of a lock that a description other than `file`'s holds on `len` bytes from
+/// `start` (`len` 0: to the end and beyond), if any (of several, the kernel reports one).
+fn held_by_others(file: &File, start: i64, len: i64) -> nix::Result<Option<i64>> {
     let mut probe = lock_range(libc::F_WRLCK, start, len);
     fcntl(file, FcntlArg::F_OFD_GETLK(&mut probe))?;
-    Ok(i32::from(probe.l_type) != libc::F_UNLCK)
+    Ok((i32::from(probe.l_type) != libc::F_UNLCK).then_some(probe.l_start))
 }
 
 fn set_lock(file: &File, range: libc::flock) -> nix::Result<()> {
@@ -142,8 +212,29 @@ pub(super) fn path(dir: &Path, stem: &str) -> PathBuf {
     dir.join(format!("{stem}.queue"))
 }
 
-/// When a waiter that is not first has let a free lease go for [`HANDOFF_GRACE`] since
-/// `since`, it tries too.
-pub(super) fn grace_over(since: Option<Instant>) -> bool {
-    since.is_some_and(|t| t.elapsed() >= HANDOFF_GRACE)
+/// How long a waiter that is not first has let a free lease go without the record moving on
+/// (a grant to someone makes progress; see [`Yielded::saw_free`]).
+#[derive(Debug, Default)]
+pub(super) struct Yielded(Option<(Instant, Option<u64>)>);
+
+impl Yielded {
+    /// The lease was seen free with the record at `token` (`None`: no record). A token other
+    /// than the one seen before means someone was served meanwhile: the count starts again.
+    pub(super) fn saw_free(&mut self, token: Option<u64>) {
+        match self.0 {
+            Some((_, seen)) if seen == token => {}
+            _ => self.0 = Some((Instant::now(), token)),
+        }
+    }
+
+    /// A live holder was seen: nobody is holding the line up.
+    pub(super) fn saw_held(&mut self) {
+        self.0 = None;
+    }
+
+    /// Whether the lease has stayed free, with no grant to anyone, for [`HANDOFF_GRACE`]: the
+    /// waiter ahead is not taking it.
+    pub(super) fn grace_over(&self) -> bool {
+        self.0.is_some_and(|(t, _)| t.elapsed() >= HANDOFF_GRACE)
+    }
 }
