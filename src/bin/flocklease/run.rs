@@ -318,6 +318,12 @@ fn hold<L: SessionLease + 'static>(
             );
         })
         .ok();
+    // The watchdog knows the expiry before the job runs (and the job's group from the job
+    // itself, before its command runs): a `run` stopped right after the start still has its
+    // job killed before the lease can lapse.
+    if let Some(pipe) = watchdog.as_ref().and_then(Watchdog::writer) {
+        deadlines.attach(pipe);
+    }
     let (mut cmd, name) = command(a);
     cmd.env("FLOCKLEASE_TOKEN", lease.token.to_string())
         .env("FLOCKLEASE_ID", id.as_str())
@@ -355,9 +361,6 @@ fn hold<L: SessionLease + 'static>(
     };
     if let Some(w) = &mut watchdog {
         w.arm(job.pgid());
-        if let Some(pipe) = w.writer() {
-            deadlines.attach(pipe);
-        }
     }
     let code = supervise(job, &keep, &rx, a.grace);
     deadlines.detach();
