@@ -261,7 +261,14 @@ impl Fail {
 /// pooler's refusal (PgBouncer's statement mode refuses every transaction block). The
 /// server's or pooler's own message is kept.
 pub(super) fn pooler_symptom(e: &tokio_postgres::Error) -> Option<String> {
-    let db = e.as_db_error()?;
+    let Some(db) = e.as_db_error() else {
+        // A reply row that does not fit its statement (a column missing, or of another
+        // type): the reply of another client's statement of the same name.
+        let text = e.to_string();
+        return (text.starts_with("error retrieving column")
+            || text.starts_with("error deserializing column"))
+        .then(|| mismatch_detail(e));
+    };
     let code = db.code();
     if code == &SqlState::INVALID_SQL_STATEMENT_NAME || code == &SqlState::DUPLICATE_PSTATEMENT {
         Some(format!(
@@ -274,6 +281,23 @@ pub(super) fn pooler_symptom(e: &tokio_postgres::Error) -> Option<String> {
         Some(format!("refused in between: \"{}\"", db.message()))
     } else {
         None
+    }
+}
+
+/// What a reply row that does not fit its statement says: see [`mismatch`].
+fn mismatch_detail(e: &tokio_postgres::Error) -> String {
+    format!(
+        "a reply did not fit its statement ({e}): a pooler ran another client's statement of \
+         the same name, or mixed replies"
+    )
+}
+
+/// The error for a reply row that does not fit its statement (a column missing, or of
+/// another type), read with `try_get`: never a panic, and the cause is the connection's
+/// session, as for [`pooler_symptom`].
+pub(super) fn mismatch(e: tokio_postgres::Error) -> Error {
+    Error::SessionNotKept {
+        detail: mismatch_detail(&e),
     }
 }
 
@@ -526,8 +550,11 @@ pub(super) async fn lock_and_read(
     shortened?;
     let row = row?;
     let clock = clock?;
-    let arrived = clock.get(3);
-    let probe = probe?.map(|r| (r.get(0), r.get(1)));
+    let arrived = clock.try_get(3)?;
+    let probe = match probe? {
+        Some(r) => Some((r.try_get(0)?, r.try_get(1)?)),
+        None => None,
+    };
     Ok(FirstRead {
         row,
         clock,
@@ -679,10 +706,12 @@ async fn claim(c: &Client, nonce: &str) -> Result<i32, Fail> {
         })
         .ok_or_else(|| Fail::SessionNotKept("the session's mark could not be read".into()))?;
     let pid: i32 = row
-        .get(0)
+        .try_get(0)
+        .ok()
+        .flatten()
         .and_then(|p| p.parse().ok())
         .ok_or_else(|| Fail::SessionNotKept("pg_backend_pid() returned no pid".into()))?;
-    if row.get(1) != Some(nonce) {
+    if row.try_get(1).ok().flatten() != Some(nonce) {
         return Err(Fail::SessionNotKept(format!(
             "a new connection was given server session {pid}, which holds another \
              connection's advisory locks"
@@ -698,9 +727,10 @@ async fn owner_of(c: &Client) -> Result<(i32, Option<String>), Fail> {
     reply
         .iter()
         .find_map(|m| match m {
-            SimpleQueryMessage::Row(row) => {
-                Some((row.get(0)?.parse().ok()?, row.get(1).map(str::to_owned)))
-            }
+            SimpleQueryMessage::Row(row) => Some((
+                row.try_get(0).ok()??.parse().ok()?,
+                row.try_get(1).ok()?.map(str::to_owned),
+            )),
             _ => None,
         })
         .ok_or_else(|| Fail::SessionNotKept("pg_backend_pid() returned no pid".into()))

@@ -178,7 +178,7 @@ impl PgLease {
             match &inner.clock {
                 Some(c) => truncate_to_micros(c.now()),
                 None => row
-                    .and_then(|r| r.get::<_, SqlTime>(col).to_timestamp())
+                    .and_then(|r| r.try_get::<_, SqlTime>(col).ok()?.to_timestamp())
                     .unwrap_or(Timestamp::MAX),
             }
         };

@@ -794,6 +794,13 @@ impl Inner {
 
 /// The advisory key and record of a lease row `(key, owner, token, expiry)`.
 fn row_record(id: &SessionId, row: &Row) -> Result<(i32, Option<Record>), Error> {
-    let key: i32 = row.get(0);
-    Ok((key, tx::record_of(id, row.get(1), row.get(2), row.get(3))?))
+    let col = conn::mismatch;
+    let key: i32 = row.try_get(0).map_err(col)?;
+    let record = tx::record_of(
+        id,
+        row.try_get(1).map_err(col)?,
+        row.try_get(2).map_err(col)?,
+        row.try_get(3).map_err(col)?,
+    )?;
+    Ok((key, record))
 }

@@ -120,7 +120,7 @@ impl Inner {
                         &[&pid, &wait_ms],
                     )
                     .await?;
-                Ok(row.get::<_, bool>(0))
+                row.try_get::<_, bool>(0)
             },
         );
         match done {
@@ -185,7 +185,10 @@ impl Inner {
         token: u64,
         row: &tokio_postgres::Row,
     ) -> Result<Conn, Error> {
-        let (locked, pid): (Option<bool>, i32) = (row.get(0), row.get(1));
+        let (locked, pid): (Option<bool>, i32) = (
+            row.try_get(0).map_err(super::conn::mismatch)?,
+            row.try_get(1).map_err(super::conn::mismatch)?,
+        );
         let Some(locked) = locked.filter(|_| pid == conn.pid) else {
             // Not tried (the statement ran in a session without this connection's mark), or,
             // should a mark ever be met elsewhere, taken in another session: that session is
@@ -299,7 +302,10 @@ impl Inner {
                     .await
             },
         );
-        match done.map(|row| row.get::<_, Option<bool>>(0)) {
+        match done.and_then(|row| {
+            row.try_get::<_, Option<bool>>(0)
+                .map_err(super::conn::Fail::Db)
+        }) {
             Ok(Some(true)) => self.give_back(conn),
             Ok(None) => {
                 // Another server session than the one holding the lock: never unlocked or

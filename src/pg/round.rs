@@ -94,7 +94,10 @@ impl Inner {
         // The transaction's server session must be the connection's own: through a
         // transaction-mode pooler an acquire's generation lock, taken in this transaction,
         // would stay with a server connection that the pooler hands to other clients.
-        let (pid, ours): (i32, bool) = (clock.get(1), clock.get(2));
+        let (pid, ours): (i32, bool) = (
+            clock.try_get(1).map_err(super::conn::mismatch)?,
+            clock.try_get(2).map_err(super::conn::mismatch)?,
+        );
         if pid != conn.pid || !ours {
             // Rolled back, then closed at the end of the transition, never pooled; and
             // neither session is ended on its account (both may serve other clients).
@@ -110,7 +113,8 @@ impl Inner {
         }
         let (key, record) = row_record(id, &row)?;
         let now = clock
-            .get::<_, SqlTime>(0)
+            .try_get::<_, SqlTime>(0)
+            .map_err(super::conn::mismatch)?
             .to_timestamp()
             .ok_or_else(|| Error::CorruptRow {
                 id: id.clone(),

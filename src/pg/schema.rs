@@ -86,7 +86,8 @@ pub(super) fn ensure(
             .query_one(&format!("SELECT min(version) FROM {VERSION_TABLE}"), &[])
             .await
             .map_err(db("read the schema version"))?
-            .get(0);
+            .try_get(0)
+            .map_err(db("read the schema version"))?;
         let schemas: Vec<String> = tx
             .query(
                 &format!(
@@ -99,8 +100,9 @@ pub(super) fn ensure(
             .await
             .map_err(db("read the schema version"))?
             .iter()
-            .map(|r| r.get(0))
-            .collect();
+            .map(|r| r.try_get(0))
+            .collect::<Result<_, _>>()
+            .map_err(db("read the schema version"))?;
         tx.commit().await.map_err(db("create the lease tables"))?;
         drop(client);
         let _ = task.await;

@@ -115,35 +115,41 @@ impl PgLease {
             }
         };
         let now = clock
-            .get::<_, super::sqltime::SqlTime>(0)
-            .to_timestamp()
+            .try_get::<_, super::sqltime::SqlTime>(0)
+            .ok()
+            .and_then(|t| t.to_timestamp())
             .unwrap_or(Timestamp::MAX);
         if inner.clock.is_none() {
             // Read after the table, so ahead of the server's clock by at most the round trip.
             inner.measured(now, sent);
         }
         // A row edited by hand is reported as such; the others are listed all the same.
-        Ok(rows
-            .iter()
+        let col = super::conn::mismatch;
+        rows.iter()
             .map(|r| {
-                let name: String = r.get(0);
+                let name: String = r.try_get(0).map_err(col)?;
+                let (owner, token, expiry) = (
+                    r.try_get(1).map_err(col)?,
+                    r.try_get(2).map_err(col)?,
+                    r.try_get(3).map_err(col)?,
+                );
                 let read = SessionId::new(name.clone())
                     .map_err(|e| e.to_string())
                     .and_then(|sid| {
-                        record_of(&sid, r.get(1), r.get(2), r.get(3)).map_err(|e| e.to_string())
+                        record_of(&sid, owner, token, expiry).map_err(|e| e.to_string())
                     });
                 let (record, problem) = match read {
                     Ok(record) => (record, None),
                     Err(problem) => (None, Some(problem)),
                 };
-                PgSession {
+                Ok(PgSession {
                     record,
                     id: name,
-                    live: r.get(4),
+                    live: r.try_get(4).map_err(col)?,
                     now,
                     problem,
-                }
+                })
             })
-            .collect())
+            .collect()
     }
 }

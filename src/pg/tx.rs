@@ -192,11 +192,13 @@ impl<'a> Transaction for PgTx<'a> {
             |c| async move { c.client.query_one(&c.stmts.probe, &[&key, &gk]).await },
         )
         .map_err(|e| e.into_error("probe the holder's liveness lock", Some(self.id)))?;
-        Ok(if free.get::<_, bool>(0) {
-            Liveness::Dead
-        } else {
-            Liveness::Live
-        })
+        Ok(
+            if free.try_get::<_, bool>(0).map_err(super::conn::mismatch)? {
+                Liveness::Dead
+            } else {
+                Liveness::Live
+            },
+        )
     }
 
     fn lock_live(&mut self, token: u64) -> Result<PendingLive, Error> {
@@ -294,11 +296,14 @@ impl<'a> Transaction for PgTx<'a> {
                     );
                     let row = updated?;
                     committed?;
-                    if !row.get::<_, bool>(2) {
+                    if !row.try_get::<_, bool>(2)? {
                         // Another server session than the connection's: nothing was tried.
                         return Ok((None, 0));
                     }
-                    Ok((Some(row.get::<_, bool>(0)), row.get::<_, i64>(1) as u64))
+                    Ok((
+                        Some(row.try_get::<_, bool>(0)?),
+                        row.try_get::<_, i64>(1)? as u64,
+                    ))
                 }
             }
         });
