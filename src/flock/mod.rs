@@ -274,10 +274,12 @@ impl FlockLease {
             let mut turn =
                 lock(&entry.state).local.is_some() || line.turn(&self.opener, &queue_path);
             if !turn && yielded.grace_over() {
-                // The waiter ahead left a free lease alone for the grace: pass it over.
+                // The earliest waiter ahead left a free lease alone for the grace: pass it
+                // over, and try if nobody else waits ahead (or wait for the next one, with a
+                // grace of its own).
                 line.pass_over();
                 yielded.saw_held();
-                turn = true;
+                turn = line.turn(&self.opener, &queue_path);
             }
             if turn && let Grant::Granted(lease) = self.acquire(id, owner)? {
                 return Ok(Grant::Granted(lease));
