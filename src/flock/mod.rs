@@ -309,9 +309,8 @@ impl FlockLease {
                 if turn {
                     pause = next_pause(pause);
                 } else {
-                    yielded.saw_free(seen);
+                    yielded.let_go(seen, deadline);
                     pause = Duration::ZERO;
-                    wait::sleep_before(deadline, queue::HANDOFF_POLL);
                 }
                 continue;
             };
@@ -328,9 +327,8 @@ impl FlockLease {
                 live::Found::Own(file) => {
                     if !turn && live::holder_gone(&file).map_err(|e| Error::io("lock", &live, e))? {
                         // The holder is gone and an earlier waiter's turn it is.
-                        yielded.saw_free(seen);
+                        yielded.let_go(seen, deadline);
                         pause = Duration::ZERO;
-                        wait::sleep_before(deadline, queue::HANDOFF_POLL);
                         continue;
                     }
                     yielded.saw_held();

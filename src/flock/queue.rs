@@ -213,18 +213,21 @@ pub(super) fn path(dir: &Path, stem: &str) -> PathBuf {
 }
 
 /// How long a waiter that is not first has let a free lease go without the record moving on
-/// (a grant to someone makes progress; see [`Yielded::saw_free`]).
+/// (a grant to someone makes progress; see [`Yielded::let_go`]).
 #[derive(Debug, Default)]
 pub(super) struct Yielded(Option<(Instant, Option<u64>)>);
 
 impl Yielded {
-    /// The lease was seen free with the record at `token` (`None`: no record). A token other
-    /// than the one seen before means someone was served meanwhile: the count starts again.
-    pub(super) fn saw_free(&mut self, token: Option<u64>) {
+    /// The lease was seen free with the record at `token` (`None`: no record), and it is an
+    /// earlier waiter's turn: counts the moment (a token other than the one seen before means
+    /// someone was served meanwhile, and the count starts again), then leaves the lease to
+    /// that waiter for [`HANDOFF_POLL`], or until `deadline`.
+    pub(super) fn let_go(&mut self, token: Option<u64>, deadline: Option<Instant>) {
         match self.0 {
             Some((_, seen)) if seen == token => {}
             _ => self.0 = Some((Instant::now(), token)),
         }
+        super::wait::sleep_before(deadline, HANDOFF_POLL);
     }
 
     /// A live holder was seen: nobody is holding the line up.
