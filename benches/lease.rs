@@ -540,22 +540,40 @@ fn scaling(dir: &Path, rounds: usize, quick: bool) {
          median of {} runs:\n",
         if quick { 5 } else { 20 }
     );
-    println!("| ids | takeover median | ratio to 10 ids |");
-    println!("| --- | --- | --- |");
-    for &(count, us) in &takeovers {
-        println!("| {count} | {us:.0} µs | {:.2}× |", us / takeovers[0].1);
+    println!(
+        "| ids | waiting takeover | ratio to 10 ids | takeover by `acquire` (holder reaped) | ratio | `acquire_wait` of 1 ms, held | ratio |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    let first = takeovers[0].1;
+    for &(count, (w, p, s)) in &takeovers {
+        println!(
+            "| {count} | {w:.0} µs | {:.2}× | {p:.0} µs | {:.2}× | {s:.0} µs | {:.2}× |",
+            w / first.0,
+            p / first.1,
+            s / first.2
+        );
     }
 }
 
-/// The median time, over `runs` takeovers of the id `takeover` in `dir`, from the SIGKILL of a
-/// holder process to a waiting acquire's grant (released again after each run).
-fn takeovers_in(dir: &Path, runs: usize) -> f64 {
+/// Medians over `runs` crash takeovers of the id `takeover` in `dir`, in µs: (1) from the SIGKILL
+/// of a holder process to a waiting acquire's grant; (2) an `acquire` right after the holder was
+/// reaped (the takeover alone, no wait: the first one's floor); (3) one `acquire_wait` of 1 ms
+/// on the held lease, answered held (a wait's own cost beside its 1 ms). Each grant is released
+/// again.
+fn takeovers_in(dir: &Path, runs: usize) -> (f64, f64, f64) {
     let leases = open(dir, Durability::NoSync);
     let id = SessionId::new("takeover").unwrap();
     let me = Owner::new("waiter").unwrap();
-    let mut us = vec![];
+    let (mut waited, mut plain, mut short) = (vec![], vec![], vec![]);
     for _ in 0..runs {
-        let (mut child, _) = spawn_child(&["holder", dir.to_str().unwrap()]);
+        let (mut child, token) = spawn_child(&["holder", dir.to_str().unwrap()]);
+        let live = dir.join(format!("{}.{}.live", id.stem(), token.trim()));
+        let t0 = Instant::now();
+        let got = leases
+            .acquire_wait(&id, &me, Duration::from_millis(1))
+            .unwrap();
+        short.push(t0.elapsed().as_nanos() as f64 / 1000.0);
+        assert!(got.is_held());
         std::thread::scope(|s| {
             let waiter = s.spawn(|| {
                 let l = leases
@@ -565,16 +583,27 @@ fn takeovers_in(dir: &Path, runs: usize) -> f64 {
                     .unwrap();
                 (Instant::now(), l)
             });
-            wait_watched(dir);
+            wait_watched(&live);
             let t0 = Instant::now();
             child.kill().unwrap();
             let (t1, l) = waiter.join().unwrap();
-            us.push((t1 - t0).as_nanos() as f64 / 1000.0);
+            waited.push((t1 - t0).as_nanos() as f64 / 1000.0);
             leases.release(&l).unwrap();
         });
         child.wait().unwrap();
+        let (mut child, _) = spawn_child(&["holder", dir.to_str().unwrap()]);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let t0 = Instant::now();
+        let l = leases.acquire(&id, &me).unwrap().lease().unwrap();
+        plain.push(t0.elapsed().as_nanos() as f64 / 1000.0);
+        leases.release(&l).unwrap();
     }
-    percentile(&mut us, 0.5)
+    (
+        percentile(&mut waited, 0.5),
+        percentile(&mut plain, 0.5),
+        percentile(&mut short, 0.5),
+    )
 }
 
 fn contention(dir: &Path, quick: bool) {
@@ -1012,17 +1041,21 @@ fn wait_blocked(path: &Path) {
 /// Waits (bounded) until this process's inotify watch on the lease directory reports closes
 /// of its entries: the waiting acquire is parked, so the kill is measured from a comparable
 /// starting line.
-fn wait_watched(dir: &Path) {
+/// Returns once an inotify instance of this process watches the closes of the file at `path`
+/// (the waiter is parked on the holder's liveness file), or of its directory's entries (how
+/// waits watched before 2026-12-02: kept so that this bench runs on older code for A/B runs).
+fn wait_watched(path: &Path) {
     let start = Instant::now();
-    let ino = fs::metadata(dir).unwrap().ino();
-    let needle = format!(" ino:{ino:x} ");
+    let ino = fs::metadata(path).unwrap().ino();
+    let dir_ino = fs::metadata(path.parent().unwrap()).unwrap().ino();
+    let needles = [format!(" ino:{ino:x} "), format!(" ino:{dir_ino:x} ")];
     while start.elapsed() < Duration::from_secs(5) {
         let waiting = fs::read_dir("/proc/self/fdinfo")
             .unwrap()
             .flatten()
             .filter_map(|e| fs::read_to_string(e.path()).ok())
             .flat_map(|t| t.lines().map(str::to_owned).collect::<Vec<_>>())
-            .filter(|l| l.contains(&needle))
+            .filter(|l| needles.iter().any(|n| l.contains(n)))
             .any(|l| {
                 l.split_whitespace()
                     .find_map(|f| f.strip_prefix("mask:"))
@@ -1034,7 +1067,7 @@ fn wait_watched(dir: &Path) {
         }
         std::thread::yield_now();
     }
-    panic!("the waiter never watched {}", dir.display());
+    panic!("the waiter never watched {}", path.display());
 }
 
 fn spawn_child(args: &[&str]) -> (std::process::Child, String) {
@@ -1080,7 +1113,7 @@ fn takeover(dir: &Path, runs: usize) {
 
         // The lease: a waiting acquire, woken by the holder's death.
         let sub = dir.join(format!("takeover-{run}"));
-        let (mut child, _) = spawn_child(&["holder", sub.to_str().unwrap()]);
+        let (mut child, token) = spawn_child(&["holder", sub.to_str().unwrap()]);
         let leases = open(&sub, Durability::NoSync);
         let id = SessionId::new("takeover").unwrap();
         std::thread::scope(|s| {
@@ -1092,7 +1125,7 @@ fn takeover(dir: &Path, runs: usize) {
                     .unwrap();
                 (Instant::now(), l.token)
             });
-            wait_watched(&sub);
+            wait_watched(&sub.join(format!("{}.{}.live", id.stem(), token.trim())));
             let t0 = Instant::now();
             child.kill().unwrap();
             let (t1, token) = waiter.join().unwrap();

@@ -108,9 +108,9 @@
 //!   crash leftover, or planted) is removed, never reused or followed.
 //! - Holders lock liveness files exclusively; probes and waiters use non-blocking *shared*
 //!   locks, dropped at once, so they never look like a holder to each other. A waiting
-//!   acquire watches the holder's liveness file with inotify (through a watch on the lease
-//!   directory) and wakes when the holder's descriptor closes (release or death); no lock is
-//!   held while it waits, and no thread is started (but for
+//!   acquire watches the holder's liveness file with inotify (a mark on that file) and wakes
+//!   when the holder's descriptor closes (release or death); no lock is held while it waits,
+//!   and no thread is started (but for
 //!   [`FlockLease::acquire_wait_async`], whose wait runs on a thread of its own until the
 //!   grant, the deadline, or the future is dropped). The transition lock is taken with non-blocking attempts and a backoff
 //!   (20 µs–1 ms) up to the lock timeout, which every caller has for itself. See

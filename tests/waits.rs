@@ -7,6 +7,7 @@
 mod support;
 
 use std::fs::{self, File};
+use std::os::unix::fs::MetadataExt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -245,6 +246,82 @@ fn a_parked_waiter_holds_no_lock_and_wakes_on_release() {
     });
 }
 
+/// The inotify marks of this process: (inode, mask) of each, from `/proc/self/fdinfo`.
+fn marks() -> Vec<(u64, u32)> {
+    let field = |line: &str, key: &str| {
+        line.split_whitespace()
+            .find_map(|f| f.strip_prefix(key))
+            .and_then(|v| u64::from_str_radix(v, 16).ok())
+    };
+    fs::read_dir("/proc/self/fdinfo")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| fs::read_to_string(e.path()).ok())
+        .flat_map(|t| t.lines().map(str::to_owned).collect::<Vec<_>>())
+        .filter(|l| l.starts_with("inotify "))
+        .filter_map(|l| Some((field(&l, "ino:")?, field(&l, "mask:")? as u32)))
+        .collect()
+}
+
+/// A wait marks the holder's liveness file with inotify, never the lease directory: a mark
+/// that reports a directory's entries makes the kernel flag every entry of the directory each
+/// time it is added (milliseconds at 100 000 ids, under a lock every creation in the directory
+/// needs), so every wait would cost the size of the directory. And marks do not pile up: each
+/// wait removes its instance's earlier mark, here on files that stay (each expired holder keeps
+/// its descriptor), so after five waits on five generations at most one mark per kept instance
+/// remains.
+#[test]
+fn a_wait_marks_the_holders_file_not_the_directory_and_marks_do_not_pile_up() {
+    const IN_CLOSE_WRITE: u32 = 0x8;
+    let _g = counting();
+    let dir = tempfile::tempdir().unwrap();
+    let dir_ino = fs::metadata(dir.path()).unwrap().ino();
+    let (hook, parked) = parking_signal();
+    let waiter = FlockLease::builder(dir.path()).faults(hook).open().unwrap();
+    // Holders whose leases expire while they keep their generations (and descriptors).
+    let mut stale = vec![];
+    for _ in 0..5 {
+        let holder = open_real(dir.path(), Duration::from_millis(200));
+        let lease = holder
+            .acquire(&id("s"), &owner("a"))
+            .unwrap()
+            .lease()
+            .unwrap();
+        let live = dir
+            .path()
+            .join(format!("{}.{}.live", id("s").stem(), lease.token));
+        let live_ino = fs::metadata(&live).unwrap().ino();
+        thread::scope(|s| {
+            let waiting =
+                s.spawn(|| waiter.acquire_wait(&id("s"), &owner("w"), Duration::from_secs(60)));
+            parked.recv().unwrap();
+            let bound = Instant::now() + Duration::from_secs(10);
+            while !marks()
+                .iter()
+                .any(|&(ino, mask)| ino == live_ino && mask & IN_CLOSE_WRITE != 0)
+            {
+                assert!(
+                    Instant::now() < bound,
+                    "the wait never marked the holder's file"
+                );
+                thread::yield_now();
+            }
+            assert!(
+                marks().iter().all(|&(ino, _)| ino != dir_ino),
+                "the wait marked the lease directory: {:?}",
+                marks()
+            );
+            // It ends at the expiry, with the holder alive and its file still there.
+            let got = waiting.join().unwrap().unwrap().lease().unwrap();
+            assert_eq!(got.token, lease.token + 1);
+            waiter.release(&got).unwrap();
+        });
+        stale.push((holder, lease));
+    }
+    let left = marks();
+    assert!(left.len() <= 2, "marks piled up over waits: {left:?}");
+}
+
 /// Dropping an async wait parked on a live holder ends its thread at once, with the holder
 /// doing nothing, and the abandoned wait never takes the lease afterwards.
 #[test]
@@ -284,7 +361,7 @@ fn a_dropped_async_wait_ends_its_thread_at_once_and_takes_nothing() {
 
 #[test]
 fn a_parked_waiter_sleeps_through_other_ids_and_wakes_on_its_holder() {
-    // The wait watches the lease directory, whose events name every entry: the other ids'
+    // The wait watches the holder's liveness file only: the other ids'
     // transitions must not end it (each end would be another attempt and another open of the
     // holder's liveness file), and the holder's own release must.
     let _g = counting();

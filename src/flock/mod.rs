@@ -176,8 +176,8 @@ impl FlockLease {
     /// Acquires the lease of `id` for `owner`, waiting up to `timeout` while another owner
     /// holds it.
     ///
-    /// The wait watches the holder's liveness file (through an inotify watch on the lease
-    /// directory, whose events name the file), so it ends the moment the holder releases or
+    /// The wait watches the holder's liveness file (an inotify mark on that file, so its cost
+    /// does not grow with the directory), so it ends the moment the holder releases or
     /// dies (the kernel drops its lock), or when its lease expires, and then retries the
     /// acquire: no polling interval. Only when the holder's liveness file is missing (deleted
     /// by hand), or no inotify instance is available, does it re-check with a pause of up to
@@ -265,6 +265,10 @@ impl FlockLease {
         // Consecutive waits that returned at once (the record changed under us, the file is
         // missing): pause increasingly, so a loop that cannot block never spins.
         let mut pause = Duration::ZERO;
+        // The liveness file the last wait watched, kept open until after the next attempt: if
+        // that attempt (a takeover) unlinks it, the kernel drops the wait's inotify mark with it
+        // only when this descriptor closes, after the attempt, not on its path (wait.rs).
+        let mut watched: Option<File> = None;
         loop {
             if wait::cancelled(cancel) {
                 return Ok(Grant::Held);
@@ -284,6 +288,7 @@ impl FlockLease {
             if turn && let Grant::Granted(lease) = self.acquire(id, owner)? {
                 return Ok(Grant::Granted(lease));
             }
+            drop(watched.take());
             line.join(&self.opener, &queue_path);
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(Grant::Held);
@@ -334,6 +339,7 @@ impl FlockLease {
                     yielded.saw_held();
                     wait::wait_for_holder(&self.watches, &live, &file, wake, cancel)
                         .map_err(|e| Error::io("wait for", &live, e))?;
+                    watched = Some(file);
                 }
                 live::Found::Missing | live::Found::NotOwn(_) => {
                     // No lock of the generation's to wait on: the record's expiry decides, so
@@ -792,7 +798,7 @@ impl FlockLeaseBuilder {
         let (dir_file, owners, sticky) =
             files::open_dir(&self.dir, self.allow_network_fs, self.trust_foreign_owners)?;
         Ok(FlockLease {
-            watches: wait::Watches::new(self.dir.clone()),
+            watches: wait::Watches::new(),
             dir: self.dir,
             dir_file,
             ttl: self.ttl,
