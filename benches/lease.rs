@@ -84,6 +84,10 @@ fn main() {
         let shm = scratch(Path::new("/dev/shm"));
         return fairness(shm.path(), quick);
     }
+    if args.iter().any(|a| a == "contention") {
+        let shm = scratch(Path::new("/dev/shm"));
+        return contention(shm.path(), quick);
+    }
     if args.iter().any(|a| a == "takeover") {
         let shm = scratch(Path::new("/dev/shm"));
         return takeover(shm.path(), if quick { 30 } else { 200 });
@@ -683,7 +687,7 @@ fn fairness(dir: &Path, quick: bool) {
                 line,
                 secs,
             );
-            let g: Vec<u64> = grants.iter().map(|(_, n)| *n).collect();
+            let g: Vec<u64> = grants.iter().map(|(_, n, _)| *n).collect();
             let (min, max, mean) = spread(&g);
             println!(
                 "| {procs} | {} | {} | {:.0} | {min} – {mean:.0} – {max} | {:.2} | {:.2} |",
@@ -703,9 +707,9 @@ fn fairness(dir: &Path, quick: bool) {
         "\n### 4 waiting acquires beside 4 Go-style contenders on one id (tmpfs, no fsync; each grant held 200 µs; {secs} s per row)\n"
     );
     println!(
-        "| contenders | line | waiters: min – mean – max | contenders: min – mean – max | waiters' share |"
+        "| contenders | line | waiters: min – mean – max | contenders: min – mean – max | waiters' share | longest without a grant: waiter / contender |"
     );
-    println!("| --- | --- | --- | --- | --- |");
+    println!("| --- | --- | --- | --- | --- | --- |");
     for (kind, label) in [
         ("ticker", "tick: 1 ms sleep after every attempt"),
         (
@@ -721,18 +725,28 @@ fn fairness(dir: &Path, quick: bool) {
             let pick = |waiters: bool| -> Vec<u64> {
                 grants
                     .iter()
-                    .filter(|(r, _)| r.starts_with("waiter") == waiters)
-                    .map(|(_, n)| *n)
+                    .filter(|(r, _, _)| r.starts_with("waiter") == waiters)
+                    .map(|(_, n, _)| *n)
                     .collect()
+            };
+            let longest = |waiters: bool| {
+                grants
+                    .iter()
+                    .filter(|(r, _, _)| r.starts_with("waiter") == waiters)
+                    .map(|(_, _, ms)| *ms)
+                    .max()
+                    .unwrap()
             };
             let (w, p) = (pick(true), pick(false));
             let (wmin, wmax, wmean) = spread(&w);
             let (pmin, pmax, pmean) = spread(&p);
             let (ws, ps) = (w.iter().sum::<u64>(), p.iter().sum::<u64>());
             println!(
-                "| {label} | {} | {wmin} – {wmean:.0} – {wmax} | {pmin} – {pmean:.0} – {pmax} | {:.0} % |",
+                "| {label} | {} | {wmin} – {wmean:.0} – {wmax} | {pmin} – {pmean:.0} – {pmax} | {:.0} % | {} ms / {} ms |",
                 if line { "on" } else { "off (baseline)" },
-                ws as f64 * 100.0 / (ws + ps).max(1) as f64
+                ws as f64 * 100.0 / (ws + ps).max(1) as f64,
+                longest(true),
+                longest(false)
             );
         }
     }
@@ -746,14 +760,14 @@ fn spread(g: &[u64]) -> (u64, u64, f64) {
 }
 
 /// Runs one child per role on one id in a fresh directory `name` until the same instant, and
-/// returns each child's role and grants.
+/// returns each child's role, grants, and longest stretch without a grant (ms).
 fn contend<'r>(
     dir: &Path,
     name: &str,
     roles: &[&'r str],
     line: bool,
     secs: u64,
-) -> Vec<(&'r str, u64)> {
+) -> Vec<(&'r str, u64, u64)> {
     let sub = dir.join(name);
     fs::create_dir_all(&sub).unwrap();
     fs::set_permissions(&sub, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
@@ -785,10 +799,9 @@ fn contend<'r>(
         .zip(children)
         .map(|(role, c)| {
             let out = c.wait_with_output().unwrap();
-            (
-                *role,
-                String::from_utf8_lossy(&out.stdout).trim().parse().unwrap(),
-            )
+            let text = String::from_utf8_lossy(&out.stdout);
+            let mut fields = text.split_whitespace().map(|f| f.parse().unwrap());
+            (*role, fields.next().unwrap(), fields.next().unwrap())
         })
         .collect()
 }
@@ -820,6 +833,9 @@ fn contender_role(role: &str, dir: &Path, over: impl Fn() -> bool) {
     let me = Owner::new(format!("{kind}{}", std::process::id())).unwrap();
     let id = SessionId::new("contended").unwrap();
     let mut grants = 0u64;
+    // The longest stretch without a grant (from the window's start, between grants, and to its
+    // end): what "starved" would mean.
+    let (mut last, mut longest) = (Instant::now(), Duration::ZERO);
     while !over() {
         let got = match kind {
             "waiter" => leases.acquire_wait(&id, &me, Duration::from_millis(100)),
@@ -828,6 +844,8 @@ fn contender_role(role: &str, dir: &Path, over: impl Fn() -> bool) {
         .unwrap();
         if let Grant::Granted(l) = &got {
             grants += 1;
+            longest = longest.max(last.elapsed());
+            last = Instant::now();
             if !hold.is_zero() {
                 std::thread::sleep(hold);
             }
@@ -837,7 +855,8 @@ fn contender_role(role: &str, dir: &Path, over: impl Fn() -> bool) {
             std::thread::sleep(Duration::from_millis(1));
         }
     }
-    println!("{grants}");
+    longest = longest.max(last.elapsed());
+    println!("{grants} {}", longest.as_millis());
 }
 
 /// Child: hold a lease, say so, wait to be killed.

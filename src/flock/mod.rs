@@ -285,8 +285,14 @@ impl FlockLease {
                 yielded.saw_held();
                 turn = line.turn(&self.opener, &queue_path);
             }
-            if turn && let Grant::Granted(lease) = self.acquire(id, owner)? {
-                return Ok(Grant::Granted(lease));
+            if turn {
+                // The first in the line, right after the holder let go, tries the transition
+                // lock eagerly; only one waiter per id is first, so only one spins (unqueued
+                // waiters spinning on two cores cost a quarter of the grants: BENCHMARKS.md).
+                let _eager = matches!(line, queue::Line::In(_)).then(wait::eager);
+                if let Grant::Granted(lease) = self.acquire(id, owner)? {
+                    return Ok(Grant::Granted(lease));
+                }
             }
             drop(watched.take());
             line.join(&self.opener, &queue_path);
