@@ -12,8 +12,9 @@
 //!   an inotify mark on the file itself (never on the directory, whose size would then set the
 //!   wait's cost): the kernel reports the close of the holder's descriptor (`IN_CLOSE_WRITE`)
 //!   when the holder releases or dies, so the wait wakes at that instant without a thread
-//!   blocked in `flock(2)`. Its checks use a *shared* try-lock, which a holder's exclusive lock excludes
-//!   but which never excludes another probe or waiter: a waiter never looks like a holder.
+//!   blocked in `flock(2)`. Its checks use a *shared* try-lock, which a holder's exclusive
+//!   lock excludes but which never excludes another probe or waiter: a waiter never looks like
+//!   a holder.
 
 use std::cell::Cell;
 use std::fs::{self, File, TryLockError};
