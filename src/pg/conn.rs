@@ -263,10 +263,12 @@ impl Fail {
 pub(super) fn pooler_symptom(e: &tokio_postgres::Error) -> Option<String> {
     let Some(db) = e.as_db_error() else {
         // A reply row that does not fit its statement (a column missing, or of another
-        // type): the reply of another client's statement of the same name.
+        // type), or a reply message the protocol does not allow at that point: the reply of
+        // another client's statement, mixed in by the pooler.
         let text = e.to_string();
         return (text.starts_with("error retrieving column")
-            || text.starts_with("error deserializing column"))
+            || text.starts_with("error deserializing column")
+            || text == "unexpected message from server")
         .then(|| mismatch_detail(e));
     };
     let code = db.code();
