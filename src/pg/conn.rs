@@ -269,7 +269,7 @@ pub(super) fn pooler_symptom(e: &tokio_postgres::Error) -> Option<String> {
         return (text.starts_with("error retrieving column")
             || text.starts_with("error deserializing column")
             || text == "unexpected message from server")
-        .then(|| mismatch_detail(e));
+            .then(|| mismatch_detail(e));
     };
     let code = db.code();
     if code == &SqlState::INVALID_SQL_STATEMENT_NAME || code == &SqlState::DUPLICATE_PSTATEMENT {
