@@ -171,14 +171,20 @@ impl PgBouncer {
             watchdog: Mutex::new((child, stdin)),
             log,
         };
-        bouncer.pid = match rx.recv_timeout(START_BOUND) {
-            Ok(Ok(pid)) => pid,
-            other => panic!("the pooler did not start ({other:?}):\n{}", bouncer.log()),
-        };
-        match rx.recv_timeout(START_BOUND) {
-            Ok(Err(true)) => {}
-            other => panic!("the pooler did not come up ({other:?}):\n{}", bouncer.log()),
+        // The pid line (the watchdog's) and the "process up" line (the pooler's) share one
+        // pipe from two processes, so they come in either order.
+        let (mut pid, mut up) = (None, false);
+        while pid.is_none() || !up {
+            match rx.recv_timeout(START_BOUND) {
+                Ok(Ok(p)) => pid = Some(p),
+                Ok(Err(true)) => up = true,
+                other => panic!(
+                    "the pooler did not start (pid {pid:?}, up {up}: {other:?}):\n{}",
+                    bouncer.log()
+                ),
+            }
         }
+        bouncer.pid = pid.unwrap_or_default();
         bouncer.version = bouncer.console_ready();
         Some(bouncer)
     }
