@@ -257,6 +257,7 @@ impl FenceBuilder {
                 sticky,
                 file_mode: DEFAULT_FILE_MODE,
                 faults: Faults::default(),
+                share: None,
             },
             lock_timeout: self.lock_timeout,
         };

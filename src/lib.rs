@@ -168,6 +168,7 @@ pub mod fence;
 #[cfg(feature = "postgres")]
 pub mod pg;
 pub mod status;
+pub mod supervise;
 
 mod clock;
 mod gate;

@@ -165,6 +165,7 @@ fn opener(dir: &Path) -> Result<Opener, Error> {
         sticky,
         file_mode: files::DEFAULT_FILE_MODE,
         faults: Default::default(),
+        share: None,
     })
 }
 

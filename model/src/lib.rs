@@ -31,6 +31,7 @@ use stateright::{Model, Property};
 mod fence;
 pub mod props;
 pub mod report;
+pub mod run;
 mod tx;
 
 pub use fence::{Fence, FenceIo, schedule};

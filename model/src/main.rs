@@ -2,6 +2,7 @@
 
 use std::process::ExitCode;
 
+use flocklease_model::run::{RunModel, RunPlanted};
 use flocklease_model::{Backend, CONFIGS, LeaseModel, Planted, Tamper, report};
 use stateright::Model;
 
@@ -16,7 +17,9 @@ commands:
 
 options (applied in order, on top of the named configuration):
   --config NAME      start from a named configuration (default: default); each is
-                     described below the options
+                     described below the options; `run` is `flocklease run`'s supervision
+                     (run, its watchdog, the job, a cleaner, a rival: PROTOCOL §7), which
+                     `check` also runs after the default configuration
   --backend B        flock or postgres (postgres: liveness can be lost while its holder runs)
   --procs N          lease-manager processes (default 2, at most 3)
   --max-time T       the clock runs from tick 0 to T (default 2)
@@ -43,7 +46,11 @@ options (applied in order, on top of the named configuration):
                      for property [11]: unfenced-write (the control: a write after a local
                      is_lost()-style check, no lock), fence-check-before-lock (the section
                      checks the record before taking its lock), fence-unlock-before-write
-                     (it unlocks, or commits, before the caller's write)
+                     (it unlocks, or commits, before the caller's write);
+                     with --config run: grace-forgets-expiry (after run died the watchdog
+                     waits out --grace past the expiry), share-after-place (a restored
+                     liveness file reaches the watchdog after it is placed), job-keeps-liveness
+                     (the old design: only the job's inherited descriptor keeps the lease)
   --no-sync          model Durability::NoSync (shows why fsync is needed)
   --counterexamples N  print the shortest counterexample of at most N violated properties
                      (default: all)
@@ -89,12 +96,21 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
     let mut model = LeaseModel::default();
     let mut addr = "127.0.0.1:3000".to_owned();
     let mut counterexamples = usize::MAX;
+    // `flocklease run`'s supervision: checked alone with `--config run`, and after the
+    // default configuration when no configuration is named.
+    let mut run_model: Option<RunModel> = None;
+    let mut named = false;
     let mut it = rest.iter();
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or(format!("{flag} needs a value"));
         match flag.as_str() {
             "--config" => {
+                named = true;
                 let name = value()?;
+                if name == "run" {
+                    run_model.get_or_insert_with(RunModel::default);
+                    continue;
+                }
                 model = LeaseModel::named(name).ok_or(format!(
                     "unknown configuration {name} (known: {})",
                     CONFIGS.join(", ")
@@ -128,6 +144,21 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
             "--no-fenced" => model.fenced = false,
             "--fenced" => model.fenced = true,
             "--planted" => match value()?.as_str() {
+                "grace-forgets-expiry" => {
+                    run_model.get_or_insert_with(RunModel::default).planted =
+                        Some(RunPlanted::GraceForgetsExpiry);
+                    named = true;
+                }
+                "share-after-place" => {
+                    run_model.get_or_insert_with(RunModel::default).planted =
+                        Some(RunPlanted::ShareAfterPlace);
+                    named = true;
+                }
+                "job-keeps-liveness" => {
+                    run_model.get_or_insert_with(RunModel::default).planted =
+                        Some(RunPlanted::JobKeepsLiveness);
+                    named = true;
+                }
                 "create-then-lock" => model.planted = Some(Planted::CreateThenLock),
                 "relock-on-notice" => model.planted = Some(Planted::RelockOnNotice),
                 "renew-without-relock" => model.planted = Some(Planted::RenewWithoutRelock),
@@ -154,10 +185,38 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
         return Err("--ttl must be positive and --max-time at most 200".into());
     }
     match command.as_str() {
+        "check" if run_model.is_some() => {
+            let mut out = std::io::stdout();
+            let ok = flocklease_model::run::check(run_model.unwrap_or_default(), &mut out)
+                .map_err(|e| e.to_string())?;
+            println!("{}", if ok { "OK" } else { "FAILED" });
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        "explore" if run_model.is_some() => {
+            drop(
+                std::net::TcpListener::bind(addr.as_str())
+                    .map_err(|e| format!("cannot listen on {addr}: {e}"))?,
+            );
+            println!("explorer of run's supervision on http://{addr} (Ctrl-C to stop)");
+            let model = run_model.unwrap_or_default();
+            let _checker = stateright::Model::checker(model).serve(addr.as_str());
+            Ok(ExitCode::SUCCESS)
+        }
         "check" => {
             let mut out = std::io::stdout();
-            let ok =
+            let mut ok =
                 report::check_with(&model, counterexamples, &mut out).map_err(|e| e.to_string())?;
+            if !named {
+                println!();
+                let run_ok = flocklease_model::run::check(RunModel::default(), &mut out)
+                    .map_err(|e| e.to_string())?;
+                println!("{}", if run_ok { "OK" } else { "FAILED" });
+                ok &= run_ok;
+            }
             Ok(if ok {
                 ExitCode::SUCCESS
             } else {

@@ -117,6 +117,9 @@ pub(crate) struct Opener {
     /// Mode of new files (0600 unless configured for a group).
     pub(crate) file_mode: u32,
     pub(crate) faults: Faults,
+    /// Where every liveness file published is also sent, locked, before it is placed
+    /// ([`FlockLeaseBuilder::share_liveness`](super::FlockLeaseBuilder::share_liveness)).
+    pub(crate) share: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
 }
 
 impl Opener {

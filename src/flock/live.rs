@@ -257,6 +257,9 @@ fn lock_and_place(
     }
     faults.check(FaultPoint::StatNewLive, temp)?;
     let m = file.metadata().map_err(|e| Error::io("stat", temp, e))?;
+    if let Some(socket) = &opener.share {
+        share(socket, file, path);
+    }
     faults.check(FaultPoint::PublishLive, path)?;
     if over == Over::NotHeld {
         if place_new(dir, temp, path)? {
@@ -282,6 +285,25 @@ fn lock_and_place(
         _ => Error::io("rename", path, e),
     })?;
     Ok((m.dev(), m.ino()))
+}
+
+/// Sends `file` (locked, not yet at `path`) over `socket` as `live PATH` with the descriptor
+/// attached (see [`FlockLeaseBuilder::share_liveness`](super::FlockLeaseBuilder::share_liveness)):
+/// one `sendmsg`, never blocking; a failure is ignored.
+fn share(socket: &std::os::fd::OwnedFd, file: &File, path: &Path) {
+    use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
+    use std::os::fd::AsRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    let mut message = b"live ".to_vec();
+    message.extend_from_slice(path.as_os_str().as_bytes());
+    let fds = [file.as_raw_fd()];
+    let _ = sendmsg::<()>(
+        socket.as_raw_fd(),
+        &[std::io::IoSlice::new(&message)],
+        &[ControlMessage::ScmRights(&fds)],
+        MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
+        None,
+    );
 }
 
 /// Renames `temp` to `path` only if nothing stands at `path` (one `renameat2` with

@@ -134,6 +134,7 @@ pub struct FlockLeaseBuilder {
     file_mode: u32,
     trust_foreign_owners: bool,
     faults: Faults,
+    share_liveness: Option<std::os::fd::OwnedFd>,
 }
 
 impl FlockLease {
@@ -160,6 +161,7 @@ impl FlockLease {
             file_mode: DEFAULT_FILE_MODE,
             trust_foreign_owners: false,
             faults: Faults::default(),
+            share_liveness: None,
         }
     }
 
@@ -770,6 +772,22 @@ impl FlockLeaseBuilder {
         self
     }
 
+    /// Sends every liveness file this instance publishes over `socket` (a connected Unix
+    /// socket, `SOCK_SEQPACKET` or `SOCK_STREAM`) the moment it is locked, before it is placed
+    /// at its name: a message `live PATH` carrying the descriptor (`SCM_RIGHTS`). That is
+    /// the first publication at a grant and every republication by a renew that found the file
+    /// deleted or replaced (PROTOCOL §4.5).
+    ///
+    /// A descriptor in flight, or received, shares the generation's lock, so the process at the
+    /// other end keeps the lease live if this one dies, and no file is ever placed at the
+    /// generation's name that it does not keep: `flocklease run` gives its watchdog the lease's
+    /// liveness this way (PROTOCOL §7). The send never blocks and its failure (the other end
+    /// gone, its buffer full) is ignored: the publication goes on, kept by this process alone.
+    pub fn share_liveness(mut self, socket: std::os::fd::OwnedFd) -> Self {
+        self.share_liveness = Some(socket);
+        self
+    }
+
     /// Makes chosen I/O steps fail, for tests. See [`fault`](crate::fault).
     #[cfg(feature = "fault-injection")]
     pub fn faults(mut self, faults: crate::fault::FaultHook) -> Self {
@@ -822,6 +840,7 @@ impl FlockLeaseBuilder {
                 sticky,
                 file_mode: mode,
                 faults: self.faults,
+                share: self.share_liveness.map(Arc::new),
             },
         })
     }

@@ -26,6 +26,13 @@ const EXIT_ERROR: u8 = 70;
 /// Exit status of `fence` when the token is refused: a greater one was admitted (sysexits'
 /// EX_NOPERM).
 const EXIT_STALE: u8 = 77;
+/// Exit status of `run` when its watchdog killed the job at the hard deadline: no renew of the
+/// lease was confirmed in time (`run` stopped, hung or starved), whether or not the lease was
+/// then lost.
+const EXIT_DEADLINE: u8 = 78;
+/// Exit status of `run` when its watchdog died and `run` stopped the job (nothing would have
+/// stopped it had `run` died too).
+const EXIT_WATCHDOG_GONE: u8 = 79;
 /// Exit status for bad usage (an unknown option, a malformed duration), as in flock(1).
 const EXIT_USAGE: u8 = 64;
 

@@ -1,7 +1,7 @@
 //! `flocklease run`: hold a session lease while a job runs.
 //!
-//! The promise: **while any process of the job may still run, no other `run` is granted the
-//! lease before it expires.** How it is kept:
+//! The promise (PROTOCOL §7): **no process of the job runs while another `run` holds the
+//! lease, unless `run` and its watchdog are both down at once.** How it is kept:
 //!
 //! - the job runs in its own process group; SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2
 //!   and SIGWINCH received by `run` are forwarded to the group; after SIGTERM or SIGINT `run`
@@ -11,12 +11,11 @@
 //! - when the command exits, processes it left in its group get SIGTERM, then SIGKILL after
 //!   `--grace`, before the release;
 //! - when the lease is lost, the whole group gets SIGTERM, then SIGKILL after `--grace`;
-//! - when `run` itself dies, its [watchdog](crate::watchdog) stops the group the same way, and
-//!   the job's inherited liveness descriptor keeps the lease live meanwhile (and, should the
-//!   watchdog die too, while any job process runs, up to the expiry). With `--pg` the lease's
-//!   liveness is `run`'s own connection, which ends with `run`: the watchdog then sends
-//!   SIGKILL to the group at once, with no grace period (what remains: the milliseconds
-//!   between the server ending the session and the watchdog's SIGKILL, fenced by the token).
+//! - the hard deadline (the last confirmed expiry less the margin, on the boot-time clock) is
+//!   applied by `run`'s main loop and by the [watchdog](crate::watchdog), on every path;
+//! - when `run` itself dies, the watchdog, which keeps every liveness file the lease manager
+//!   published (sent to it before each was placed), stops the group as
+//!   [`flocklease::supervise::next`] says; when the watchdog dies, `run` stops the group.
 
 use std::fs;
 use std::io;
@@ -35,8 +34,10 @@ use nix::sys::signal::Signal;
 
 use crate::job::{self, Job};
 use crate::signals::{self, Event, Route, Signals};
-use crate::watchdog::{Deadlines, Watchdog};
-use crate::{EXIT_ERROR, EXIT_HELD, EXIT_LOST, duration, status};
+use crate::watchdog::{Channel, Deadlines, Heard, Watchdog, boot_nanos};
+use crate::{
+    EXIT_DEADLINE, EXIT_ERROR, EXIT_HELD, EXIT_LOST, EXIT_WATCHDOG_GONE, duration, status,
+};
 
 /// While the command has exited but processes of its group remain, how often `run` checks
 /// whether they are gone (their deaths are not signalled to it unless it is their parent).
@@ -71,8 +72,9 @@ pub struct RunArgs {
     /// The owner recorded in the lease [default: HOST:PID].
     #[arg(long, value_name = "OWNER")]
     owner: Option<String>,
-    /// Lease time-to-live: renewed every third of it; the longest others wait after `run` and
-    /// its watchdog were both killed. Durations: 30s, 1.5s, 250ms, 2m30s, 10 (seconds).
+    /// Lease time-to-live: renewed every third of it; the job is killed a tenth of it (50 ms
+    /// to 1 s) before the expiry if no renew was confirmed; the longest others wait after
+    /// `run` and its watchdog were both killed. Durations: 30s, 1.5s, 250ms, 2m30s, 10 (seconds).
     #[arg(long, default_value = "30s", value_name = "DURATION",
           value_parser = duration::ttl, allow_hyphen_values = true)]
     ttl: Duration,
@@ -154,7 +156,9 @@ fn usage_problem(a: &RunArgs) -> Option<String> {
         ),
         (
             a.close,
-            "-o/--close: the job never holds a lock descriptor of its own to close",
+            "-o/--close: the lease is kept by run and its watchdog, not by a descriptor the \
+             job could close (the copy the job inherits matters only if both die; a daemon \
+             that keeps it keeps the lease live until the expiry)",
         ),
         (
             a.no_fork,
@@ -199,16 +203,24 @@ fn run(a: RunArgs) -> Result<u8, String> {
     let id = SessionId::new(a.id.as_str()).map_err(|e| crate::describe(&e))?;
     let owner = Owner::new(a.owner.clone().unwrap_or_else(default_owner))
         .map_err(|e| crate::describe(&e))?;
+    // The watchdog's socket, before the lease: the lease manager sends the generation's
+    // liveness file over it as it publishes it, so the watchdog keeps every one it places.
+    let channel = Channel::new()
+        .inspect_err(|e| eprintln!("flocklease: {e}; running without a watchdog"))
+        .ok();
     if let Some(url) = a.pg.clone() {
-        return run_pg(&a, &url, &signals, &id, &owner);
+        return run_pg(&a, &url, &signals, &id, &owner, channel);
     }
     // clap requires --dir or --pg.
     let given = a.dir.as_deref().unwrap_or_else(|| unreachable!());
     // The library's rule for the directory: its last component is created if missing, never
     // its parents (a mistyped parent is an error naming it).
+    let mut builder = FlockLease::builder(given).ttl(a.ttl);
+    if let Some(sharer) = channel.as_ref().and_then(Channel::sharer) {
+        builder = builder.share_liveness(sharer);
+    }
     let leases = Arc::new(
-        FlockLease::builder(given)
-            .ttl(a.ttl)
+        builder
             .durability(match a.durability {
                 DurabilityArg::Full => Durability::Full,
                 DurabilityArg::Nosync => Durability::NoSync,
@@ -255,35 +267,29 @@ fn run(a: RunArgs) -> Result<u8, String> {
         &owner,
         live,
         Some(&dir),
-        (&deadlines, &*clock),
+        (&deadlines, &*clock, channel),
     )
 }
 
-/// The keep-alive's renew callback: passes each renewed expiry to the watchdog, as this
-/// host's wall-clock instant (see [`Deadlines`]).
+/// The keep-alive's renew callback: passes each renewed expiry to the watchdog, as an instant
+/// of the boot-time clock (see [`Deadlines`]).
 fn tell_expiry(deadlines: &Deadlines, clock: Arc<dyn Clock>) -> impl Fn(&Lease) + Send + 'static {
     let deadlines = deadlines.clone();
     move |lease| deadlines.note(local_deadline(&*clock, lease))
 }
 
-/// `lease`'s expiry, judged by `clock` (the backend's), as an instant of this host's wall
-/// clock in nanoseconds since the epoch: now plus the time the lease has left.
-fn local_deadline(clock: &dyn Clock, lease: &Lease) -> i128 {
+/// `lease`'s expiry, judged by `clock` (the backend's), as an instant of the boot-time clock
+/// in nanoseconds: now plus the time the lease has left. A wall-clock step after this does
+/// not move it.
+fn local_deadline(clock: &dyn Clock, lease: &Lease) -> u64 {
     let left = lease.expiry.saturating_duration_since(clock.now());
-    SystemClock.now().unix_nanos() + left.as_nanos() as i128
-}
-
-/// How long before the expiry the watchdog kills a job whose `run` confirmed no renew: a
-/// twentieth of the TTL, between 50 ms and 1 s (the kill's own delivery, and a margin for
-/// the watchdog being scheduled late).
-fn expiry_margin(ttl: Duration) -> Duration {
-    (ttl / 20).clamp(Duration::from_millis(50), Duration::from_secs(1))
+    boot_nanos().saturating_add(u64::try_from(left.as_nanos()).unwrap_or(u64::MAX))
 }
 
 /// Runs the job while `keep` keeps its lease alive, then releases; returns the exit status.
 /// `live` gives the liveness descriptor the job inherits (flock), if any; `dir` is put in the
 /// job's environment; `deadlines` (filled by `keep`'s renews) tell the watchdog the expiry,
-/// judged by `clock`.
+/// judged by `clock`, over `channel`.
 #[allow(clippy::too_many_arguments)]
 fn hold<L: SessionLease + 'static>(
     a: &RunArgs,
@@ -293,24 +299,20 @@ fn hold<L: SessionLease + 'static>(
     owner: &Owner,
     live: impl FnOnce() -> Result<Option<std::os::fd::OwnedFd>, String>,
     dir: Option<&Path>,
-    (deadlines, clock): (&Deadlines, &dyn Clock),
+    (deadlines, clock, channel): (&Deadlines, &dyn Clock, Option<Channel>),
 ) -> Result<u8, String> {
     let lease = keep.lease();
     let id = &lease.session_id;
     let live = live()?;
-    // If `run` dies, a job that inherits the liveness lock keeps the lease live while it
-    // drains: the watchdog gives it the grace period. A job that does not (`--pg`: the
-    // liveness lock is `run`'s connection, which ends with it) runs with the lease free, so
-    // the watchdog kills it at once, without a grace period.
-    let on_death = if live.is_some() {
-        a.grace
-    } else {
-        Duration::ZERO
-    };
+    // If `run` dies, the watchdog decides (`supervise::next`): it keeps the liveness file the
+    // lease manager sent it, so the job gets the grace period, bounded by the expiry; without
+    // one (`--pg`: the liveness is `run`'s connection, which ends with it), SIGKILL at once.
     // Without a watchdog (no /proc to find our own binary), the inherited liveness descriptor
     // still keeps the lease live for the job of a killed `run`, up to the expiry.
     deadlines.note(local_deadline(clock, &keep.lease()));
-    let mut watchdog = Watchdog::spawn(on_death, expiry_margin(a.ttl))
+    let mut watchdog = channel
+        .ok_or_else(|| "no watchdog socket".to_owned())
+        .and_then(|c| c.spawn(a.grace, flocklease::supervise::margin(a.ttl)))
         .inspect_err(|e| {
             eprintln!(
                 "flocklease: {e}; if run is killed, its job is not stopped (the lease stays \
@@ -318,6 +320,15 @@ fn hold<L: SessionLease + 'static>(
             );
         })
         .ok();
+    if let Some(w) = &watchdog {
+        let tx = tx.clone();
+        w.listen(move |heard| {
+            let _ = tx.send(match heard {
+                Heard::Killed => Event::WatchdogKilled,
+                Heard::Gone => Event::WatchdogGone,
+            });
+        });
+    }
     // The watchdog knows the expiry before the job runs (and the job's group from the job
     // itself, before its command runs): a `run` stopped right after the start still has its
     // job killed before the lease can lapse.
@@ -362,7 +373,8 @@ fn hold<L: SessionLease + 'static>(
     if let Some(w) = &mut watchdog {
         w.arm(job.pgid());
     }
-    let code = supervise(job, &keep, &rx, a.grace);
+    let margin = flocklease::supervise::margin(a.ttl);
+    let code = supervise(job, &keep, &rx, a.grace, (deadlines, margin));
     deadlines.detach();
     if let Some(w) = watchdog {
         w.done();
@@ -403,6 +415,7 @@ fn run_pg(
     signals: &Signals,
     id: &SessionId,
     owner: &Owner,
+    channel: Option<Channel>,
 ) -> Result<u8, String> {
     use flocklease::SessionLease as _;
     let leases = Arc::new(
@@ -452,12 +465,19 @@ fn run_pg(
         owner,
         || Ok(None),
         None,
-        (&deadlines, &*clock),
+        (&deadlines, &*clock, channel),
     )
 }
 
 #[cfg(not(feature = "postgres"))]
-fn run_pg(_: &RunArgs, _: &str, _: &Signals, _: &SessionId, _: &Owner) -> Result<u8, String> {
+fn run_pg(
+    _: &RunArgs,
+    _: &str,
+    _: &Signals,
+    _: &SessionId,
+    _: &Owner,
+    _: Option<Channel>,
+) -> Result<u8, String> {
     Err("this flocklease was built without PostgreSQL support (cargo feature `postgres`)".into())
 }
 
@@ -483,12 +503,21 @@ fn supervise<L: SessionLease + 'static>(
     keep: &KeepAlive<L>,
     events: &Receiver<Event>,
     grace: Duration,
+    (deadlines, margin): (&Deadlines, Duration),
 ) -> u8 {
     let pgid = job.pgid();
+    let margin = u64::try_from(margin.as_nanos()).unwrap_or(u64::MAX);
+    // The hard deadline, as the watchdog applies it: the last confirmed expiry less the
+    // margin. `run`'s own main loop applies it too, so a renewer that is late while this
+    // thread runs never leaves the job running past the lease (PROTOCOL §7).
+    let hard_deadline = || deadlines.latest().map(|d| d.saturating_sub(margin));
     // When SIGKILL goes to the group, once stopping has begun; and whether it went.
     let mut kill_at: Option<Instant> = None;
     let mut killed = false;
     let mut lost = false;
+    // The watchdog killed the job at its deadline; the watchdog is gone.
+    let mut watchdog_killed = false;
+    let mut watchdog_gone = false;
     let mut leftovers_told = false;
     let stop_by = |kill_at: &mut Option<Instant>| {
         let at = Instant::now() + grace;
@@ -507,7 +536,15 @@ fn supervise<L: SessionLease + 'static>(
                     lost = true;
                     eprintln!("flocklease: {loss}; the job (process group {pgid}) was stopped");
                 }
-                return if lost { EXIT_LOST } else { exit.status() };
+                return if lost {
+                    EXIT_LOST
+                } else if watchdog_killed {
+                    EXIT_DEADLINE
+                } else if watchdog_gone {
+                    EXIT_WATCHDOG_GONE
+                } else {
+                    exit.status()
+                };
             }
             if !leftovers_told {
                 // What the command left behind (background jobs of a script ignore SIGINT
@@ -529,6 +566,25 @@ fn supervise<L: SessionLease + 'static>(
             terminate(&job);
             stop_by(&mut kill_at);
         }
+        let now = boot_nanos();
+        let own = flocklease::supervise::next(&flocklease::supervise::Watch {
+            run_alive: true,
+            job_alive: job.group_alive(),
+            now,
+            deadline: hard_deadline(),
+            liveness_kept: true,
+            term_at: None,
+            grace: 0,
+        });
+        if !watchdog_killed && matches!(own, flocklease::supervise::Act::Kill(_)) {
+            watchdog_killed = true;
+            killed = true;
+            eprintln!(
+                "flocklease: no renew of the lease confirmed before its deadline; killing the \
+                 job (process group {pgid})"
+            );
+            job.signal(Signal::SIGKILL);
+        }
         if !killed && kill_at.is_some_and(|k| Instant::now() >= k) {
             killed = true;
             eprintln!(
@@ -544,10 +600,33 @@ fn supervise<L: SessionLease + 'static>(
         if job.exit.is_some() {
             wake = wake.min(DRAIN_POLL);
         }
+        if let flocklease::supervise::Act::Wait { until: Some(at) } = own {
+            wake = wake.min(Duration::from_nanos(at.saturating_sub(now)));
+        }
         match events.recv_timeout(wake) {
             Ok(Event::Signal(sig)) => {
                 job.signal(sig);
                 if signals::stops(sig) {
+                    stop_by(&mut kill_at);
+                }
+            }
+            Ok(Event::WatchdogKilled) => {
+                watchdog_killed = true;
+                eprintln!(
+                    "flocklease: the watchdog killed the job (process group {pgid}): no renew \
+                     of the lease was confirmed before its deadline"
+                );
+            }
+            Ok(Event::WatchdogGone) => {
+                // Nothing would stop the job if `run` died now: stop it while `run` holds
+                // the lease.
+                if job.exit.is_none() || job.group_alive() {
+                    watchdog_gone = true;
+                    eprintln!(
+                        "flocklease: the watchdog died; stopping the job (process group {pgid}) \
+                         while the lease is held"
+                    );
+                    terminate(&job);
                     stop_by(&mut kill_at);
                 }
             }

@@ -38,6 +38,10 @@ pub enum Event {
     Child,
     /// The keep-alive reported the loss of the lease (its handle says which).
     Lost,
+    /// The watchdog killed the job at its deadline: no renew was confirmed in time.
+    WatchdogKilled,
+    /// The watchdog is gone: nothing would stop the job if `run` died now.
+    WatchdogGone,
 }
 
 /// Where a received signal goes.

@@ -1,67 +1,120 @@
-//! The watchdog: stops the job when `run` itself dies (`kill -9`, the OOM killer).
+//! The watchdog: stops the job when `run` cannot (killed, stopped, hung), before the lease can
+//! pass to anyone else.
 //!
 //! `run` starts `flocklease __watchdog` (its own binary, through `/proc/self/exe`, so an
 //! upgrade that replaces the file does not matter) in a process group of its own, so that
 //! signals sent to `run`'s group (`timeout`, a shell's job control) do not reach it. Its stdin
-//! is a pipe whose only writer is `run`: `run` writes the job's process group id once the job
-//! exists, `until NANOS` with the lease's expiry (this host's wall clock) at the start and after
-//! every successful renew, and `done` once the job is over. End of file without `done` means
-//! `run` died: the watchdog sends SIGTERM to the job's group and SIGKILL after the grace
-//! period, exactly as `run` does when the lease is lost (with `--pg`, SIGKILL at once: the
-//! lease went with `run`'s connection). And should the expiry, less a margin, come without a
-//! newer `until` — `run` stopped, hung or never scheduled — the watchdog kills the job's group
-//! (SIGKILL) before the lease can be lost: a job never outlives its lease.
+//! is one end of a `SOCK_SEQPACKET` socket pair; `run` holds every copy of the other end. Over
+//! it the watchdog hears, one message each:
+//!
+//! - `live PATH` with a descriptor (`SCM_RIGHTS`): the generation's liveness file, locked, sent
+//!   by the lease manager itself before it places the file at PATH — at the grant, and at every
+//!   renew that restored a deleted file (`FlockLeaseBuilder::share_liveness`). The watchdog
+//!   keeps the latest: the lease stays live while it runs, whatever `run` or the job does;
+//! - `until NANOS`: the lease's expiry as `run` last confirmed it, on the boot-time clock
+//!   (monotonic, counts a suspend, not moved by wall-clock steps), at the start and after
+//!   every successful renew, from the renewer thread itself;
+//! - the job's process group id, written by the job's own process before its command runs;
+//! - `done`: the job is over; the watchdog exits (and gives up its liveness descriptor).
+//!
+//! End of file without `done` means `run` died. What to do is
+//! [`flocklease::supervise::next`]'s answer, the rule the model checker runs: SIGKILL at the
+//! hard deadline (the confirmed expiry less the margin) on every path; when `run` died, SIGKILL
+//! at once unless the file at the generation's name is the one the watchdog keeps, else
+//! SIGTERM and SIGKILL after the grace period or at the deadline, whichever comes first. When
+//! the watchdog kills the job while `run` lives, it tells `run` (`killed`), which then exits 78.
 //!
 //! Why not only a parent-death signal (`PR_SET_PDEATHSIG`) on the command: it reaches the
 //! command alone, not the processes it started; it fires when the *thread* that forked exits;
-//! and it is cleared by executing a set-user-id program. The pipe has none of these limits.
-//! If the watchdog is killed too, the inherited liveness descriptor still keeps the lease live
-//! while the job runs, until the expiry.
+//! and it is cleared by executing a set-user-id program. The socket has none of these limits.
 
 use std::fs::File;
-use std::io::{BufRead, BufReader, Write};
-use std::os::fd::{AsFd, OwnedFd};
+use std::io::{IoSliceMut, Write};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use clap::Args;
+use flocklease::supervise::{self, Act, Watch, Why};
 use nix::errno::Errno;
-use nix::fcntl::OFlag;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{SigSet, Signal, kill, killpg};
+use nix::sys::socket::{
+    AddressFamily, ControlMessageOwned, MsgFlags, SockFlag, SockType, recvmsg, socketpair,
+};
+use nix::sys::time::TimeSpec;
+use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
 use nix::unistd::Pid;
 
 use crate::duration;
 
-/// How often the watchdog checks whether the job's group is gone during the grace period (the
-/// job's processes are not its children, so nothing wakes it; each check reads `/proc`).
+/// How often the watchdog looks again while `run` is dead and the job is being stopped (the
+/// job's processes are not its children, so nothing wakes it; each look reads `/proc` and
+/// checks the liveness file).
 const POLL: Duration = Duration::from_millis(20);
 
 /// The arguments of the hidden `__watchdog` command.
 #[derive(Args)]
 pub struct WatchdogArgs {
-    /// Time between SIGTERM and SIGKILL; zero: SIGKILL at once (the job holds no liveness
-    /// of its own, so the lease is free the moment `run` dies).
+    /// Time between SIGTERM and SIGKILL when `run` died.
     #[arg(long, value_parser = duration::parse)]
     grace: Duration,
-    /// How long before the lease's expiry the job is killed if `run` confirmed no renew.
+    /// How long before the confirmed expiry the job is killed if no later one is confirmed.
     #[arg(long, value_parser = duration::parse, default_value = "0s")]
     margin: Duration,
 }
 
-/// `run`'s end of the pipe to its watchdog.
-pub struct Watchdog {
-    pipe: File,
+/// Now on the boot-time clock, in nanoseconds: monotonic, counts a suspend, and wall-clock
+/// steps do not move it.
+pub fn boot_nanos() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).map_or(0, |t| {
+        u64::try_from(t.tv_sec()).unwrap_or(0) * 1_000_000_000
+            + u64::try_from(t.tv_nsec()).unwrap_or(0)
+    })
 }
 
-impl Watchdog {
+/// `run`'s end of the socket to its watchdog, before and after the watchdog is started.
+pub struct Channel {
+    /// `run`'s end (close-on-exec: neither the job nor the watchdog inherits it).
+    ours: OwnedFd,
+    /// The watchdog's end, until the watchdog is started with it.
+    theirs: Option<OwnedFd>,
+}
+
+impl Channel {
+    /// A connected socket pair: messages keep their bounds, descriptors travel with them.
+    pub fn new() -> Result<Channel, String> {
+        let (ours, theirs) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .map_err(|e| format!("cannot create the watchdog's socket: {e}"))?;
+        Ok(Channel {
+            ours,
+            theirs: Some(theirs),
+        })
+    }
+
+    /// A copy of `run`'s end, for the lease manager to send liveness files over
+    /// (`FlockLeaseBuilder::share_liveness`).
+    pub fn sharer(&self) -> Option<OwnedFd> {
+        self.ours.try_clone().ok()
+    }
+
     /// Starts the watchdog process: `grace` as in [`WatchdogArgs`], and the job killed
-    /// `margin` before the lease's expiry unless a renew moved it (see [`Deadlines`]).
-    pub fn spawn(grace: Duration, margin: Duration) -> Result<Watchdog, String> {
-        let (read, write): (OwnedFd, OwnedFd) = nix::unistd::pipe2(OFlag::O_CLOEXEC)
-            .map_err(|e| format!("cannot create the watchdog's pipe: {e}"))?;
+    /// `margin` before the confirmed expiry unless a renew moved it (see [`Deadlines`]).
+    pub fn spawn(mut self, grace: Duration, margin: Duration) -> Result<Watchdog, String> {
+        let theirs = self
+            .theirs
+            .take()
+            .ok_or("the watchdog was started already")?;
         let secs = |d: Duration| format!("{}.{:09}s", d.as_secs(), d.subsec_nanos());
         Command::new("/proc/self/exe")
             .arg0("flocklease")
@@ -70,53 +123,85 @@ impl Watchdog {
             .arg(secs(grace))
             .arg("--margin")
             .arg(secs(margin))
-            .stdin(Stdio::from(read))
+            .stdin(Stdio::from(theirs))
             .stdout(Stdio::null())
             .process_group(0)
             .spawn()
             .map_err(|e| format!("cannot start the watchdog: {e}"))?;
         Ok(Watchdog {
-            pipe: File::from(write),
+            pipe: File::from(self.ours),
         })
     }
+}
 
-    /// The pipe's descriptor, for the job's pre-exec step to tell its own group (see
+/// `run`'s end of the socket to its running watchdog.
+pub struct Watchdog {
+    pipe: File,
+}
+
+/// What `run` hears from its watchdog.
+pub enum Heard {
+    /// The watchdog killed the job at its deadline (`run` did not confirm a renew in time).
+    Killed,
+    /// The watchdog is gone (killed): nothing stops the job if `run` dies now.
+    Gone,
+}
+
+impl Watchdog {
+    /// The socket's descriptor, for the job's pre-exec step to tell its own group (see
     /// `job::Job::spawn`): the watchdog knows it before the command runs.
-    pub fn raw_fd(&self) -> std::os::fd::RawFd {
-        std::os::fd::AsRawFd::as_raw_fd(&self.pipe)
+    pub fn raw_fd(&self) -> RawFd {
+        self.pipe.as_raw_fd()
     }
 
-    /// Tells the watchdog which process group to stop if `run` dies.
+    /// Tells the watchdog which process group to stop.
     pub fn arm(&mut self, pgid: Pid) {
         let _ = writeln!(self.pipe, "{pgid}");
     }
 
-    /// A second writer of the pipe, for the expiries (see [`Deadlines::attach`]).
+    /// A second writer, for the expiries (see [`Deadlines::attach`]).
     pub fn writer(&self) -> Option<File> {
         self.pipe.try_clone().ok()
     }
 
+    /// Calls `heard` with what the watchdog says, on a thread of its own, until it is gone.
+    pub fn listen(&self, heard: impl Fn(Heard) + Send + 'static) {
+        let Ok(socket) = self.pipe.try_clone() else {
+            return;
+        };
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 64];
+            loop {
+                match nix::unistd::read(&socket, &mut buf) {
+                    Ok(0) => return heard(Heard::Gone),
+                    Ok(n) if &buf[..n] == b"killed" => heard(Heard::Killed),
+                    Ok(_) | Err(Errno::EINTR) => {}
+                    Err(_) => return,
+                }
+            }
+        });
+    }
+
     /// Tells the watchdog that the job is over: it exits without doing anything.
     pub fn done(mut self) {
-        let _ = writeln!(self.pipe, "done");
+        let _ = self.pipe.write_all(b"done");
     }
 }
 
-/// The lease's expiry as `run` last confirmed it, told to the watchdog: a line
-/// `until UNIX_NANOS` (this host's wall clock) after each successful renew, written by the
-/// renewer thread itself. If `run` stops renewing — stopped, hung, descheduled — the
-/// watchdog, in a process of its own, kills the job before that instant.
+/// The lease's expiry as `run` last confirmed it, told to the watchdog: a message
+/// `until BOOT_NANOS` after each successful renew, written by the renewer thread itself. If
+/// `run` stops renewing — stopped, hung, descheduled — the watchdog, in a process of its own,
+/// kills the job before that instant.
 #[derive(Clone, Default)]
-pub struct Deadlines(Arc<Mutex<(Option<File>, Option<i128>)>>);
+pub struct Deadlines(Arc<Mutex<(Option<File>, Option<u64>)>>);
 
 impl Deadlines {
     /// Records a new deadline (and tells the watchdog, once attached).
-    pub fn note(&self, unix_nanos: i128) {
+    pub fn note(&self, boot_nanos: u64) {
         let mut d = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        d.1 = Some(unix_nanos);
+        d.1 = Some(boot_nanos);
         if let Some(pipe) = d.0.as_mut() {
-            // One short line: written whole (below PIPE_BUF).
-            let _ = writeln!(pipe, "until {unix_nanos}");
+            let _ = pipe.write_all(format!("until {boot_nanos}").as_bytes());
         }
     }
 
@@ -125,8 +210,13 @@ impl Deadlines {
         let mut d = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         d.0 = Some(pipe);
         if let (Some(at), Some(pipe)) = (d.1, d.0.as_mut()) {
-            let _ = writeln!(pipe, "until {at}");
+            let _ = pipe.write_all(format!("until {at}").as_bytes());
         }
+    }
+
+    /// The latest confirmed expiry, on the boot-time clock.
+    pub fn latest(&self) -> Option<u64> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).1
     }
 
     /// Stops telling the watchdog (before it is told `done`).
@@ -135,110 +225,201 @@ impl Deadlines {
     }
 }
 
-/// This host's wall clock, in nanoseconds since the epoch.
-fn wall_nanos() -> i128 {
-    match SystemTime::now().duration_since(UNIX_EPOCH) {
-        Ok(d) => d.as_nanos() as i128,
-        Err(e) => -(e.duration().as_nanos() as i128),
-    }
+/// What the watchdog has heard and done.
+struct State {
+    run_alive: bool,
+    pgid: Option<Pid>,
+    deadline: Option<u64>,
+    live: Option<(OwnedFd, PathBuf)>,
+    term_at: Option<u64>,
+    done: bool,
 }
 
 /// The hidden `__watchdog` command.
 pub fn main(args: &WatchdogArgs) -> u8 {
     // A signal mask is inherited across exec: `run` blocks the signals it waits for.
     let _ = SigSet::empty().thread_set_mask();
-    let mut pgid = None;
-    // The job is killed at this wall-clock instant unless a renew moves it.
-    let mut kill_at: Option<i128> = None;
-    let margin = args.margin.as_nanos() as i128;
-    let mut input = BufReader::new(std::io::stdin().lock());
+    let margin = u64::try_from(args.margin.as_nanos()).unwrap_or(u64::MAX);
+    let grace = u64::try_from(args.grace.as_nanos()).unwrap_or(u64::MAX);
+    // Stdin is the socket `run` gave us.
+    let socket = match std::io::stdin().as_fd().try_clone_to_owned() {
+        Ok(s) => s,
+        Err(_) => return 0,
+    };
+    let timer = TimerFd::new(ClockId::CLOCK_BOOTTIME, TimerFlags::TFD_CLOEXEC).ok();
+    let mut st = State {
+        run_alive: true,
+        pgid: None,
+        deadline: None,
+        live: None,
+        term_at: None,
+        done: false,
+    };
+    let mut told: Option<Why> = None;
     loop {
-        if input.buffer().is_empty() {
-            let wait = match (kill_at, pgid) {
-                (Some(at), Some(_)) => {
-                    let left = at - wall_nanos();
-                    if left <= 0 {
-                        Some(0)
-                    } else {
-                        // Looked at again at least every second: the wall clock may jump
-                        // (a suspend), the monotonic one a poll waits on does not follow.
-                        Some((left / 1_000_000).clamp(1, 1000) as u16)
-                    }
-                }
-                _ => None,
-            };
-            let stdin = std::io::stdin();
-            let mut fds = [PollFd::new(stdin.as_fd(), PollFlags::POLLIN)];
-            let timeout = wait.map_or(PollTimeout::NONE, PollTimeout::from);
-            match poll(&mut fds, timeout) {
-                Ok(0) => {
-                    if let (Some(at), Some(group)) = (kill_at, pgid)
-                        && wall_nanos() >= at
-                    {
-                        kill_at = None;
-                        if group_alive(group) {
-                            eprintln!(
-                                "flocklease: no renew of the lease confirmed before its expiry \
-                                 (run stopped or hung?); killing the job (process group \
-                                 {group}) before the lease can be lost"
-                            );
-                            let _ = killpg(group, Signal::SIGKILL);
+        let now = boot_nanos();
+        let watch = Watch {
+            run_alive: st.run_alive,
+            job_alive: st.pgid.is_some_and(group_alive),
+            now,
+            deadline: st.deadline.map(|d| d.saturating_sub(margin)),
+            liveness_kept: st.live.as_ref().is_some_and(|(fd, path)| kept(fd, path)),
+            term_at: st.term_at,
+            grace,
+        };
+        let mut wait = None;
+        match supervise::next(&watch) {
+            Act::Exit => return 0,
+            // `next` answers Term and Kill only for a job it knows to be alive.
+            Act::Term | Act::Kill(_) if st.pgid.is_none() => {}
+            Act::Term => {
+                let group = st.pgid.unwrap_or_else(|| unreachable!());
+                eprintln!("flocklease: run died; stopping its job (process group {group})");
+                let _ = killpg(group, Signal::SIGTERM);
+                let _ = killpg(group, Signal::SIGCONT);
+                st.term_at = Some(now);
+                continue;
+            }
+            Act::Kill(why) => {
+                let group = st.pgid.unwrap_or_else(|| unreachable!());
+                if told != Some(why) {
+                    told = Some(why);
+                    eprintln!("flocklease: {}; killing the job (process group {group})", {
+                        match why {
+                            Why::Deadline => {
+                                "no renew of the lease confirmed before its expiry (run \
+                                 stopped, hung or dead)"
+                            }
+                            Why::LivenessGone => {
+                                "run died and the lease's liveness is not kept (its file was \
+                                 deleted or replaced, or it was run's connection)"
+                            }
+                            Why::GraceOver => "run died and the grace period is over",
                         }
+                    });
+                    if st.run_alive && why == Why::Deadline {
+                        let _ = nix::unistd::write(&socket, b"killed");
                     }
-                    continue;
                 }
-                Ok(_) => {}
-                Err(Errno::EINTR) => continue,
-                Err(_) => break,
+                let _ = killpg(group, Signal::SIGKILL);
+                // The kill is delivered; look again shortly (the group empties soon after).
+                wait = Some(POLL);
+            }
+            Act::Wait { until } => {
+                if let (Some(at), Some(timer)) = (until, timer.as_ref()) {
+                    let at = TimeSpec::from_duration(Duration::from_nanos(at));
+                    let _ = timer.set(
+                        Expiration::OneShot(at),
+                        TimerSetTimeFlags::TFD_TIMER_ABSTIME,
+                    );
+                }
+                if !st.run_alive {
+                    // The job is being stopped: its group and the liveness file are looked
+                    // at again shortly.
+                    wait = Some(POLL);
+                } else if until.is_some() && timer.is_none() {
+                    wait = Some(Duration::from_millis(10));
+                }
             }
         }
-        let mut line = String::new();
-        match input.read_line(&mut line) {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {}
-        }
-        let line = line.trim_end();
-        if line == "done" {
-            return 0;
-        }
-        if let Some(at) = line.strip_prefix("until ") {
-            kill_at = at.parse::<i128>().ok().map(|at| at - margin);
+        if !st.run_alive {
+            // Nothing more can be heard.
+            std::thread::sleep(wait.unwrap_or(POLL));
             continue;
         }
-        pgid = line
-            .parse::<i32>()
-            .ok()
-            .filter(|&p| p > 1)
-            .map(Pid::from_raw);
-    }
-    let Some(pgid) = pgid else { return 0 };
-    if !group_alive(pgid) {
-        return 0;
-    }
-    if args.grace.is_zero() {
-        // The job runs with the lease free: no time for a graceful stop.
-        eprintln!(
-            "flocklease: run died and the lease with it; killing its job (process group {pgid})"
-        );
-        let _ = killpg(pgid, Signal::SIGKILL);
-        return 0;
-    }
-    eprintln!("flocklease: run died; stopping its job (process group {pgid})");
-    let _ = killpg(pgid, Signal::SIGTERM);
-    let deadline = Instant::now() + args.grace;
-    while Instant::now() < deadline {
-        if !group_alive(pgid) {
+        let timeout = wait.map_or(PollTimeout::NONE, |w| {
+            PollTimeout::try_from(w).unwrap_or(PollTimeout::MAX)
+        });
+        let mut fds = vec![PollFd::new(socket.as_fd(), PollFlags::POLLIN)];
+        if let Some(timer) = timer.as_ref() {
+            fds.push(PollFd::new(timer.as_fd(), PollFlags::POLLIN));
+        }
+        match poll(&mut fds, timeout) {
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(_) => st.run_alive = false,
+        }
+        if let Some(timer) = timer.as_ref() {
+            let _ = timer.unset();
+        }
+        hear(&socket, &mut st);
+        if st.done {
             return 0;
         }
-        std::thread::sleep(POLL.min(deadline.saturating_duration_since(Instant::now())));
     }
-    if group_alive(pgid) {
-        eprintln!(
-            "flocklease: job (process group {pgid}) still running after the grace period; killing it"
-        );
-        let _ = killpg(pgid, Signal::SIGKILL);
+}
+
+/// Reads every message waiting on `socket` (without blocking) into `st`.
+fn hear(socket: &OwnedFd, st: &mut State) {
+    loop {
+        let mut buf = vec![0u8; 8192];
+        let mut iov = [IoSliceMut::new(&mut buf)];
+        let mut space = nix::cmsg_space!([RawFd; 4]);
+        let (len, fds) = match recvmsg::<()>(
+            socket.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Ok(msg) => {
+                let mut fds = Vec::new();
+                if let Ok(cmsgs) = msg.cmsgs() {
+                    for cmsg in cmsgs {
+                        if let ControlMessageOwned::ScmRights(raw) = cmsg {
+                            fds.extend(raw.into_iter().map(owned));
+                        }
+                    }
+                }
+                (msg.bytes, fds)
+            }
+            Err(Errno::EAGAIN) => return,
+            Err(Errno::EINTR) => continue,
+            Err(_) => {
+                st.run_alive = false;
+                return;
+            }
+        };
+        if len == 0 && fds.is_empty() {
+            // End of file: every copy of `run`'s end is closed.
+            st.run_alive = false;
+            return;
+        }
+        let text = &buf[..len];
+        if let Some(path) = text.strip_prefix(b"live ") {
+            if let Some(fd) = fds.into_iter().next() {
+                st.live = Some((fd, PathBuf::from(std::ffi::OsStr::from_bytes(path))));
+            }
+        } else if let Some(at) = text.strip_prefix(b"until ") {
+            if let Some(at) = std::str::from_utf8(at).ok().and_then(|s| s.parse().ok()) {
+                st.deadline = Some(at);
+            }
+        } else if text == b"done" {
+            st.done = true;
+            return;
+        } else if let Some(pid) = std::str::from_utf8(text)
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+            .filter(|&p| p > 1)
+        {
+            st.pgid = Some(Pid::from_raw(pid));
+        }
     }
-    0
+}
+
+/// Takes ownership of a descriptor the kernel installed in this process (`SCM_RIGHTS`).
+#[allow(unsafe_code)]
+fn owned(raw: RawFd) -> OwnedFd {
+    // SAFETY: `raw` was just received with SCM_RIGHTS: a new descriptor of this process that
+    // nothing else refers to.
+    unsafe { OwnedFd::from_raw_fd(raw) }
+}
+
+/// Whether the file at `path` is the one `fd` refers to (same device and inode): the lease's
+/// liveness then stays with this process's descriptor.
+fn kept(fd: &OwnedFd, path: &std::path::Path) -> bool {
+    let Ok(held) = fd.try_clone().map(File::from).and_then(|f| f.metadata()) else {
+        return false;
+    };
+    std::fs::symlink_metadata(path).is_ok_and(|m| (m.dev(), m.ino()) == (held.dev(), held.ino()))
 }
 
 /// Whether a process of the group still runs. Zombies do not count: once `run` is dead, the
@@ -280,5 +461,21 @@ mod tests {
         assert!(!runs_in_group("44 (sleep) Z 1 42 42 0 -1", 42));
         assert!(!runs_in_group("45 (sh) S 1 7 7 0 -1", 42));
         assert!(!runs_in_group("garbage", 42));
+    }
+
+    #[test]
+    fn the_liveness_file_is_kept_only_while_it_is_the_one_at_the_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.1.live");
+        std::fs::write(&path, b"x").unwrap();
+        let fd: OwnedFd = File::open(&path).unwrap().into();
+        assert!(kept(&fd, &path));
+        std::fs::remove_file(&path).unwrap();
+        assert!(!kept(&fd, &path));
+        std::fs::write(&path, b"x").unwrap();
+        assert!(
+            !kept(&fd, &path),
+            "a new file at the name is not the one held"
+        );
     }
 }
