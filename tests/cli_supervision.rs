@@ -97,7 +97,7 @@ fn run_killed_after_a_renew_restored_its_liveness_file_the_lease_stays_held() {
     // from the lease manager before it was placed.
     let s = Scene::new();
     let script = ticking_job(&s, false);
-    let mut run = s.start(
+    let run = s.start(
         "restored",
         &["--ttl", "3s", "--grace", "600s"],
         &["bash", "-c", &script],
@@ -110,20 +110,7 @@ fn run_killed_after_a_renew_restored_its_liveness_file_the_lease_stays_held() {
     wait_until("the renew to restore the liveness file", || {
         ino(&live).is_some_and(|i| i != old)
     });
-    signal(run.id() as i32, Signal::SIGKILL);
-    wait_exit(&mut run);
-    assert_eq!(
-        s.rival("restored"),
-        None,
-        "granted at once while the job runs"
-    );
-    let start = rival_start(&s, "restored");
-    assert_eq!(
-        ticks_after(&s, start),
-        0,
-        "the first job ran beside the rival"
-    );
-    assert!(!pid_alive(leader));
+    kill_run_then_held_until_the_job_is_gone(&s, "restored", run, leader);
 }
 
 #[test]
@@ -131,23 +118,30 @@ fn run_killed_while_its_job_closed_its_descriptors_the_lease_stays_held() {
     // Issue 31.3: the job closes the liveness descriptor it inherited.
     let s = Scene::new();
     let script = ticking_job(&s, true);
-    let mut run = s.start(
+    let run = s.start(
         "closed",
         &["--ttl", "3s", "--grace", "600s"],
         &["bash", "-c", &script],
     );
     let leader = s.pid("pid");
     s.wait_file("ticks");
+    kill_run_then_held_until_the_job_is_gone(&s, "closed", run, leader);
+}
+
+/// SIGKILLs `run`; a rival is answered held at once, and a waiting rival's job starts only
+/// after the last line of `run`'s job (`leader`), which is dead by then.
+fn kill_run_then_held_until_the_job_is_gone(
+    s: &Scene,
+    id: &str,
+    mut run: std::process::Child,
+    leader: i32,
+) {
     signal(run.id() as i32, Signal::SIGKILL);
     wait_exit(&mut run);
+    assert_eq!(s.rival(id), None, "granted at once while the job runs");
+    let start = rival_start(s, id);
     assert_eq!(
-        s.rival("closed"),
-        None,
-        "granted at once while the job runs"
-    );
-    let start = rival_start(&s, "closed");
-    assert_eq!(
-        ticks_after(&s, start),
+        ticks_after(s, start),
         0,
         "the first job ran beside the rival"
     );

@@ -522,6 +522,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_default_configuration_holds_with_a_pinned_state_count() {
+        let checker = RunModel::default().checker();
+        // Pinned: a change to the actors or the rule that moves it must say why.
+        assert_eq!(checker.unique_state_count(), 68_276);
+        assert!(checker.discovery(NO_OVERLAP).is_none());
+    }
+
+    #[test]
     fn a_planted_bug_fails_the_check() {
         for planted in [
             RunPlanted::GraceForgetsExpiry,
