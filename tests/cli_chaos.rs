@@ -154,7 +154,9 @@ fn runner(
             .arg("run")
             .arg("--dir")
             .arg(&dir)
-            .args(["--id", ID, "--ttl", TTL, "--grace", grace, "-w", "20s", "-q"])
+            .args([
+                "--id", ID, "--ttl", TTL, "--grace", grace, "-w", "20s", "-q",
+            ])
             .args(["--", "bash", "-c", JOB, "bash", &nonce, &lines])
             .args([ignore, close, child])
             .env("LOG", &log)
@@ -203,8 +205,9 @@ fn nemesis(seed: u64, until: Instant, shared: Arc<Shared>) {
         let i = rng.below(live.len() as u64) as usize;
         let run = live[i].pid;
         let kids = children(run);
-        let (dogs, job): (Vec<i32>, Vec<i32>) =
-            kids.into_iter().partition(|&p| cmdline(p).contains("__watchdog"));
+        let (dogs, job): (Vec<i32>, Vec<i32>) = kids
+            .into_iter()
+            .partition(|&p| cmdline(p).contains("__watchdog"));
         let target = match rng.below(3) {
             0 if live[i].side != Some(Side::Watchdog) => {
                 live[i].side = Some(Side::Run);
@@ -334,20 +337,28 @@ fn the_job_never_runs_beside_a_later_grant_under_chaos() {
     let errs = tmp.path().join("stderr");
     let seed = seed();
     let time = chaos_time();
-    println!("seed {seed} (FLOCKLEASE_CHAOS_SEED), {} s, binary {}", time.as_secs(), binary());
+    println!(
+        "seed {seed} (FLOCKLEASE_CHAOS_SEED), {} s, binary {}",
+        time.as_secs(),
+        binary()
+    );
     let until = Instant::now() + time;
     let shared = Arc::new(Shared::default());
     let mut threads = vec![];
     for k in 0..RUNNERS {
         let (d, l, e, s) = (dir.clone(), log.clone(), errs.clone(), shared.clone());
         let seed = seed.wrapping_add(k as u64 + 1);
-        threads.push(std::thread::spawn(move || runner(k, seed, until, d, l, e, s)));
+        threads.push(std::thread::spawn(move || {
+            runner(k, seed, until, d, l, e, s)
+        }));
     }
     {
         let s = shared.clone();
         threads.push(std::thread::spawn(move || nemesis(seed ^ 0x9e37, until, s)));
         let (d, s) = (dir.clone(), shared.clone());
-        threads.push(std::thread::spawn(move || cleaner(seed ^ 0x7f4a, until, d, s)));
+        threads.push(std::thread::spawn(move || {
+            cleaner(seed ^ 0x7f4a, until, d, s)
+        }));
     }
     for t in threads {
         t.join().unwrap();
@@ -379,7 +390,10 @@ fn the_job_never_runs_beside_a_later_grant_under_chaos() {
         std::fs::read_to_string(&errs).unwrap_or_default()
     );
     // The chaos must have happened, or a zero proves nothing.
-    assert!(v.jobs >= 10 && kills >= 5 && stops >= 10, "too little chaos: {v:?}");
+    assert!(
+        v.jobs >= 10 && kills >= 5 && stops >= 10,
+        "too little chaos: {v:?}"
+    );
 }
 
 #[test]

@@ -175,3 +175,31 @@ fn a_killed_watchdog_is_noticed_and_the_job_stopped_while_the_lease_is_held() {
     assert!(!pid_alive(leader));
     assert_eq!(s.rival("nowatchdog"), Some(2));
 }
+
+#[test]
+fn a_deadline_kill_exits_78_and_comes_before_the_expiry() {
+    // Issue 31.4: `run` stopped past its deadline; the watchdog kills the job before the
+    // confirmed expiry. Nobody took the lease over, so it was never lost: `run`, resumed,
+    // exits with the deadline's own status, not 137 and not "lost" (76).
+    let s = Scene::new();
+    let script = ticking_job(&s, false);
+    let run = s.start("deadline", &["--ttl", "1s"], &["bash", "-c", &script]);
+    let leader = s.pid("pid");
+    s.wait_file("ticks");
+    stop_outside_transition(run.id() as i32, &s.leases, "deadline");
+    let expiry = s.record("deadline").expiry;
+    wait_until("the watchdog to kill the job", || !pid_alive(leader));
+    signal(run.id() as i32, Signal::SIGCONT);
+    let out = output_of(run);
+    assert_eq!(out.status.code(), Some(78), "{}", describe(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("the watchdog killed the job"),
+        "{}",
+        describe(&out)
+    );
+    assert_eq!(
+        ticks_after(&s, expiry.unix_nanos() as u128),
+        0,
+        "the job wrote at or after the confirmed expiry"
+    );
+}

@@ -32,7 +32,7 @@ use flocklease::{
 };
 use nix::sys::signal::Signal;
 
-use crate::job::{self, Job};
+use crate::job::{self, Exit, Job};
 use crate::signals::{self, Event, Route, Signals};
 use crate::watchdog::{Channel, Deadlines, Heard, Watchdog, boot_nanos};
 use crate::{
@@ -44,6 +44,9 @@ use crate::{
 const DRAIN_POLL: Duration = Duration::from_millis(10);
 /// The longest the main loop sleeps without an event (it re-checks the lease then).
 const IDLE: Duration = Duration::from_secs(1);
+/// How long `run` waits for its watchdog to say whether it killed the job (it answers within
+/// a scheduling delay unless it is stopped).
+const WATCHDOG_WORD: Duration = Duration::from_secs(1);
 
 /// The arguments of `run`.
 #[derive(Args)]
@@ -374,7 +377,13 @@ fn hold<L: SessionLease + 'static>(
         w.arm(job.pgid());
     }
     let margin = flocklease::supervise::margin(a.ttl);
-    let code = supervise(job, &keep, &rx, a.grace, (deadlines, margin));
+    let code = supervise(
+        job,
+        &keep,
+        (&rx, watchdog.as_ref()),
+        a.grace,
+        (deadlines, margin),
+    );
     deadlines.detach();
     if let Some(w) = watchdog {
         w.done();
@@ -501,7 +510,7 @@ fn acquire(
 fn supervise<L: SessionLease + 'static>(
     mut job: Job,
     keep: &KeepAlive<L>,
-    events: &Receiver<Event>,
+    (events, watchdog): (&Receiver<Event>, Option<&Watchdog>),
     grace: Duration,
     (deadlines, margin): (&Deadlines, Duration),
 ) -> u8 {
@@ -530,6 +539,19 @@ fn supervise<L: SessionLease + 'static>(
         }
         if let Some(exit) = job.exit {
             if !job.group_alive() {
+                if !lost
+                    && !killed
+                    && !watchdog_killed
+                    && exit == Exit::Signal(Signal::SIGKILL as i32)
+                    && let Some(w) = watchdog
+                {
+                    // Killed, not by `run`: the watchdog may have done it at its deadline,
+                    // and its word may still be on the way (the job's end can overtake it).
+                    watchdog_killed = watchdog_said_killed(w, events);
+                    if watchdog_killed {
+                        told_watchdog_killed(pgid);
+                    }
+                }
                 // Ended by the watchdog at the expiry (this process was stopped or hung):
                 // the lease was lost, and that is the status.
                 if !lost && let Some(loss) = keep.loss() {
@@ -612,10 +634,7 @@ fn supervise<L: SessionLease + 'static>(
             }
             Ok(Event::WatchdogKilled) => {
                 watchdog_killed = true;
-                eprintln!(
-                    "flocklease: the watchdog killed the job (process group {pgid}): no renew \
-                     of the lease was confirmed before its deadline"
-                );
+                told_watchdog_killed(pgid);
             }
             Ok(Event::WatchdogGone) => {
                 // Nothing would stop the job if `run` died now: stop it while `run` holds
@@ -634,6 +653,28 @@ fn supervise<L: SessionLease + 'static>(
             Ok(Event::Child | Event::Lost) | Err(RecvTimeoutError::Timeout) => {}
             // Every sender is gone: nothing wakes us but time.
             Err(RecvTimeoutError::Disconnected) => std::thread::sleep(wake),
+        }
+    }
+}
+
+fn told_watchdog_killed(pgid: nix::unistd::Pid) {
+    eprintln!(
+        "flocklease: the watchdog killed the job (process group {pgid}): no renew of the lease \
+         was confirmed before its deadline"
+    );
+}
+
+/// Whether the watchdog killed the job: tells it `done` and waits for what it said before
+/// reading that (`killed`), or for the end of its socket. Bounded, for a watchdog that is
+/// stopped: after [`WATCHDOG_WORD`] the answer is no.
+fn watchdog_said_killed(w: &Watchdog, events: &Receiver<Event>) -> bool {
+    w.done();
+    let by = Instant::now() + WATCHDOG_WORD;
+    loop {
+        match events.recv_timeout(by.saturating_duration_since(Instant::now())) {
+            Ok(Event::WatchdogKilled) => return true,
+            Ok(Event::WatchdogGone) | Err(_) => return false,
+            Ok(_) => {}
         }
     }
 }

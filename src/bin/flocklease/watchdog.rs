@@ -130,6 +130,7 @@ impl Channel {
             .map_err(|e| format!("cannot start the watchdog: {e}"))?;
         Ok(Watchdog {
             pipe: File::from(self.ours),
+            said_done: Default::default(),
         })
     }
 }
@@ -137,6 +138,8 @@ impl Channel {
 /// `run`'s end of the socket to its running watchdog.
 pub struct Watchdog {
     pipe: File,
+    /// `done` was sent.
+    said_done: std::sync::atomic::AtomicBool,
 }
 
 /// What `run` hears from its watchdog.
@@ -176,15 +179,24 @@ impl Watchdog {
                     Ok(0) => return heard(Heard::Gone),
                     Ok(n) if &buf[..n] == b"killed" => heard(Heard::Killed),
                     Ok(_) | Err(Errno::EINTR) => {}
-                    Err(_) => return,
+                    // A watchdog that dies with messages it has not read yet (a deadline, a
+                    // liveness file) resets the connection: that too is its end.
+                    Err(_) => return heard(Heard::Gone),
                 }
             }
         });
     }
 
-    /// Tells the watchdog that the job is over: it exits without doing anything.
-    pub fn done(mut self) {
-        let _ = self.pipe.write_all(b"done");
+    /// Tells the watchdog that the job is over: it exits without doing anything (once; later
+    /// calls do nothing). Whatever it said before reading this (`killed`) reaches the listener
+    /// before the end of file that its exit makes.
+    pub fn done(&self) {
+        if !self
+            .said_done
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            let _ = (&self.pipe).write_all(b"done");
+        }
     }
 }
 
