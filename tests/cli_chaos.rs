@@ -33,7 +33,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 const ID: &str = "chaos";
-const TTL: &str = "400ms";
+const TTL: &str = "500ms";
 /// Concurrent `run -w` loops on the one id.
 const RUNNERS: usize = 3;
 

@@ -105,7 +105,7 @@ fn a_lost_lease_stops_every_process_of_the_job() {
     );
     let run = s.start(
         "lost",
-        &["--ttl", "300ms", "--grace", "10s"],
+        &["--ttl", "500ms", "--grace", "10s"],
         &["sh", "-c", &script],
     );
     let (gc, leader) = (s.pid("gc"), s.pid("pid"));

@@ -198,6 +198,29 @@ impl Conn {
     }
 }
 
+/// Whether an error the server sent in reply to a statement says the statement did not take
+/// effect. Not when the error ended the session (severity `FATAL` or `PANIC`: an
+/// administrator's `pg_terminate_backend`, a shutdown, a crash of another backend), nor for
+/// SQLSTATE class 08 (connection exception) or class 57 (operator intervention) other than
+/// `57014` (the statement was cancelled): those can arrive after a `COMMIT` took effect and
+/// before its reply (issue 32.3).
+pub(crate) fn answer_settles(severity: &str, sqlstate: &str) -> bool {
+    let session_ended = matches!(severity, "FATAL" | "PANIC");
+    let intervention = sqlstate.starts_with("57") && sqlstate != "57014";
+    !(session_ended || intervention || sqlstate.starts_with("08"))
+}
+
+/// The error's severity, not localized (`V` field) when the server sent one.
+fn severity(db: &tokio_postgres::error::DbError) -> &str {
+    use tokio_postgres::error::Severity;
+    match db.parsed_severity() {
+        Some(Severity::Fatal) => "FATAL",
+        Some(Severity::Panic) => "PANIC",
+        Some(_) => "ERROR",
+        None => db.severity(),
+    }
+}
+
 /// Why a step failed.
 #[derive(Debug)]
 pub(super) enum Fail {
@@ -220,10 +243,13 @@ impl Fail {
         matches!(self, Fail::Db(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE))
     }
 
-    /// Whether the server may have run the step: no answer came back.
+    /// Whether the server may have run the step: no answer came back, or the answer was the
+    /// session's end rather than the statement's (see [`answer_settles`]).
     pub(super) fn outcome_unknown(&self) -> bool {
         match self {
-            Fail::Db(e) => e.as_db_error().is_none(),
+            Fail::Db(e) => e
+                .as_db_error()
+                .is_none_or(|db| !answer_settles(severity(db), db.code().code())),
             Fail::LostReply | Fail::NoReply(_) => true,
             Fail::SessionNotKept(_) | Fail::AsyncContext => false,
         }
@@ -968,4 +994,24 @@ impl ServerBounds {
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Pools and per-id states are changed in single steps: usable after a panic elsewhere.
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::answer_settles;
+
+    #[test]
+    fn only_a_statement_error_settles_the_outcome() {
+        // The statement failed: nothing it did stays.
+        for code in ["40001", "55P03", "23505", "57014", "42P01"] {
+            assert!(answer_settles("ERROR", code), "{code}");
+        }
+        // The session ended, perhaps after the COMMIT took effect.
+        assert!(!answer_settles("FATAL", "57P01"));
+        assert!(!answer_settles("FATAL", "57P02"));
+        assert!(!answer_settles("FATAL", "XX000"));
+        assert!(!answer_settles("PANIC", "XX000"));
+        assert!(!answer_settles("ERROR", "57P01"));
+        assert!(!answer_settles("ERROR", "08006"));
+    }
 }
