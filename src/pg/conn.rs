@@ -925,14 +925,18 @@ impl Configs {
         // client host vanished is ended by the server (and what it holds released) within a
         // third of the TTL; and an open transaction left idle is ended after
         // `idle_in_transaction` (a client stopped, hung, or gone silent in the middle of a
-        // transition, holding the row lock).
+        // transition, holding the row lock). And `synchronous_commit` at least `on`, so a
+        // commit is flushed, and confirmed by the synchronous standbys the server names,
+        // before its reply (a server whose default is `off` would lose grants in a crash:
+        // `durable`).
         let tcp = format!(
             "SET tcp_keepalives_idle = {}; SET tcp_keepalives_interval = {}; \
-             SET tcp_keepalives_count = 2; SET tcp_user_timeout = {}; {}",
+             SET tcp_keepalives_count = 2; SET tcp_user_timeout = {}; {}; {}",
             idle.as_secs(),
             interval.as_secs(),
             user_timeout.as_millis(),
             bounds.setting(),
+            super::durable::synchronous_commit_setting(),
         );
         Configs {
             connector,

@@ -149,6 +149,7 @@ use crate::record::Record;
 use crate::timestamp::Timestamp;
 
 mod conn;
+mod durable;
 mod fault;
 mod fenced;
 mod pool;

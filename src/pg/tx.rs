@@ -3,6 +3,7 @@
 
 use super::Inner;
 use super::conn::{self, Conn, Fail, exec};
+use super::durable;
 use super::fault::PgStep;
 use super::sqltime::SqlTime;
 use crate::driver::Transaction;
@@ -81,10 +82,14 @@ pub(super) struct PgTx<'a> {
 
 impl PgTx<'_> {
     /// After a `COMMIT` whose reply never came: re-reads the row under its lock on another
-    /// connection and says whether it holds `record` (then the commit happened). The session
-    /// that sent the `COMMIT` must be gone first, or the re-read would wait for its row lock:
-    /// if it broke, the server ends it; if it only stopped answering (`stuck`), it is ended
-    /// here, and the outcome stays unknown unless the server confirms that.
+    /// connection and says whether it holds `record` durably (then the commit happened). The
+    /// session that sent the `COMMIT` must be gone first, or the re-read would wait for its row
+    /// lock: if it broke, the server ends it; if it only stopped answering (`stuck`), it is
+    /// ended here, and the outcome stays unknown unless the server confirms that. A record
+    /// found on the server counts only once the synchronous standbys that must confirm commits
+    /// have confirmed the WAL position read with it ([`durable::verdict`]): ending a session
+    /// that waits for them keeps its commit on this server alone. They are asked again until
+    /// the reply bound; then the outcome is unknown.
     fn committed_anyway(&self, record: &Record, stuck: bool) -> Result<bool, Error> {
         let unknown = |detail: String| Error::CommitUnknown {
             id: self.id.clone(),
@@ -112,15 +117,13 @@ impl PgTx<'_> {
                     .client
                     .query_opt(&c.stmts.lock_row, &[&id.as_str()])
                     .await?;
+                let wal = c.client.query_one(durable::WAL_POSITION, &[]).await?;
                 c.client.execute(&c.stmts.rollback, &[]).await?;
-                Ok(row)
+                Ok((row, wal))
             },
         );
-        let row = match read {
-            Ok(row) => {
-                self.inner.give_back(conn);
-                row
-            }
+        let (row, wal) = match read {
+            Ok(read) => read,
             Err(e) => {
                 // A commit may have happened: never reported as contention or a plain failure.
                 let detail = format!(
@@ -131,9 +134,63 @@ impl PgTx<'_> {
                 return Err(unknown(detail));
             }
         };
-        let Some(row) = row else { return Ok(false) };
-        let now = super::row_record(self.id, &row)?;
-        Ok(now.1.as_ref() == Some(record))
+        let ours = match row {
+            Some(row) => super::row_record(self.id, &row)?.1.as_ref() == Some(record),
+            None => false,
+        };
+        let names: String = wal.try_get(0).unwrap_or_default();
+        let lsn: String = wal.try_get(1).unwrap_or_default();
+        let required = durable::standbys_required(&names);
+        let by = std::time::Instant::now() + conn.reply_bound;
+        loop {
+            let confirmed = if !ours || required == Some(0) {
+                0
+            } else {
+                let lsn = lsn.as_str();
+                exec(
+                    &self.inner.rt,
+                    &self.inner.faults,
+                    PgStep::Reread,
+                    &conn,
+                    |c| async move {
+                        c.client
+                            .query_one(durable::CONFIRMED_STANDBYS, &[&lsn])
+                            .await
+                            .map(|r| r.try_get::<_, i64>(0).unwrap_or(0))
+                    },
+                )
+                .unwrap_or(0)
+            };
+            let read = if ours {
+                durable::Reread::Ours {
+                    required,
+                    confirmed: u32::try_from(confirmed).unwrap_or(u32::MAX),
+                }
+            } else {
+                durable::Reread::NotOurs
+            };
+            match durable::verdict(read) {
+                durable::Verdict::NotCommitted => {
+                    self.inner.give_back(conn);
+                    return Ok(false);
+                }
+                durable::Verdict::Committed => {
+                    self.inner.give_back(conn);
+                    return Ok(true);
+                }
+                durable::Verdict::NotYetDurable => {}
+            }
+            if std::time::Instant::now() >= by {
+                let bound = conn.reply_bound;
+                self.inner.give_back(conn);
+                return Err(unknown(format!(
+                    "the commit is on the server, but {} synchronous standby(s) of                      synchronous_standby_names = '{names}' had to confirm it (WAL {lsn}) and                      {confirmed} did within {} ms: a failover may lose it (the role needs                      pg_monitor to see the standbys' positions)",
+                    required.map_or("an unknown number of".to_owned(), |n| n.to_string()),
+                    bound.as_millis()
+                )));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
     }
 
     /// After a commit whose reply never came but which did commit `record`, generation
@@ -374,7 +431,8 @@ impl<'a> Transaction for PgTx<'a> {
     }
 
     fn sync_dir(&mut self) -> Result<(), Error> {
-        // The commit is durable by itself (with the server's `synchronous_commit`).
+        // The commit is durable by itself: its reply comes once it is flushed and confirmed
+        // by the synchronous standbys (the session's `synchronous_commit`, `durable`).
         Ok(())
     }
 

@@ -213,7 +213,7 @@ fn skip_notice() {
     });
 }
 
-fn find_bin() -> Option<PathBuf> {
+pub fn find_bin() -> Option<PathBuf> {
     if let Ok(dir) = std::env::var("FLOCKLEASE_PG_BIN") {
         // Set: that directory or nothing (which is how to try a machine without PostgreSQL).
         let dir = PathBuf::from(dir);
