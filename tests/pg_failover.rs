@@ -1,7 +1,8 @@
 //! A token is never granted twice across crashes and failovers (issue 32, PROTOCOL §8.6), with
 //! servers of the tests' own: a primary with a synchronous standby made by `pg_basebackup`
 //! whose replication is stalled, then the primary crashed and the standby promoted; and a
-//! server whose default is `synchronous_commit = off`, crashed after grants.
+//! server whose default is `synchronous_commit = off`, crashed after grants; and fenced
+//! sections whose sessions a nemesis ends while their commits wait for the standby.
 
 #![cfg(feature = "postgres")]
 #![allow(clippy::unwrap_used)]
@@ -117,4 +118,103 @@ fn a_server_that_commits_asynchronously_loses_no_grant_in_a_crash() {
     let lease = lease_on(&node);
     granted.extend(grants(&lease, &id, 1));
     assert_never_twice(&granted);
+}
+
+#[test]
+fn a_section_whose_session_is_ended_is_never_reported_failed_if_it_committed() {
+    // Issue 32.3: a nemesis ends the sections' server sessions (`pg_terminate_backend`) at
+    // random moments; a FATAL that arrives after the COMMIT took effect and before its reply
+    // must not be reported as a failure (a caller that retries would write twice). Each
+    // section inserts its own number; the checker compares every answer with the table.
+    // With a synchronous standby, the widest such window is the wait for its confirmation,
+    // where an ended session keeps its commit.
+    let Some(primary) = Node::primary(&["synchronous_standby_names=s1", "fsync=off"]) else {
+        return;
+    };
+    let _standby = primary.standby("s1");
+    primary.sync_walsender("s1");
+    let (url, db) = (primary.url(), "postgres".to_owned());
+    let admin = primary.admin();
+    admin.execute("CREATE TABLE out (n int8)", &[]);
+    let a = PgLease::builder(&url)
+        .ttl(Duration::from_secs(30))
+        .connect()
+        .unwrap();
+    let lease = a
+        .acquire(&SessionId::new("s").unwrap(), &owner("a"))
+        .unwrap()
+        .lease()
+        .unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let nemesis = {
+        let (stop, url, db) = (stop.clone(), url.clone(), db.clone());
+        std::thread::spawn(move || {
+            let admin = pg::Admin::connect(&url);
+            let mut ended = 0u64;
+            let mut rng = 0x2545_f491_4f6c_dd1d_u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                std::thread::sleep(Duration::from_micros(rng % 20_000));
+                // The transition connections (the sections'), never the liveness one.
+                ended += admin
+                    .query(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                         WHERE datname = $1 AND application_name = 'flocklease' \
+                         AND state <> 'idle'",
+                        &[&db],
+                    )
+                    .len() as u64;
+            }
+            ended
+        })
+    };
+    let mut answers = vec![];
+    for n in 0..400i64 {
+        let got = a.fenced(&lease, |tx| {
+            tx.execute("INSERT INTO out VALUES ($1)", &[&n])?;
+            tx.execute("SELECT 1", &[])
+        });
+        answers.push((n, got));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let ended = nemesis.join().unwrap();
+    let written: std::collections::HashSet<i64> = admin
+        .query("SELECT n FROM out", &[])
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let (mut ok, mut unknown, mut failed, mut failed_but_written) = (0, 0, 0, vec![]);
+    for (n, got) in &answers {
+        match got {
+            Ok(Some(_)) => {
+                ok += 1;
+                assert!(
+                    written.contains(n),
+                    "section {n} answered Ok but is not in the table"
+                );
+            }
+            Ok(None) => panic!("section {n}: the lease was never lost"),
+            Err(Error::CommitUnknown { .. }) => unknown += 1,
+            Err(e) => {
+                failed += 1;
+                if written.contains(n) {
+                    failed_but_written.push(format!("{n}: {e}"));
+                }
+            }
+        }
+    }
+    eprintln!(
+        "{} sections, {ended} sessions ended: {ok} ok, {unknown} unknown, {failed} failed",
+        answers.len()
+    );
+    assert!(
+        failed_but_written.is_empty(),
+        "committed sections reported as failures: {failed_but_written:#?}"
+    );
+    assert!(
+        failed + unknown >= 10,
+        "too few sessions ended to prove anything"
+    );
 }
