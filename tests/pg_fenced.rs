@@ -116,3 +116,41 @@ fn a_failing_statement_rolls_the_section_back() {
     // The connection and the lease are fine afterwards.
     assert!(matches!(a.renew(&lease).unwrap(), Grant::Granted(_)));
 }
+
+#[test]
+fn a_section_that_would_end_its_own_transaction_is_refused_and_writes_nothing() {
+    // Issue 32.5: a closure's `COMMIT` would commit what came before it without the final
+    // fence check and run what comes after it unfenced.
+    let Some(server) = pg::server() else { return };
+    let db = server.fresh_db();
+    let url = server.url(&db);
+    let admin = server.admin(&db);
+    admin.execute("CREATE TABLE out (token int8)", &[]);
+    let clock = ManualClock::new(Timestamp::from_unix_secs(1_700_000_000).unwrap());
+    let a = open(&url, &clock);
+    let lease = a.acquire(&id("s"), &owner("a")).unwrap().lease().unwrap();
+    for control in ["COMMIT", "end", "/* x */ ROLLBACK", "START TRANSACTION"] {
+        let got = a.fenced(&lease, |tx| {
+            tx.execute("INSERT INTO out VALUES (1)", &[])?;
+            tx.execute(control, &[])?;
+            tx.execute("INSERT INTO out VALUES (2)", &[])
+        });
+        let err = got.unwrap_err();
+        assert!(err.to_string().contains("refused"), "{control}: {err}");
+    }
+    assert_eq!(
+        admin.query("SELECT count(*) FROM out", &[])[0].get::<_, i64>(0),
+        0
+    );
+    // A savepoint is no transaction control.
+    let got = a.fenced(&lease, |tx| {
+        tx.execute("SAVEPOINT p", &[])?;
+        tx.execute("INSERT INTO out VALUES (3)", &[])?;
+        tx.execute("ROLLBACK TO SAVEPOINT p", &[])?;
+        tx.execute("INSERT INTO out VALUES (4)", &[])
+    });
+    assert_eq!(got.unwrap(), Some(1));
+    let rows = admin.query("SELECT token FROM out", &[]);
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].get::<_, i64>(0), 4);
+}

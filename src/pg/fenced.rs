@@ -32,13 +32,62 @@ impl std::fmt::Debug for PgFenced<'_> {
     }
 }
 
+/// Whether `sql` is a statement that ends or restarts the transaction (`COMMIT`, `END`,
+/// `ROLLBACK` other than `ROLLBACK TO`, `ABORT`, `BEGIN`, `START`, `PREPARE TRANSACTION`): in a
+/// fenced section its later statements would run outside the fence. Leading blanks and
+/// comments are skipped; a savepoint is fine.
+pub(crate) fn controls_transaction(sql: &str) -> bool {
+    let mut rest = sql;
+    loop {
+        rest = rest.trim_start();
+        if let Some(r) = rest.strip_prefix("--") {
+            rest = r.split_once('\n').map_or("", |(_, after)| after);
+        } else if let Some(r) = rest.strip_prefix("/*") {
+            rest = r.split_once("*/").map_or("", |(_, after)| after);
+        } else {
+            break;
+        }
+    }
+    let mut words = rest
+        .split(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+        .filter(|w| !w.is_empty())
+        .map(str::to_ascii_uppercase);
+    match (words.next().as_deref(), words.next().as_deref()) {
+        (Some("COMMIT" | "END" | "ABORT" | "BEGIN" | "START"), _) => true,
+        (Some("ROLLBACK"), Some("TO")) => false,
+        (Some("ROLLBACK"), _) => true,
+        (Some("PREPARE"), Some("TRANSACTION")) => true,
+        _ => false,
+    }
+}
+
 impl PgFenced<'_> {
+    /// The refusal of a statement that would end the section's transaction.
+    fn refuse(&self, sql: &str) -> Result<(), Error> {
+        if controls_transaction(sql) {
+            return Err(Error::Database {
+                op: "run a fenced statement",
+                id: Some(self.lease.session_id.clone()),
+                source: format!(
+                    "refused: '{}' ends or restarts the section's transaction, and what came \
+                     after it would run unfenced (the section commits by itself when the \
+                     closure returns Ok)",
+                    sql.trim()
+                )
+                .into(),
+            });
+        }
+        Ok(())
+    }
+
     /// Runs one statement in the section's transaction; returns the rows it changed.
     ///
     /// # Errors
     ///
-    /// [`Error::Database`] with the server's message (the section then rolls back).
+    /// [`Error::Database`] with the server's message (the section then rolls back), or
+    /// without sending it when it would end the transaction (`COMMIT`, `ROLLBACK`, …).
     pub fn execute(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, Error> {
+        self.refuse(sql)?;
         exec(
             &self.inner.rt,
             &self.inner.faults,
@@ -53,8 +102,10 @@ impl PgFenced<'_> {
     ///
     /// # Errors
     ///
-    /// [`Error::Database`] with the server's message (the section then rolls back).
+    /// [`Error::Database`] with the server's message (the section then rolls back), or
+    /// without sending it when it would end the transaction (`COMMIT`, `ROLLBACK`, …).
     pub fn query(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>, Error> {
+        self.refuse(sql)?;
         exec(
             &self.inner.rt,
             &self.inner.faults,
@@ -141,7 +192,7 @@ impl PgLease {
         let id = &lease.session_id;
         let idp = id.as_str();
         let sql = format!(
-            "SELECT key, owner, token, expiry, clock_timestamp() FROM {} WHERE id = $1 \
+            "SELECT key, owner, token, expiry, clock_timestamp(), now() FROM {} WHERE id = $1 \
              FOR SHARE",
             schema::TABLE
         );
@@ -191,9 +242,23 @@ impl PgLease {
         // The row cannot have changed (it is locked in share mode): only the clock can have
         // moved past the expiry.
         let clock = exec(&inner.rt, &inner.faults, PgStep::Fenced, conn, |c| {
-            c.client.query_one("SELECT clock_timestamp()", &[])
+            c.client.query_one("SELECT clock_timestamp(), now()", &[])
         })
         .map_err(|e| e.into_error("read the clock before a fenced commit", Some(id)))?;
+        // `now()` is the transaction's start: another value means the closure ended the
+        // section's transaction (a statement the refusal did not recognise).
+        let started = |row: Option<&Row>, col: usize| {
+            row.and_then(|r| r.try_get::<_, SqlTime>(col).ok()?.to_timestamp())
+        };
+        if started(first.as_ref(), 5) != started(Some(&clock), 1) {
+            return Err(Error::Database {
+                op: "commit a fenced section",
+                id: Some(id.clone()),
+                source: "the closure ended the section's transaction (COMMIT or ROLLBACK): \
+                         what it wrote after that ran unfenced"
+                    .into(),
+            });
+        }
         let now = clock_at(Some(&clock), 0);
         if !machine::fence_holds(record.as_ref(), &lease.owner, lease.token, held_here, now) {
             return Ok(None);
@@ -220,5 +285,43 @@ impl PgLease {
         state.local.as_ref().is_some_and(|g| {
             g.local.token == lease.token && g.local.owner == lease.owner && g.conn.answers()
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::controls_transaction;
+
+    #[test]
+    fn transaction_control_is_recognised() {
+        for sql in [
+            "COMMIT",
+            "commit;",
+            "  End",
+            "ROLLBACK",
+            "rollback and chain",
+            "ABORT",
+            "BEGIN",
+            "start transaction",
+            "PREPARE TRANSACTION 'x'",
+            "-- done\nCOMMIT",
+            "/* a */ /* b */ commit",
+        ] {
+            assert!(controls_transaction(sql), "{sql}");
+        }
+        for sql in [
+            "INSERT INTO t VALUES (1)",
+            "ROLLBACK TO SAVEPOINT a",
+            "rollback to a",
+            "SAVEPOINT a",
+            "RELEASE SAVEPOINT a",
+            "PREPARE q AS SELECT 1",
+            "SELECT 'COMMIT'",
+            "UPDATE ending SET x = 1",
+            "-- COMMIT\nSELECT 1",
+            "",
+        ] {
+            assert!(!controls_transaction(sql), "{sql}");
+        }
     }
 }
