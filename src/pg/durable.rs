@@ -53,13 +53,13 @@ pub(crate) fn standbys_required(names: &str) -> Option<u32> {
     if s.is_empty() {
         return Some(0);
     }
-    let rest = strip_word(s, "FIRST")
-        .or_else(|| strip_word(s, "ANY"))
-        .unwrap_or(s);
+    let keyword = strip_word(s, "FIRST").or_else(|| strip_word(s, "ANY"));
+    let rest = keyword.unwrap_or(s);
     let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
     if digits == 0 {
         // A plain list: the first listed standby that is connected is the synchronous one.
-        return (!s.starts_with('(')).then_some(1);
+        // After FIRST or ANY the count is mandatory.
+        return (keyword.is_none() && !s.starts_with('(')).then_some(1);
     }
     let n: u32 = rest[..digits].parse().ok()?;
     rest[digits..].trim_start().starts_with('(').then_some(n)
