@@ -139,7 +139,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::clock::{Clock, SystemClock};
+use crate::clock::Clock;
 use crate::driver;
 use crate::error::Error;
 use crate::lease::{DEFAULT_TTL, Grant, Lease, SessionLease};
@@ -252,7 +252,7 @@ impl PgLease {
             ttl: DEFAULT_TTL,
             lock_timeout: DEFAULT_LOCK_TIMEOUT,
             clock: None,
-            local_clock: Arc::new(SystemClock),
+            local_clock: Arc::new(BootClock),
             faults: Faults::default(),
             tls: None,
             idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
@@ -264,11 +264,12 @@ impl PgLease {
         self.inner.ttl
     }
 
-    /// The clock lease expiries are in: this host's clock corrected by its offset from the
-    /// server's (or the clock given to [`PgLeaseBuilder::clock`]). The offset is measured at
-    /// each transition as the server's clock when the transaction's `BEGIN` arrived
-    /// (`transaction_timestamp()`, read before the row lock) minus this host's clock just before
-    /// it was sent: never behind the server's
+    /// The clock lease expiries are in: the server's clock as last read, plus the time
+    /// elapsed since on this host's boot-time clock (or the clock given to
+    /// [`PgLeaseBuilder::clock`]); a step of this host's wall clock does not move it. The
+    /// reading is taken at each transition as the server's clock when the transaction's
+    /// `BEGIN` arrived (`transaction_timestamp()`, read before the row lock), against this
+    /// host's clock just before it was sent: never behind the server's
     /// clock (ahead by at most the one-way latency, and by any pause of this process between
     /// the two), so a lease never looks valid here after the server sees it expired.
     /// [`KeepAlive`](crate::KeepAlive) uses it by default ([`SessionLease::clock`]).
@@ -601,8 +602,10 @@ impl PgLeaseBuilder {
         self
     }
 
-    /// This host's clock (default [`SystemClock`]), from which [`PgLease::clock`] estimates
-    /// the server's; never used to decide a transition.
+    /// This host's clock from which [`PgLease::clock`] estimates the server's: only the time
+    /// elapsed between its readings counts. The default is the boot-time clock (monotonic,
+    /// counts a suspend), so a step of this host's wall clock moves no estimate; never used
+    /// to decide a transition.
     pub fn local_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.local_clock = clock;
         self
@@ -694,6 +697,13 @@ impl PgLeaseBuilder {
                 idle,
             ));
         }
+        // Until a transition measures the server's clock, the estimate is this host's wall
+        // clock.
+        let offset =
+            crate::clock::SystemClock.now().unix_nanos() - self.local_clock.now().unix_nanos();
+        let offset_nanos = Arc::new(AtomicI64::new(
+            offset.clamp(i64::MIN.into(), i64::MAX.into()) as i64,
+        ));
         Ok(PgLease {
             inner: Inner {
                 rt,
@@ -702,7 +712,7 @@ impl PgLeaseBuilder {
                 lock_timeout: self.lock_timeout,
                 clock: self.clock,
                 local_clock: self.local_clock,
-                offset_nanos: Arc::default(),
+                offset_nanos,
                 faults: self.faults,
                 tx_pool,
                 live_pool,
@@ -713,6 +723,23 @@ impl PgLeaseBuilder {
                 }),
             },
         })
+    }
+}
+
+/// This host's boot-time clock (`CLOCK_BOOTTIME`: monotonic, counts a suspend, not moved by
+/// a step of the wall clock), as a [`Timestamp`] that many nanoseconds after the epoch. The
+/// default local clock of [`PgLease`]: only differences of its readings are used (the
+/// server's clock is estimated as its last reading plus the time elapsed here since), so a
+/// wall-clock step on this host moves no estimate (issue 32.4).
+#[derive(Debug, Default, Clone, Copy)]
+struct BootClock;
+
+impl Clock for BootClock {
+    fn now(&self) -> Timestamp {
+        let nanos = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).map_or(0, |t| {
+            i128::from(t.tv_sec()) * 1_000_000_000 + i128::from(t.tv_nsec())
+        });
+        Timestamp::from_unix_nanos(nanos).unwrap_or(Timestamp::MAX)
     }
 }
 
@@ -804,4 +831,48 @@ fn row_record(id: &SessionId, row: &Row) -> Result<(i32, Option<Record>), Error>
         row.try_get(3).map_err(col)?,
     )?;
     Ok((key, record))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    fn boot_nanos() -> i128 {
+        let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).unwrap();
+        i128::from(t.tv_sec()) * 1_000_000_000 + i128::from(t.tv_nsec())
+    }
+
+    #[test]
+    fn the_default_local_clock_is_the_boot_time_clock() {
+        let before = boot_nanos();
+        let read = BootClock.now().unix_nanos();
+        let after = boot_nanos();
+        assert!(
+            before <= read && read <= after,
+            "{before} <= {read} <= {after}"
+        );
+    }
+
+    #[test]
+    fn the_server_estimate_moves_only_with_the_local_clock_elapsed() {
+        let local = Arc::new(ManualClock::new(Timestamp::from_unix_secs(100).unwrap()));
+        let offset_nanos = Arc::new(AtomicI64::new(0));
+        let server = ServerClock {
+            local: Arc::clone(&local) as Arc<dyn Clock>,
+            offset_nanos: Arc::clone(&offset_nanos),
+        };
+        // Measured: the server read 1_700_000_000 s when the local clock read 100 s.
+        let arrived = Timestamp::from_unix_secs(1_700_000_000).unwrap();
+        offset_nanos.store(
+            (arrived.unix_nanos() - local.now().unix_nanos()) as i64,
+            Ordering::Relaxed,
+        );
+        assert_eq!(server.now(), arrived);
+        local.advance(Duration::from_secs(7));
+        assert_eq!(
+            server.now(),
+            Timestamp::from_unix_secs(1_700_000_007).unwrap()
+        );
+    }
 }
