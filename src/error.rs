@@ -228,6 +228,19 @@ pub enum Error {
         /// The schemas holding a lease table.
         schemas: Vec<String>,
     },
+    /// The server or database cannot serve leases as it is: a standby or a read-only
+    /// session (no grant can be recorded), a lease table `flocklease_leases` of another
+    /// shape (a table of someone else's), or no schema to create the lease tables in.
+    /// Found at connect, before anything is written.
+    ///
+    /// Remedy: as `remedy` says (connect to the primary; drop or rename the foreign table).
+    #[cfg(feature = "postgres")]
+    UnfitServer {
+        /// What was found.
+        detail: String,
+        /// What fixes it.
+        remedy: String,
+    },
     /// The connection does not keep a server session of its own: a transaction- or
     /// statement-mode pooler (PgBouncer `pool_mode = transaction` or `statement`) sits between
     /// the library and the server, which breaks the session advisory locks that keep leases
@@ -492,6 +505,10 @@ impl fmt::Display for Error {
                  locks; use one lease table per database",
                 schemas.join(", ")
             ),
+            #[cfg(feature = "postgres")]
+            Error::UnfitServer { detail, remedy } => {
+                write!(f, "postgresql: {detail}; {remedy}")
+            }
             #[cfg(feature = "postgres")]
             Error::TlsSetup { detail } => write!(f, "postgresql TLS: {detail}"),
             #[cfg(feature = "postgres")]

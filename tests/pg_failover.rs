@@ -67,6 +67,18 @@ fn a_commit_the_standby_never_confirmed_is_never_a_grant() {
     let walsender = primary.sync_walsender("s1");
     let id = SessionId::new("failover").unwrap();
     let lease = lease_on(&primary);
+    // Issue 32.5: a client pointed at the standby is told so at connect.
+    match PgLease::connect(&standby.url()) {
+        Err(Error::UnfitServer { detail, remedy }) => {
+            assert!(detail.contains("standby"), "{detail}");
+            assert!(
+                remedy.contains("target_session_attrs=read-write"),
+                "{remedy}"
+            );
+        }
+        Err(e) => panic!("expected UnfitServer at a standby, got {e:?}"),
+        Ok(_) => panic!("a standby was accepted"),
+    }
     let mut granted = grants(&lease, &id, 3);
 
     kill(Pid::from_raw(walsender), Signal::SIGSTOP).unwrap();

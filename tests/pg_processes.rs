@@ -295,6 +295,114 @@ fn tables_of_another_version_or_in_two_schemas_are_refused() {
     }
 }
 
+/// Every client uses the database's one lease table, whatever its `search_path`: a client
+/// whose `search_path` lists another (writable) schema first neither creates a second table
+/// (which used to make every client's connect fail with `SharedLockSpace` from then on) nor
+/// misses the first one's holder.
+#[test]
+fn every_client_uses_the_one_lease_table_whatever_its_search_path() {
+    let Some((url, admin)) = fresh() else { return };
+    let first = PgLease::connect(&url).unwrap();
+    let held = first
+        .acquire(&id("job"), &owner("a"))
+        .unwrap()
+        .lease()
+        .expect("free");
+    admin.execute("CREATE SCHEMA other", &[]);
+    let other_path = format!("{url} options='-c search_path=other,public'");
+    let second = PgLease::connect(&other_path).unwrap();
+    assert!(second.acquire(&id("job"), &owner("b")).unwrap().is_held());
+    let tables: i64 = admin.query(
+        "SELECT count(*) FROM pg_class WHERE relname = 'flocklease_leases'",
+        &[],
+    )[0]
+    .get(0);
+    assert_eq!(tables, 1, "one lease table in the database");
+    first.release(&held).unwrap();
+    let next = second
+        .acquire(&id("job"), &owner("b"))
+        .unwrap()
+        .lease()
+        .expect("free once released");
+    assert_eq!(next.token, held.token + 1);
+    // And a third client, with the default path, still connects.
+    drop(PgLease::connect(&url).unwrap());
+}
+
+/// Once the lease tables exist, a role with SELECT, INSERT and UPDATE on them (no CREATE on
+/// any schema) connects and takes leases.
+#[test]
+fn a_role_without_the_create_privilege_uses_the_existing_tables() {
+    let Some((url, admin)) = fresh() else { return };
+    drop(PgLease::connect(&url).unwrap());
+    let db: String = admin.query("SELECT current_database()::text", &[])[0].get(0);
+    let role = format!("app_{db}");
+    admin.execute(&format!("CREATE ROLE {role} LOGIN"), &[]);
+    admin.execute(
+        &format!("REVOKE CREATE ON SCHEMA public FROM PUBLIC, {role}"),
+        &[],
+    );
+    admin.execute(
+        &format!("GRANT SELECT, INSERT, UPDATE ON flocklease_leases TO {role}"),
+        &[],
+    );
+    admin.execute(&format!("GRANT SELECT ON flocklease_schema TO {role}"), &[]);
+    let app_url = url.replace("user=postgres", &format!("user={role}"));
+    let leases = match PgLease::connect(&app_url) {
+        Ok(leases) => leases,
+        Err(e) => panic!("a role without CREATE could not connect: {e}"),
+    };
+    let lease = leases
+        .acquire(&id("job"), &owner("app"))
+        .unwrap()
+        .lease()
+        .expect("free");
+    assert_eq!(lease.token, 1);
+    leases.release(&lease).unwrap();
+}
+
+/// A table named `flocklease_leases` that is not the library's, and a read-only session, are
+/// refused at connect with an error that says what is wrong and what fixes it (not as a
+/// pooler problem, nor as a database error at the first transition).
+#[test]
+fn a_foreign_lease_table_and_a_read_only_session_are_refused_at_connect() {
+    let Some((url, admin)) = fresh() else { return };
+    let read_only = format!("{url} options='-c default_transaction_read_only=on'");
+    match PgLease::connect(&read_only) {
+        Err(Error::UnfitServer { detail, remedy }) => {
+            assert!(detail.contains("read-only"), "{detail}");
+            assert!(remedy.contains("default_transaction_read_only"), "{remedy}");
+        }
+        Err(e) => panic!("expected UnfitServer, got {e:?}"),
+        Ok(_) => panic!("a read-only session was accepted"),
+    }
+    admin.execute(
+        "CREATE TABLE flocklease_leases (id text PRIMARY KEY, owner text, token int4)",
+        &[],
+    );
+    admin.execute(
+        "CREATE TABLE flocklease_schema (version int4 NOT NULL)",
+        &[],
+    );
+    admin.execute("INSERT INTO flocklease_schema VALUES (1)", &[]);
+    match PgLease::connect(&url) {
+        Err(Error::UnfitServer { detail, remedy }) => {
+            assert!(
+                detail.contains("column key (integer) is missing"),
+                "{detail}"
+            );
+            assert!(
+                detail.contains("column token is integer, not bigint"),
+                "{detail}"
+            );
+            assert!(detail.contains("\"public\".flocklease_leases"), "{detail}");
+            assert!(remedy.contains("drop or rename"), "{remedy}");
+        }
+        Err(e) => panic!("expected UnfitServer, got {e:?}"),
+        Ok(_) => panic!("a foreign table was accepted"),
+    }
+}
+
 #[test]
 fn liveness_loss_callback_fires_at_once_for_a_lease_not_held_here() {
     let Some((url, _admin)) = fresh() else { return };

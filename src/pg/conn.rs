@@ -14,7 +14,6 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, Config, SimpleQueryMessage, Statement};
 
 use super::fault::{Faults, PgFault, PgStep};
-use super::schema;
 use super::tls::Connector;
 use crate::error::Error;
 use crate::name::SessionId;
@@ -648,7 +647,7 @@ pub(super) fn connect_unset(
         let first = claim(&client, &nonce).await?;
         // The second read is polled first, so it is sent ahead of the preparations: the next
         // transaction of this client after the claim.
-        let (again, stmts) = tokio::join!(owner_of(&client), prepare(&client));
+        let (again, stmts) = tokio::join!(owner_of(&client), prepare(&client, &role.table));
         let (again, mark) = again?;
         if again != first || mark.as_deref() != Some(nonce.as_str()) {
             return Err(Fail::SessionNotKept(format!(
@@ -764,8 +763,7 @@ async fn owner_of(c: &Client) -> Result<(i32, Option<String>), Fail> {
         .ok_or_else(|| Fail::SessionNotKept("pg_backend_pid() returned no pid".into()))
 }
 
-async fn prepare(c: &Client) -> Result<Stmts, tokio_postgres::Error> {
-    let t = schema::TABLE;
+async fn prepare(c: &Client, t: &str) -> Result<Stmts, tokio_postgres::Error> {
     // The nonce is each statement's last parameter (see `ours`).
     let (ours1, ours3, ours6) = (ours("$1"), ours("$3"), ours("$6"));
     let lock_row = format!("SELECT key, owner, token, expiry FROM {t} WHERE id = $1 FOR UPDATE");
@@ -882,6 +880,8 @@ pub(super) struct Role {
     pub(super) reply_bound: Duration,
     /// Whether its connections are liveness connections.
     pub(super) liveness: bool,
+    /// The lease table's schema-qualified name ([`super::schema::ensure`]).
+    pub(super) table: Arc<str>,
 }
 
 impl Configs {
@@ -890,7 +890,9 @@ impl Configs {
         base: &Config,
         lock_timeout: Duration,
         ttl: Duration,
+        table: &str,
     ) -> Configs {
+        let table: Arc<str> = Arc::from(table);
         // Host death must be noticed before the TTL runs out: a third of it, at least 1 s
         // apart per probe (TCP's granularity).
         let idle = (ttl / 6).max(Duration::from_secs(1));
@@ -945,6 +947,7 @@ impl Configs {
                 settings: format!("SET lock_timeout = {lock_ms}; {tcp}"),
                 reply_bound,
                 liveness: false,
+                table: Arc::clone(&table),
             },
             liveness: Role {
                 config: liveness,
@@ -954,6 +957,7 @@ impl Configs {
                 ),
                 reply_bound,
                 liveness: true,
+                table,
             },
         }
     }

@@ -9,7 +9,7 @@ use tokio_postgres::types::ToSql;
 use super::conn::{Conn, exec};
 use super::fault::PgStep;
 use super::sqltime::{SqlTime, truncate_to_micros};
-use super::{Inner, PgLease, row_record, schema};
+use super::{Inner, PgLease, row_record};
 use crate::error::Error;
 use crate::lease::Lease;
 use crate::machine;
@@ -194,7 +194,7 @@ impl PgLease {
         let sql = format!(
             "SELECT key, owner, token, expiry, clock_timestamp(), now() FROM {} WHERE id = $1 \
              FOR SHARE",
-            schema::TABLE
+            inner.configs.transition.table
         );
         let params: [&(dyn ToSql + Sync); 1] = [&idp];
         let first = exec(

@@ -669,13 +669,12 @@ impl PgLeaseBuilder {
             .map(conn::Rt::new)
             .map_err(|e| db("start the runtime")(Box::new(e)))?;
         let connector = tls::Connector::choose(self.tls.as_ref(), &mut base)?;
-        let configs = Configs::new(connector, &base, self.lock_timeout, self.ttl);
-        schema::ensure(
-            &rt,
-            &configs.connector,
-            &base,
-            configs.transition.reply_bound,
-        )?;
+        // The bound of a transition connection's round trip (see `conn::Role::reply_bound`).
+        let bound = Configs::new(connector.clone(), &base, self.lock_timeout, self.ttl, "")
+            .transition
+            .reply_bound;
+        let table = schema::ensure(&rt, &connector, &base, bound)?;
+        let configs = Configs::new(connector, &base, self.lock_timeout, self.ttl, &table);
         let open = Arc::new(OpenSessions::default());
         // One liveness connection up front, so the first acquire does not wait for a connect
         // (closed like any pooled connection after the idle timeout).

@@ -1,9 +1,9 @@
 //! Listing the lease table for status reports, without taking any lock a holder or a
 //! transition needs: liveness is read from `pg_locks` (a read-only view), never probed.
 
+use super::PgLease;
 use super::conn::{Fail, within};
 use super::tx::record_of;
-use super::{PgLease, schema};
 use crate::error::Error;
 use crate::machine::{self, Liveness, is_expired};
 use crate::name::SessionId;
@@ -87,7 +87,7 @@ impl PgLease {
              AND l.classid::int8 = r.key AND l.objsubid = 2 \
              AND l.objid::int8 = (r.token & 4294967295)) \
              FROM {} r WHERE $1::text IS NULL OR r.id = $1 ORDER BY r.id",
-            schema::TABLE
+            inner.configs.transition.table
         );
         let wanted = id.map(SessionId::as_str);
         let clock_sql = "SELECT clock_timestamp()";
