@@ -180,7 +180,8 @@ mod timestamp;
 
 // The machinery behind the adapters, public only with the `internals` feature (for the model
 // checker, the fuzz targets and the crate's own tests; no stability promise): the pure
-// transition function, its interpreter, the record codec, the flock adapter's module (its
+// transition function, its interpreter, the record codec, the judgement of a commit whose reply
+// was lost, the flock adapter's module (its
 // step seam, its descriptor cache), the byte-driven checks and the conformance suite every
 // backend passes. Without the feature they are private and the documentation does not show
 // them.
@@ -189,6 +190,11 @@ pub mod checks;
 #[cfg(not(feature = "internals"))]
 #[allow(dead_code)]
 mod checks;
+#[cfg(feature = "internals")]
+pub mod commit;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code)]
+mod commit;
 #[cfg(feature = "internals")]
 pub mod conformance;
 #[cfg(feature = "internals")]

@@ -94,6 +94,10 @@ pub struct LeaseModel {
     /// Whether a process that believes it holds a lease runs fenced sections with it (PROTOCOL
     /// §9), and property \[11\] is checked.
     pub fenced: bool,
+    /// PostgreSQL: whether the primary can fail over (once) to its synchronous standby, which
+    /// has what it confirmed and no advisory lock. (The standby is always there: a commit's
+    /// reply waits for its confirmation, which can lag.)
+    pub failover: bool,
 }
 
 /// What the cleaner may do.
@@ -170,10 +174,22 @@ pub enum Planted {
     /// The fenced section unlocks before the caller's write (PostgreSQL: the caller's
     /// statements on another connection, after the fenced transaction's `COMMIT`).
     FenceUnlockBeforeWrite,
+    /// PostgreSQL: a commit whose reply was lost counts as soon as the re-read finds the
+    /// record, whether or not the standby confirmed it (the library's recovery before
+    /// `commit::verdict`: it ended its own session, which keeps the commit on the primary
+    /// alone).
+    RereadAfterTerminate,
 }
 
 /// The named configurations `check --config NAME` knows.
-pub const CONFIGS: [&str; 5] = ["default", "large", "long", "shared-owner", "postgres"];
+pub const CONFIGS: [&str; 6] = [
+    "default",
+    "large",
+    "long",
+    "shared-owner",
+    "postgres",
+    "failover",
+];
 
 impl Default for LeaseModel {
     /// The default configuration: what `check` runs and CI checks first.
@@ -196,6 +212,7 @@ impl Default for LeaseModel {
             backend: Backend::Flock,
             liveness_losses: 0,
             fenced: true,
+            failover: false,
         }
     }
 }
@@ -243,6 +260,20 @@ impl LeaseModel {
                 go_prober: false,
                 host_crash: false,
                 liveness_losses: 1,
+                ..d
+            },
+            // A primary with a synchronous standby that fails over once: commits whose reply
+            // was lost, the re-read's judgement, the promotion. (The failover ends every
+            // holder's liveness itself, so no other loss; no fenced sections.)
+            "failover" => LeaseModel {
+                name: "failover",
+                backend: Backend::Postgres,
+                cleaner: 0,
+                observer: false,
+                go_prober: false,
+                host_crash: false,
+                failover: true,
+                fenced: false,
                 ..d
             },
             _ => return None,
@@ -309,6 +340,17 @@ impl LeaseModel {
         }
         if self.go_prober {
             parts.push("the Go-style prober creating and exclusively try-locking them".into());
+        }
+        if self.backend == Backend::Postgres {
+            parts.push(format!(
+                "a synchronous standby whose confirmation of commits can lag (a commit's reply \
+                 waits for it; a lost reply is recovered by re-reading the row){}",
+                if self.failover {
+                    ", and a failover to it"
+                } else {
+                    ""
+                }
+            ));
         }
         if self.liveness_losses > 0 {
             parts.push(format!(
@@ -582,6 +624,8 @@ pub struct State {
     pub faults_left: u8,
     /// Whether the host crash is still to come.
     pub host_crash_left: bool,
+    /// PostgreSQL: whether the failover is still to come.
+    pub failover_left: bool,
     /// How many more times the cleaner may act.
     pub cleaner_left: u8,
     /// Ghost: the cleaner acted (failures it causes are not faults).
@@ -659,6 +703,9 @@ pub enum Scenario {
     StaleReleaseAfterSuccessor,
     /// A lease was granted after a host crash.
     GrantAfterHostCrash,
+    /// PostgreSQL: a new generation was granted after the failover.
+    GrantAfterFailover,
+
     /// A failed step left the process able to retry.
     FailedStep,
     /// An acquire was refused although the holder's liveness file had vanished: the unexpired
@@ -725,6 +772,12 @@ pub enum Action {
     /// PostgreSQL, planted bug [`Planted::RelockOnNotice`]: process `p` locks its generation
     /// again on a fresh connection, outside any transition.
     Relock(usize),
+    /// PostgreSQL: the synchronous standby confirms the primary's WAL up to now (it has the
+    /// visible record).
+    StandbyConfirms,
+    /// PostgreSQL: the primary fails; the standby is promoted with what it confirmed, and no
+    /// advisory lock; every client's connections break.
+    Failover,
     /// Process `p` starts a fenced section with its lease and takes its first step.
     Fence(usize),
     /// Process `p` takes the next step of its fenced section.
@@ -883,17 +936,26 @@ impl LeaseModel {
 
     /// Process `p` performs one I/O step (failing if `fault`); `None` if it cannot.
     fn step(&self, last: &State, p: usize, fault: bool) -> Option<State> {
+        let severed = Self::severed(last, p);
+        if fault && severed {
+            // A severed call's next fallible step fails anyway: that is its plain step.
+            return None;
+        }
         let mut s = last.clone();
         s.scenario = None;
         let mut call = s.procs[p].call.take()?;
         let ghost = std::mem::take(&mut call.ghost);
-        let (step, (ghost, fired)) = self.advance(&mut s, p, &mut call.run, ghost, fault);
+        let (step, (ghost, fired)) =
+            self.advance(&mut s, p, &mut call.run, ghost, fault || severed);
         call.ghost = ghost;
         if fault && !fired {
             // An armed fault that would not fire is no step of the model.
             return None;
         }
-        if fired {
+        if fired && severed {
+            // The failover's doing, not an injected fault.
+            call.ghost.severed = false;
+        } else if fired {
             s.faults_left -= 1;
         }
         match step {
@@ -913,6 +975,16 @@ impl LeaseModel {
         Some(s)
     }
 
+    /// PostgreSQL: whether process `p`'s call lost its connections to a failover before its
+    /// commit's reply came, and its next step is a statement (a fallible step), which then
+    /// fails. (Past the reply, its remaining steps are the client's own.)
+    fn severed(s: &State, p: usize) -> bool {
+        s.procs[p]
+            .call
+            .as_ref()
+            .is_some_and(|c| c.ghost.severed && !c.ghost.renamed && c.run.next_can_fail())
+    }
+
     /// Whether process `p` can take the next step of its call (or start one).
     fn can_step(s: &State, p: usize, run: Option<&Run<u64>>) -> bool {
         let lock_free = s.lock_free_for(p);
@@ -922,6 +994,45 @@ impl LeaseModel {
             Some(None) => false,
         }
     }
+}
+
+/// PostgreSQL: the standby is promoted with what it confirmed. No advisory lock survives
+/// (they are not replicated), so every process whose generation was locked has lost its
+/// liveness (told when it sees its connection end); every call under way loses its
+/// transaction (its row lock goes; its commit fails, or its reply never comes).
+fn failover(s: &mut State) {
+    s.record = s.durable.clone();
+    s.record_tag = s.durable_tag;
+    s.record_synced = true;
+    // Commits the standby did not have are gone; nobody was told of them (property
+    // NEVER_BACK: a reported grant was confirmed).
+    s.max_committed = s.durable.as_ref().map_or(0, |r| r.token);
+    for f in s.live.values_mut() {
+        f.holder = None;
+        f.shared = false;
+    }
+    for proc in &mut s.procs {
+        if let Some(l) = &proc.local
+            && proc.loss.is_none()
+        {
+            proc.loss = Some(Loss {
+                token: l.token,
+                noticed: false,
+            });
+        }
+        // A transaction not yet committed loses its row lock. (One past its commit keeps the
+        // lock in the model until its call ends, as everywhere in this model: its remaining
+        // steps are the client's own.)
+        if proc.call.as_ref().is_none_or(|c| !c.ghost.renamed) {
+            proc.stable = None;
+        }
+        if let Some(c) = proc.call.as_mut() {
+            c.ghost.severed = true;
+            // A re-lock's fresh connection ended too: the holder is told again.
+            c.ghost.lost_again |= c.ghost.knew_lost;
+        }
+    }
+    s.failover_left = false;
 }
 
 fn crash(s: &mut State, p: usize) {
@@ -969,6 +1080,7 @@ impl Model for LeaseModel {
             procs: vec![Proc::default(); self.procs],
             faults_left: self.faults,
             host_crash_left: self.host_crash,
+            failover_left: self.failover && self.backend == Backend::Postgres,
             cleaner_left: self.cleaner,
             tampered: false,
             losses_left: self.liveness_losses,
@@ -989,8 +1101,13 @@ impl Model for LeaseModel {
             self.fence_actions(s, p, beyond, actions);
             if let Some(io) = run.and_then(Run::peek) {
                 if LeaseModel::can_step(s, p, run) {
+                    let severed = Self::severed(s, p);
                     actions.push(Action::Step(p, io));
-                    if !beyond && s.faults_left > 0 && run.is_some_and(Run::next_can_fail) {
+                    if !beyond
+                        && !severed
+                        && s.faults_left > 0
+                        && run.is_some_and(Run::next_can_fail)
+                    {
                         actions.push(Action::Fail(p, io));
                     }
                 }
@@ -1024,6 +1141,14 @@ impl Model for LeaseModel {
         if s.host_crash_left {
             actions.push(Action::HostCrash);
         }
+        if self.backend == Backend::Postgres
+            && (s.durable != s.record || s.durable_tag != s.record_tag)
+        {
+            actions.push(Action::StandbyConfirms);
+        }
+        if s.failover_left {
+            actions.push(Action::Failover);
+        }
         self.tamper_actions(s, actions);
         self.prober_actions(s, actions);
     }
@@ -1047,6 +1172,10 @@ impl Model for LeaseModel {
                 format!("p{p} calls {} (lock the transition lock)", kind.label())
             }
             Action::Step(p, io) => format!("p{p} {}", io_label(*io)),
+            Action::Fail(p, Io::Rename) if self.backend == Backend::Postgres => format!(
+                "p{p} commits (COMMIT), and its reply is LOST before the standby confirmed it \
+                 (the adapter ends its session and re-reads the row)"
+            ),
             Action::Fail(p, io) => format!("p{p} {} FAILS (injected I/O error)", io_label(*io)),
             Action::Crash(p) => format!("p{p} crashes"),
             Action::Tick => "tick".into(),
@@ -1091,6 +1220,12 @@ impl Model for LeaseModel {
                 "p{p} locks its generation again on a fresh connection, outside any \
                  transition (PLANTED)"
             ),
+            Action::StandbyConfirms => {
+                "the synchronous standby confirms the primary's WAL (it has the record)".into()
+            }
+            Action::Failover => "the primary fails over to the standby (every client's \
+                                 connections break; no advisory lock survives)"
+                .into(),
             Action::Fence(p) => format!(
                 "p{p} starts a fenced section with its lease ({})",
                 fence_label(self.backend, schedule(self.backend, self.planted)[0])
@@ -1181,6 +1316,19 @@ impl LeaseModel {
                     c.ghost.lost_again = true;
                 }
                 s.losses_left -= 1;
+                Some(s)
+            }
+            Action::StandbyConfirms => {
+                let mut s = last.clone();
+                s.scenario = None;
+                s.durable = s.record.clone();
+                s.durable_tag = s.record_tag;
+                Some(s)
+            }
+            Action::Failover => {
+                let mut s = last.clone();
+                s.scenario = None;
+                failover(&mut s);
                 Some(s)
             }
             Action::NoticeLoss(p) => {

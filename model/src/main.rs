@@ -42,7 +42,9 @@ options (applied in order, on top of the named configuration):
                      with --config postgres: relock-on-notice (a holder that sees its
                      liveness connection end locks its generation again at once, outside
                      any transition), renew-without-relock (a renew after that trusts the
-                     row and commits without locking the generation again);
+                     row and commits without locking the generation again),
+                     reread-after-terminate (a commit whose reply was lost counts once the
+                     re-read finds it, confirmed by the standby or not);
                      for property [11]: unfenced-write (the control: a write after a local
                      is_lost()-style check, no lock), fence-check-before-lock (the section
                      checks the record before taking its lock), fence-unlock-before-write
@@ -162,6 +164,7 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
                 "create-then-lock" => model.planted = Some(Planted::CreateThenLock),
                 "relock-on-notice" => model.planted = Some(Planted::RelockOnNotice),
                 "renew-without-relock" => model.planted = Some(Planted::RenewWithoutRelock),
+                "reread-after-terminate" => model.planted = Some(Planted::RereadAfterTerminate),
                 "unfenced-write" => model.planted = Some(Planted::UnfencedWrite),
                 "fence-check-before-lock" => model.planted = Some(Planted::FenceCheckBeforeLock),
                 "fence-unlock-before-write" => {

@@ -19,7 +19,7 @@ pub mod names {
     pub const ONE_LIVE_HOLDER: &str =
         "[1] at most one unexpired holder with its liveness intact, the record's";
     /// PROTOCOL §10.2, across a host crash.
-    pub const NEVER_BACK: &str = "[2] tokens never go back, even after a host crash";
+    pub const NEVER_BACK: &str = "[2] tokens never go back, even after a host crash or a failover";
     /// PROTOCOL §10.2.
     pub const INCREASE: &str = "[2] every new generation gets a greater token";
     /// PROTOCOL §10.3.
@@ -211,6 +211,12 @@ pub fn properties(model: &LeaseModel) -> Vec<Property<LeaseModel>> {
             },
         ));
     }
+    if model.failover && model.backend == Backend::Postgres {
+        v.push(Property::sometimes(
+            "grant after a failover to the standby",
+            |_, s: &State| s.scenario == Some(Scenario::GrantAfterFailover),
+        ));
+    }
     v
 }
 
@@ -279,14 +285,22 @@ pub(crate) fn observe(
             // The cleaner's doing (a planted record or lock, a deleted temporary file, a
             // transition beside this one on a replaced lock) is a failure without a fault; so
             // is a re-lock refused while the server has not yet ended the old session.
-            if !fired && !s.tampered && !g.relock_busy {
+            if !fired && !s.tampered && !g.relock_busy && !g.severed {
                 flags.push(NO_FAILURE_WITHOUT_FAULT);
             }
             // The directory sync's failure is the one error allowed after the rename: the
             // record is visible, maybe not durable, and names a generation left dead. (Its
             // record may be durable all the same: another transition's directory fsync, on a
             // replaced lock, synced it.)
-            let sync_failed = matches!(result, Err(Error::Io { op: "fsync", .. }));
+            // PostgreSQL: so is a commit's lost reply that the re-read could not show
+            // confirmed by the standby (`CommitUnknown`).
+            let sync_failed = matches!(
+                result,
+                Err(Error::Io {
+                    op: "fsync" | "commit",
+                    ..
+                })
+            );
             if g.renamed && !sync_failed {
                 flags.push(NO_FAILURE_AFTER_COMMIT);
             }
@@ -360,6 +374,9 @@ pub(crate) fn observe(
                 }
                 if !s.host_crash_left && m.host_crash {
                     s.scenario = Some(Scenario::GrantAfterHostCrash);
+                }
+                if !s.failover_left && m.failover && m.backend == Backend::Postgres {
+                    s.scenario = Some(Scenario::GrantAfterFailover);
                 }
             }
             s.max_granted = s.max_granted.max(token);

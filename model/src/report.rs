@@ -168,9 +168,18 @@ pub fn describe(m: &LeaseModel) -> String {
     let backend = match m.backend {
         Backend::Flock => "flock".to_owned(),
         Backend::Postgres => format!(
-            "PostgreSQL (liveness may be lost while its holder runs, up to {} time{})",
+            "PostgreSQL (liveness may be lost while its holder runs, up to {} time{}; a \
+             synchronous standby confirms every commit whose reply comes; a commit whose reply \
+             is lost (an injected failure of the commit) stays unconfirmed until the standby \
+             catches up, and the adapter judges it by re-reading the row{})",
             m.liveness_losses,
-            if m.liveness_losses == 1 { "" } else { "s" }
+            if m.liveness_losses == 1 { "" } else { "s" },
+            if m.failover {
+                "; the primary may fail over to the standby once, at any moment: the row as \
+                 the standby has it, no advisory lock, every client's connections broken"
+            } else {
+                ""
+            }
         ),
     };
     let mut extras = vec![];

@@ -20,6 +20,7 @@
 
 use std::io;
 
+use flocklease::commit::{self, Reread, Verdict};
 use flocklease::driver::Transaction;
 use flocklease::machine::{self, Liveness, Local};
 use flocklease::{Error, Record, Timestamp};
@@ -85,6 +86,8 @@ pub struct Ghost {
     pub relocked: bool,
     /// PostgreSQL: the re-lock found the generation locked by another session.
     pub relock_busy: bool,
+    /// PostgreSQL: a failover broke the call's connections while it ran.
+    pub severed: bool,
 }
 
 /// What a call read under the transition lock.
@@ -130,6 +133,35 @@ impl ModelTx<'_> {
             });
         }
         Ok(())
+    }
+
+    /// PostgreSQL: the `COMMIT`'s reply was lost (the injected fault: the reply bound ran
+    /// out, or the session ended while the commit waited for the synchronous standby). The
+    /// commit is visible on the primary and the standby has not confirmed it. The adapter's
+    /// recovery: it ends its session (which stops the wait and keeps the commit on the
+    /// primary alone), re-reads the row, and judges by [`commit::verdict`], as `PgTx` does.
+    fn reply_lost(&mut self) -> Result<(), Error> {
+        let mine = self.ghost.committed.clone();
+        let read = if mine.is_some() && self.state.record == mine {
+            Reread::Ours {
+                required: Some(1),
+                confirmed: u32::from(self.state.durable == mine),
+            }
+        } else {
+            Reread::NotOurs
+        };
+        let verdict = match (self.planted, read) {
+            (Some(Planted::RereadAfterTerminate), Reread::Ours { .. }) => Verdict::Committed,
+            _ => commit::verdict(read),
+        };
+        if verdict == Verdict::Committed {
+            return Ok(());
+        }
+        Err(Error::Io {
+            op: "commit",
+            path: "model.lease.json".into(),
+            source: io::Error::other("the reply was lost and the commit is not confirmed"),
+        })
     }
 
     fn unlock(&mut self, token: u64) {
@@ -473,6 +505,11 @@ impl Transaction for ModelTx<'_> {
     }
 
     fn rename(&mut self) -> Result<(), Error> {
+        // PostgreSQL: an injected fault is the `COMMIT`'s reply lost, after the commit.
+        let reply_lost = self.backend == Backend::Postgres && self.fault && !self.fired;
+        if reply_lost {
+            self.fired = true;
+        }
         self.fault("rename")?;
         // The commit only under the lock everyone else takes.
         let held = self.state.procs[self.p].stable;
@@ -511,6 +548,15 @@ impl Transaction for ModelTx<'_> {
         self.state.record_synced = temp.synced;
         self.state.record_bad = None;
         self.ghost.renamed = true;
+        if self.backend == Backend::Postgres {
+            if reply_lost {
+                return self.reply_lost();
+            }
+            // The reply comes once the synchronous standby confirmed the commit (and so every
+            // commit before it).
+            self.state.durable = self.state.record.clone();
+            self.state.durable_tag = self.state.record_tag;
+        }
         Ok(())
     }
 
@@ -519,7 +565,8 @@ impl Transaction for ModelTx<'_> {
     }
 
     fn sync_dir(&mut self) -> Result<(), Error> {
-        if !self.durable {
+        // PostgreSQL: the commit's reply came with the rename (the `COMMIT`).
+        if !self.durable || self.backend == Backend::Postgres {
             return Ok(());
         }
         self.fault("fsync")?;

@@ -424,6 +424,8 @@ impl Real {
             | Action::NoticeLoss(_)
             | Action::SessionEnds(_)
             | Action::Relock(_)
+            | Action::StandbyConfirms
+            | Action::Failover
             | Action::Fence(_)
             | Action::FenceStep(..) => unreachable!("not run in lockstep"),
         }
