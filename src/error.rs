@@ -249,7 +249,12 @@ pub enum Error {
     /// the proof failing (or the pooler's own refusal, or a prepared statement unknown to the
     /// session that got it), before anything is granted or committed.
     ///
-    /// Remedy: connect directly to the server, or through a session-mode pooler.
+    /// A session-mode pooler that hands a used server session to a new client without
+    /// resetting it (PgBouncer with an empty `server_reset_query`) is refused the same way:
+    /// the session still has the last client's prepared statements or advisory locks.
+    ///
+    /// Remedy: connect directly to the server, or through a session-mode pooler that resets
+    /// server sessions with `DISCARD ALL` (PgBouncer's default).
     #[cfg(feature = "postgres")]
     SessionNotKept {
         /// What was observed.
@@ -515,8 +520,9 @@ impl fmt::Display for Error {
             Error::SessionNotKept { detail } => write!(
                 f,
                 "the postgresql connection does not keep a server session of its own \
-                 ({detail}): a transaction- or statement-mode pooler? connect directly or \
-                 through a session-mode pooler"
+                 ({detail}): a transaction- or statement-mode pooler, or one that does not \
+                 reset sessions? connect directly or through a session-mode pooler resetting \
+                 with DISCARD ALL"
             ),
             #[cfg(feature = "postgres")]
             Error::AsyncContext => f.write_str(

@@ -151,6 +151,35 @@ fn session_pooler_keeps_leases_and_a_dropped_holder_is_replaced_by_a_waiter() {
     takeover(&rival, &admin, lease.token, || drop(holder));
 }
 
+/// A session-mode pooler that does not reset server sessions between clients
+/// (`server_reset_query` empty) hands a dead holder's server session, its advisory lock
+/// still held, to the next client: that client is refused at connect with an error that names
+/// the fix, and nothing is granted through the used session.
+#[test]
+fn session_pooler_without_a_reset_is_refused_naming_the_reset() {
+    let options = Options {
+        reset: false,
+        pool_size: 2,
+        ..Options::new(PoolMode::Session)
+    };
+    let Some((db, admin, bouncer)) = setup(&options) else {
+        return;
+    };
+    let url = bouncer.url(&db);
+    let mut child = RoleChild::spawn(ENTRY, "hold", &[&url, "job", "child"]);
+    assert_eq!(child.line(), "token 1");
+    child.kill();
+    // The child's server sessions go back to the pool as they are: its liveness lock stays.
+    assert_eq!(admin.advisory_holders(admin.key("job"), 1).len(), 1);
+    let text = match PgLease::connect(&url) {
+        Err(e @ Error::SessionNotKept { .. }) => e.to_string(),
+        Err(e) => panic!("expected SessionNotKept, got {e:?}"),
+        Ok(_) => panic!("a used server session was accepted"),
+    };
+    eprintln!("refused: {text}");
+    assert!(text.contains("server_reset_query = DISCARD ALL"), "{text}");
+}
+
 #[test]
 fn session_pooler_sigkilled_holder_process_is_replaced_by_a_waiter() {
     let Some((db, admin, bouncer)) = setup(&Options::new(PoolMode::Session)) else {

@@ -299,7 +299,8 @@ pub(super) fn pooler_symptom(e: &tokio_postgres::Error) -> Option<String> {
     let code = db.code();
     if code == &SqlState::INVALID_SQL_STATEMENT_NAME || code == &SqlState::DUPLICATE_PSTATEMENT {
         Some(format!(
-            "a statement prepared on this connection met another server session: \"{}\"",
+            "a statement prepared on this connection met another server session, or a used \
+             one (a session-mode pooler needs server_reset_query = DISCARD ALL): \"{}\"",
             db.message()
         ))
     } else if code == &SqlState::PROTOCOL_VIOLATION && db.message().contains("pooling mode") {
@@ -741,7 +742,9 @@ async fn claim(c: &Client, nonce: &str) -> Result<i32, Fail> {
     if row.try_get(1).ok().flatten() != Some(nonce) {
         return Err(Fail::SessionNotKept(format!(
             "a new connection was given server session {pid}, which holds another \
-             connection's advisory locks"
+             connection's advisory locks: a pooler handed over a used server session without \
+             resetting it (a session-mode pooler needs server_reset_query = DISCARD ALL, \
+             PgBouncer's default)"
         )));
     }
     Ok(pid)

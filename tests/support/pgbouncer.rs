@@ -64,6 +64,9 @@ pub struct Options {
     pub round_robin: bool,
     /// `default_pool_size`: server connections per (database, user) pair; at least 2.
     pub pool_size: u32,
+    /// `server_reset_query`: `true` keeps PgBouncer's default (`DISCARD ALL`); `false` sets
+    /// it empty, so a server session goes to the next client as the last one left it.
+    pub reset: bool,
 }
 
 impl Options {
@@ -73,6 +76,7 @@ impl Options {
             pool_mode,
             round_robin: false,
             pool_size: 20,
+            reset: true,
         }
     }
 }
@@ -305,11 +309,17 @@ fn config(server: &PgServer, port: u16, o: &Options) -> String {
          max_client_conn = 200\n\
          server_round_robin = {rr}\n\
          ignore_startup_parameters = extra_float_digits\n\
-         server_login_retry = 1\n",
+         server_login_retry = 1\n\
+         {reset}",
         server_port = server.port,
         mode = o.pool_mode.name(),
         size = o.pool_size,
         rr = u8::from(o.round_robin),
+        reset = if o.reset {
+            ""
+        } else {
+            "server_reset_query =\n"
+        },
     )
 }
 
