@@ -22,12 +22,109 @@ use support::{RoleChild, hear, id, owner, role, tell};
 const ENTRY: &str = "child_entry";
 
 /// The holder role: `URL ID OWNER`. Acquires, says `token N`, then waits for stdin to close.
+///
+/// `stepped URL`: acquires `job` with a 2 s TTL and says `token N`; then answers `wall` with
+/// its wall clock (unix nanoseconds) and `expired?` with whether the lease manager's clock
+/// reads the lease expired.
 #[test]
 fn child_entry() {
-    let Some((_, args)) = role() else { return };
+    let Some((role, args)) = role() else { return };
+    if role == "stepped" {
+        let leases = PgLease::builder(&args[0])
+            .ttl(Duration::from_secs(2))
+            .connect()
+            .unwrap();
+        let lease = leases
+            .acquire(&id("job"), &owner("stepped"))
+            .unwrap()
+            .lease()
+            .expect("free");
+        tell(&format!("token {}", lease.token));
+        while let Some(line) = hear() {
+            match line.as_str() {
+                "wall" => tell(&SystemClock.now().unix_nanos().to_string()),
+                "expired?" => tell(if leases.clock().now() >= lease.expiry {
+                    "yes"
+                } else {
+                    "no"
+                }),
+                other => panic!("unknown request {other}"),
+            }
+        }
+        return;
+    }
     let (_leases, lease) = pg::acquire_free(&args[0], &args[1], &args[2]);
     tell(&format!("token {}", lease.token));
     while hear().is_some() {}
+}
+
+/// libfaketime, which makes a child's wall clock step (`LD_PRELOAD`); `None` (skip, loudly)
+/// when it is not installed, unless `FLOCKLEASE_REQUIRE_FAKETIME=1` (CI).
+fn faketime_lib() -> Option<std::path::PathBuf> {
+    let found = [
+        "/usr/lib/x86_64-linux-gnu/faketime",
+        "/usr/lib/aarch64-linux-gnu/faketime",
+        "/usr/lib/faketime",
+    ]
+    .iter()
+    .map(|d| std::path::Path::new(d).join("libfaketime.so.1"))
+    .find(|p| p.exists());
+    if found.is_none() {
+        assert!(
+            std::env::var("FLOCKLEASE_REQUIRE_FAKETIME").as_deref() != Ok("1"),
+            "FLOCKLEASE_REQUIRE_FAKETIME=1 but libfaketime is not installed (package faketime)"
+        );
+        eprintln!("*** libfaketime NOT FOUND: the wall-clock step test DID NOT RUN ***");
+    }
+    found
+}
+
+/// Issue 32.4: the holder's wall clock steps back 10 s (an NTP step, a VM restore) right
+/// after its acquire. The lease manager's clock still reads the lease expired as soon as the
+/// server's clock does (it is the server's last reading plus the time elapsed on this host's
+/// boot-time clock), not 10 s later, so `KeepAlive` reports the loss on time. The step is made
+/// by libfaketime in the child only (a real step would disturb the whole machine).
+#[test]
+fn a_wall_clock_step_back_does_not_delay_the_expiry_seen_here() {
+    let Some(lib) = faketime_lib() else { return };
+    let Some((url, admin)) = fresh() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let offset = dir.path().join("faketime");
+    std::fs::write(&offset, "+0\n").unwrap();
+    let preload = format!("LD_PRELOAD={}", lib.display());
+    let file = format!("FAKETIME_TIMESTAMP_FILE={}", offset.display());
+    let wrapper = [
+        "/usr/bin/env",
+        &preload,
+        &file,
+        "FAKETIME_NO_CACHE=1",
+        "FAKETIME_DONT_FAKE_MONOTONIC=1",
+    ];
+    let mut child = RoleChild::spawn_wrapped(&wrapper, ENTRY, "stepped", &[&url]);
+    assert_eq!(child.line(), "token 1");
+    std::fs::write(&offset, "-10\n").unwrap();
+    // The step is in effect in the child (else this test would show nothing).
+    child.say("wall");
+    let wall: i128 = child.line().parse().unwrap();
+    let behind = SystemClock.now().unix_nanos() - wall;
+    assert!(
+        behind > 9_000_000_000,
+        "the child's wall clock is {behind} ns behind, not stepped back 10 s"
+    );
+    pg::until("the server's clock to pass the expiry", || {
+        admin.query(
+            "SELECT clock_timestamp() >= expiry FROM flocklease_leases WHERE id = 'job'",
+            &[],
+        )[0]
+        .get::<_, bool>(0)
+    });
+    child.say("expired?");
+    assert_eq!(
+        child.line(),
+        "yes",
+        "the holder's clock reads its lease unexpired after the server's clock passed the expiry"
+    );
+    child.finish();
 }
 
 /// A fresh database on the shared server, or `None` (skip) without PostgreSQL.
