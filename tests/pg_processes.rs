@@ -61,14 +61,14 @@ fn child_entry() {
 /// libfaketime, which makes a child's wall clock step (`LD_PRELOAD`); `None` (skip, loudly)
 /// when it is not installed, unless `FLOCKLEASE_REQUIRE_FAKETIME=1` (CI).
 fn faketime_lib() -> Option<std::path::PathBuf> {
-    let found = [
-        "/usr/lib/x86_64-linux-gnu/faketime",
-        "/usr/lib/aarch64-linux-gnu/faketime",
-        "/usr/lib/faketime",
-    ]
-    .iter()
-    .map(|d| std::path::Path::new(d).join("libfaketime.so.1"))
-    .find(|p| p.exists());
+    let found = std::fs::read_dir("/usr/lib")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| Some(e.ok()?.path().join("faketime/libfaketime.so.1")))
+        .chain([std::path::PathBuf::from(
+            "/usr/lib/faketime/libfaketime.so.1",
+        )])
+        .find(|p| p.exists());
     if found.is_none() {
         assert!(
             std::env::var("FLOCKLEASE_REQUIRE_FAKETIME").as_deref() != Ok("1"),
