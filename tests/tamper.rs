@@ -194,6 +194,49 @@ fn a_replaced_liveness_file_is_unknown_never_dead() {
     }
 }
 
+/// Issue 33.1: the holder's own liveness file moved aside (or hard-linked aside and
+/// removed) after a renew, the next renew restores the generation's file, and the original
+/// inode is put back at its name, unlocked. It must not read as the generation's own file (it
+/// did: it carried the tag the record names, so a rival was granted token 2 while the holder
+/// ran, 29 s from its expiry): the restore publishes a fresh tag, which the renew commits.
+#[test]
+fn the_holders_own_liveness_file_moved_back_never_reads_dead() {
+    for how in ["rename", "hard link"] {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(START);
+        let a = open_manual(dir.path(), &clock);
+        let lease = a.acquire(&id("s"), &owner("a")).unwrap().lease().unwrap();
+        let lease = a.renew(&lease).unwrap().lease().unwrap();
+        let path = live_path(dir.path(), 1);
+        let aside = dir.path().join("aside");
+        match how {
+            "rename" => fs::rename(&path, &aside).unwrap(),
+            _ => {
+                fs::hard_link(&path, &aside).unwrap();
+                fs::remove_file(&path).unwrap();
+            }
+        }
+        // The renew restores the generation's file (a new one, locked).
+        let lease = a.renew(&lease).unwrap().lease().expect("renewed");
+        clock.advance(Duration::from_secs(1));
+        // The original inode comes back over the restored one; the holder's lock is on the
+        // restored inode, so nothing at the name is locked now.
+        fs::rename(&aside, &path).unwrap();
+        let b = open_manual(dir.path(), &clock);
+        assert_eq!(
+            b.acquire(&id("s"), &owner("b")).unwrap(),
+            Grant::Held,
+            "{how}: a rival was granted while the holder runs with {lease:?}"
+        );
+        assert_eq!(state_of(dir.path(), &clock), "unknown", "{how}");
+        // The holder's next renew puts its own file back and the lease reads live again.
+        let lease = a.renew(&lease).unwrap().lease().expect("renewed");
+        assert_eq!(state_of(dir.path(), &clock), "live", "{how}");
+        assert_eq!(b.acquire(&id("s"), &owner("b")).unwrap(), Grant::Held);
+        a.release(&lease).unwrap();
+    }
+}
+
 /// The rival's acquire, run on a thread of its own.
 type Rival = std::thread::JoinHandle<Result<Grant, Error>>;
 

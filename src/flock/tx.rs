@@ -439,13 +439,18 @@ impl Transaction for FlockTx<'_> {
                 return Ok(());
             }
             // Deleted, or something else stands at our path: publish a new file, already
-            // locked, in one rename, carrying the generation's tag (the record names it
-            // already). Whatever stood there is replaced; nothing unlocked is ever left.
+            // locked, in one rename, carrying a fresh tag, which this transition's record
+            // then names. Whatever stood there is replaced; nothing unlocked is ever left.
+            // The tag is fresh so that no earlier file of the generation (our own inode
+            // moved aside or hard-linked and put back after this, a copy) reads as its own:
+            // a rival's probe then finds "not the generation's file" (unknown: the expiry
+            // decides) instead of our old inode, unlocked, "dead". Until the record naming
+            // the fresh tag is committed, the new file reads as unknown too.
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(Error::io("stat", &path, e)),
         }
-        let published = self.publish(token, ours.tag, live::Over::Anything)?;
+        let published = self.publish(token, live::fresh_tag(), live::Over::Anything)?;
         if let Some(generation) = self.slot.local.as_mut() {
             generation.live = published;
         }
