@@ -237,6 +237,64 @@ fn the_holders_own_liveness_file_moved_back_never_reads_dead() {
     }
 }
 
+/// Issue 33.2, ABA on `<stem>.lock`: while transition A holds the lock (its record read, its
+/// commit ahead), the lock is hard-linked aside and its name removed; B runs a whole acquire
+/// and release on a fresh lock; the original inode is put back. A's check of the lock's
+/// identity passes; it must still not commit (it committed the token B had been granted):
+/// the record is no longer the one A read.
+#[test]
+fn a_lock_put_back_after_another_transition_never_lets_a_stale_one_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(START);
+    // A tombstone of token 1 to start from.
+    let first = open_manual(dir.path(), &clock);
+    let lease = first
+        .acquire(&id("s"), &owner("a"))
+        .unwrap()
+        .lease()
+        .unwrap();
+    first.release(&lease).unwrap();
+    let b = Arc::new(open_manual(dir.path(), &clock));
+    let armed = Arc::new(AtomicBool::new(true));
+    let granted_b = Arc::new(Mutex::new(None));
+    let hook: FaultHook = {
+        let (armed, b, granted_b) = (Arc::clone(&armed), Arc::clone(&b), Arc::clone(&granted_b));
+        let dir = dir.path().to_owned();
+        Arc::new(move |p, _| {
+            if p == FaultPoint::ReadRecord && armed.swap(false, Ordering::SeqCst) {
+                let lock = lock_path(&dir);
+                let aside = dir.join("lock-aside");
+                fs::hard_link(&lock, &aside).unwrap();
+                fs::remove_file(&lock).unwrap();
+                let got = b.acquire(&id("s"), &owner("b")).unwrap().lease().unwrap();
+                b.release(&got).unwrap();
+                *granted_b.lock().unwrap() = Some(got.token);
+                fs::rename(&aside, &lock).unwrap();
+            }
+            None
+        })
+    };
+    let a = FlockLease::builder(dir.path())
+        .clock(Arc::new(clock.clone()))
+        .ttl(Duration::from_secs(30))
+        .faults(hook)
+        .open()
+        .unwrap();
+    let answer = a.acquire(&id("s"), &owner("a"));
+    let b_token = granted_b
+        .lock()
+        .unwrap()
+        .expect("B ran inside A's transition");
+    assert_eq!(b_token, 2);
+    match answer {
+        Err(Error::LockReplaced { .. }) => {}
+        other => panic!("A answered {other:?} after B was granted token {b_token}"),
+    }
+    // The next acquire goes on from B's token.
+    let next = a.acquire(&id("s"), &owner("a")).unwrap().lease().unwrap();
+    assert_eq!(next.token, 3);
+}
+
 /// The rival's acquire, run on a thread of its own.
 type Rival = std::thread::JoinHandle<Result<Grant, Error>>;
 

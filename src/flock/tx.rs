@@ -127,6 +127,13 @@ pub(super) struct TxState {
     pub(super) seen_token: Option<Option<u64>>,
     /// The liveness tag the record read names.
     pub(super) seen_tag: Option<LiveTag>,
+    /// The (device, inode) of the record file this transition read (`Some(None)`: there was
+    /// none), checked again just before the commit: a transition commits only over the
+    /// record it decided on.
+    pub(super) seen_record: Option<Option<(u64, u64)>>,
+    /// The record file read, kept open until the transition ends so that its inode number
+    /// cannot be given to another file meanwhile (which would defeat the check above).
+    pub(super) seen_file: Option<File>,
     /// The tag of the generation the record to commit names: the new generation's
     /// ([`Transaction::lock_live`]) or the local one's ([`Transaction::ensure_live`]); none for
     /// a tombstone.
@@ -171,6 +178,30 @@ impl FlockTx<'_> {
                 Err(Error::LockReplaced { path: path.clone() })
             }
             Err(e) => Err(Error::io("stat", path, e)),
+        }
+    }
+
+    /// Checks that the record at the path is still the file this transition read (or still
+    /// absent): whatever happened to the lock (deleted, hard-linked aside and put back while
+    /// another transition ran a whole acquire on a fresh one), a transition commits only
+    /// over the record it decided on. Its inode cannot have been reused: the transition
+    /// keeps the file open.
+    fn check_record(&self) -> Result<(), Error> {
+        let Some(seen) = self.st.seen_record else {
+            return Ok(());
+        };
+        let path = &self.paths.record;
+        let now = match fs::symlink_metadata(path) {
+            Ok(m) => Some((m.dev(), m.ino())),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(Error::io("stat", path, e)),
+        };
+        if now == seen {
+            Ok(())
+        } else {
+            Err(Error::LockReplaced {
+                path: self.paths.lock.clone(),
+            })
         }
     }
 }
@@ -375,6 +406,7 @@ impl Transaction for FlockTx<'_> {
             Ok(f) => f,
             Err(e) if e.io_kind() == Some(io::ErrorKind::NotFound) => {
                 self.st.seen_token = Some(None);
+                self.st.seen_record = Some(None);
                 return Ok(None);
             }
             Err(e) => return Err(e),
@@ -395,8 +427,11 @@ impl Transaction for FlockTx<'_> {
                 },
             }
         })?;
+        let meta = file.metadata().map_err(|e| Error::io("stat", path, e))?;
         self.st.seen_token = Some(Some(record.token));
         self.st.seen_tag = tag;
+        self.st.seen_record = Some(Some((meta.dev(), meta.ino())));
+        self.st.seen_file = Some(file);
         Ok(Some(record))
     }
 
@@ -494,6 +529,7 @@ impl Transaction for FlockTx<'_> {
         // system call before the rename (a tmp cleaner or an operator may have deleted
         // `<stem>.lock` since it was locked, letting another transition start beside this one).
         self.check_stable()?;
+        self.check_record()?;
         self.check(FaultPoint::Rename, to)?;
         fs::rename(from, to).map_err(|e| Error::io("rename", to, e))?;
         self.st.temp = None;
