@@ -10,7 +10,8 @@
 //!   written, an exclusive `flock`, and only then the rename to the generation's name; never an
 //!   open of the generation's name with `O_CREAT`;
 //! - `SyncTemp`: an `fdatasync` of the temporary record;
-//! - `Rename` (commit): a stat of `<stem>.lock` before the rename over the record;
+//! - `Rename` (commit): a stat of `<stem>.lock` and one of the record before the rename over
+//!   the record;
 //! - `SyncDir`: an `fsync` of the lease directory's descriptor.
 //!
 //! `strace` is required when `FLOCKLEASE_REQUIRE_STRACE` is set (CI sets it); otherwise the
@@ -182,9 +183,10 @@ fn each_step_makes_the_system_calls_the_model_assumes() {
             rename,
             &[
                 r#"stat[a-z]*\(.*\.lock""#,
+                r#"stat[a-z]*\(.*\.lease\.json""#,
                 r#"rename[a-z0-9]*\(.*\.lease\.json\.[0-9a-f]{16}\.tmp", .*\.lease\.json"(, 0)?\) *= 0"#,
             ],
-            &format!("{call}: the lock's identity checked, then the rename"),
+            &format!("{call}: the lock's and the record's identities checked, then the rename"),
         );
     }
     let sync_dir = get("a-acquire/SyncDir");

@@ -494,7 +494,16 @@ impl Transaction for FlockTx<'_> {
 
     fn write_temp(&mut self, record: &Record) -> Result<(), Error> {
         let path = self.paths.temp(live::fresh_tag());
-        let mut tmp = self.open(&path, Access::Temp)?;
+        let mut tmp = match self.open(&path, Access::Temp) {
+            // At the descriptor limit the record read is closed to make room: a release must
+            // succeed there. The commit still checks the record's identity, without the
+            // guard against its inode number being reused meanwhile (PROTOCOL §11).
+            Err(Error::TooManyOpenFiles { .. }) if self.st.seen_file.is_some() => {
+                self.st.seen_file = None;
+                self.open(&path, Access::Temp)?
+            }
+            other => other?,
+        };
         self.check(FaultPoint::WriteTemp, &path)?;
         let written = tmp.write_all(&record::encode_tagged(record, self.st.commit_tag));
         let failed = written.map_err(|e| Error::io("write", &path, e));
