@@ -71,7 +71,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
-use crate::fault::Faults;
+use crate::fault::{FaultPoint, Faults};
 use crate::flock::DEFAULT_LOCK_TIMEOUT;
 use crate::flock::files::{Access, DEFAULT_FILE_MODE, Opener, open_dir, read_bounded};
 use crate::flock::live::fresh_tag;
@@ -200,6 +200,7 @@ pub struct FenceBuilder {
     path: PathBuf,
     lock_timeout: Duration,
     allow_network_fs: bool,
+    faults: Faults,
 }
 
 impl FenceBuilder {
@@ -210,6 +211,16 @@ impl FenceBuilder {
     /// limit.
     pub fn lock_timeout(mut self, timeout: Duration) -> Self {
         self.lock_timeout = timeout;
+        self
+    }
+
+    /// Makes chosen steps fail, or pause, for tests: the hook is called with
+    /// [`FaultPoint::Rename`](crate::fault::FaultPoint::Rename) and the target just before
+    /// [`Fence::write_file`] checks its admission again and renames the target into place.
+    /// See [`fault`](crate::fault).
+    #[cfg(feature = "fault-injection")]
+    pub fn faults(mut self, faults: crate::fault::FaultHook) -> Self {
+        self.faults = Faults::new(faults);
         self
     }
 
@@ -256,7 +267,7 @@ impl FenceBuilder {
                 owners,
                 sticky,
                 file_mode: DEFAULT_FILE_MODE,
-                faults: Faults::default(),
+                faults: self.faults,
                 share: None,
             },
             lock_timeout: self.lock_timeout,
@@ -296,6 +307,7 @@ impl Fence {
             path: path.as_ref().to_owned(),
             lock_timeout: DEFAULT_LOCK_TIMEOUT,
             allow_network_fs: false,
+            faults: Faults::default(),
         }
     }
 
@@ -380,7 +392,7 @@ impl Fence {
     /// # }
     /// ```
     pub fn admit(&self, token: u64) -> Result<Admission, Error> {
-        Ok(match self.locked(token, || ())? {
+        Ok(match self.locked(token, |_| ())? {
             Ok((previous, ())) => Admission::Admitted { previous },
             Err(highest) => Admission::Refused { highest },
         })
@@ -421,11 +433,18 @@ impl Fence {
         target: impl AsRef<Path>,
         bytes: &[u8],
     ) -> Result<Admission, Error> {
-        match self.locked(token, || write_atomically(target.as_ref(), bytes))? {
-            Ok((previous, written)) => {
-                written?;
-                Ok(Admission::Admitted { previous })
-            }
+        let target = target.as_ref();
+        let write = |lock: &Locked| {
+            write_atomically(target, bytes, || {
+                self.opener.faults.check(FaultPoint::Rename, target)?;
+                self.still_admits(token, lock)
+            })
+        };
+        match self.locked(token, write)? {
+            Ok((previous, written)) => match written? {
+                Ok(()) => Ok(Admission::Admitted { previous }),
+                Err(highest) => Ok(Admission::Refused { highest }),
+            },
             Err(highest) => Ok(Admission::Refused { highest }),
         }
     }
@@ -465,7 +484,7 @@ impl Fence {
     /// ```
     pub fn with<T>(&self, token: u64, f: impl FnOnce() -> T) -> Result<Result<T, Stale>, Error> {
         Ok(self
-            .locked(token, f)?
+            .locked(token, |_| f())?
             .map(|(_, value)| value)
             .map_err(|highest| Stale { token, highest }))
     }
@@ -484,7 +503,7 @@ impl Fence {
     fn locked<T>(
         &self,
         token: u64,
-        f: impl FnOnce() -> T,
+        f: impl FnOnce(&Locked) -> T,
     ) -> Result<Result<(Option<u64>, T), u64>, Error> {
         let lock = self.lock()?;
         let previous = self.highest()?;
@@ -495,13 +514,13 @@ impl Fence {
             } => self.store(token, &lock)?,
             FenceStep::Admit { record: None } => {}
         }
-        let value = f();
+        let value = f(&lock);
         drop(lock);
         Ok(Ok((previous, value)))
     }
 
     /// Opens (creating) the lock file and notes which file it is.
-    fn open_lock(&self) -> Result<(File, u64, u64), Error> {
+    fn open_lock(&self) -> Result<(File, fs::Metadata), Error> {
         let file = self.opener.open(&self.lock_path, Access::LockCreate)?;
         let meta = file
             .metadata()
@@ -511,7 +530,7 @@ impl Fence {
                 path: self.lock_path.clone(),
             });
         }
-        Ok((file, meta.dev(), meta.ino()))
+        Ok((file, meta))
     }
 
     /// Takes the lock by the lock timeout, on the file that is at the lock's path once it is
@@ -520,7 +539,8 @@ impl Fence {
         let started = Instant::now();
         let deadline = started.checked_add(self.lock_timeout);
         loop {
-            let (file, dev, ino) = self.open_lock()?;
+            let (file, meta) = self.open_lock()?;
+            let (dev, ino) = (meta.dev(), meta.ino());
             let taken = try_lock_until(&file, deadline)
                 .map_err(|e| Error::io("lock", &self.lock_path, e))?;
             let lock = Locked {
@@ -530,7 +550,11 @@ impl Fence {
             };
             let here = self.still_at(&lock)?;
             match (taken, here) {
-                (true, true) => return Ok(lock),
+                (true, true) => {
+                    // Age-based cleaners never choose a lock in use.
+                    crate::flock::keep_fresh(&lock._file, &meta);
+                    return Ok(lock);
+                }
                 (false, true) => {
                     return Err(Error::LockTimeout {
                         path: self.lock_path.clone(),
@@ -548,6 +572,23 @@ impl Fence {
                 });
             }
         }
+    }
+
+    /// At a guarded write's commit: whether `token` is still admitted (no greater token was
+    /// recorded since, by [`machine::fence_step`], the rule the admission used) and `lock` is
+    /// still the lock everyone takes. `Ok(Err(highest))` when a greater token was admitted
+    /// meanwhile: the lock was deleted while this call held it, and another call took a new
+    /// one. The write must not land then.
+    fn still_admits(&self, token: u64, lock: &Locked) -> Result<Result<(), u64>, Error> {
+        if let FenceStep::Refuse { highest } = machine::fence_step(self.highest()?, token) {
+            return Ok(Err(highest));
+        }
+        if !self.still_at(lock)? {
+            return Err(Error::LockReplaced {
+                path: self.lock_path.clone(),
+            });
+        }
+        Ok(Ok(()))
     }
 
     /// Whether `lock` is still the file at the lock's path.
@@ -594,8 +635,13 @@ impl Fence {
 }
 
 /// Writes `bytes` to `target` whole: a temporary file beside it, fsynced, renamed over it, the
-/// directory fsynced.
-fn write_atomically(target: &Path, bytes: &[u8]) -> Result<(), Error> {
+/// directory fsynced; `commit` is asked just before the rename whether the write may still
+/// land (`Ok(Err(highest))`: no; the temporary file is removed and nothing changes).
+fn write_atomically(
+    target: &Path,
+    bytes: &[u8],
+    commit: impl FnOnce() -> Result<Result<(), u64>, Error>,
+) -> Result<Result<(), u64>, Error> {
     let not_a_file = || Error::NotAFile {
         path: target.to_owned(),
     };
@@ -636,14 +682,28 @@ fn write_atomically(target: &Path, bytes: &[u8]) -> Result<(), Error> {
             None => Ok(()),
         })
         .and_then(|()| file.sync_all().map_err(|e| Error::io("fsync", &tmp, e)))
-        .and_then(|()| fs::rename(&tmp, target).map_err(|e| Error::io("rename", target, e)));
-    if let Err(e) = renamed {
-        let _ = fs::remove_file(&tmp);
-        return Err(e);
+        .and_then(|()| commit())
+        .and_then(|may| match may {
+            Ok(()) => fs::rename(&tmp, target)
+                .map(Ok)
+                .map_err(|e| Error::io("rename", target, e)),
+            Err(highest) => Ok(Err(highest)),
+        });
+    match renamed {
+        Ok(Ok(())) => {}
+        Ok(Err(highest)) => {
+            let _ = fs::remove_file(&tmp);
+            return Ok(Err(highest));
+        }
+        Err(e) => {
+            let _ = fs::remove_file(&tmp);
+            return Err(e);
+        }
     }
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| Error::io("fsync", dir, e))
+        .map(Ok)
 }
 
 /// The fence file's content for `token`.

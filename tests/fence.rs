@@ -149,6 +149,76 @@ fn the_token_is_recorded_before_the_guarded_code_runs_and_a_refusal_runs_nothing
     assert!(!ran);
 }
 
+/// Issue 33.3: the fence's lock deleted while `write_file(7, …)` holds it, between its
+/// admission and its target's rename; `write_file(8, …)` then takes a new lock, admits 8 and
+/// writes. Token 7's write must not land over it (it did: the target ended up written by the
+/// stale token): the write checks its admission again at the target's commit.
+#[test]
+fn a_write_whose_lock_was_deleted_never_lands_after_a_greater_admission() {
+    use flocklease::fault::{FaultHook, FaultPoint};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("f");
+    let target = dir.path().join("report");
+    let lock = dir.path().join("f.lock");
+    let armed = Arc::new(AtomicBool::new(true));
+    let hook: FaultHook = {
+        let (armed, path, target, lock) = (
+            Arc::clone(&armed),
+            path.clone(),
+            target.clone(),
+            lock.clone(),
+        );
+        Arc::new(move |point, at| {
+            if point == FaultPoint::Rename && at == target && armed.swap(false, Ordering::SeqCst) {
+                fs::remove_file(&lock).unwrap();
+                let newer = Fence::open(&path).unwrap();
+                assert!(newer.write_file(8, &target, b"8\n").unwrap().is_admitted());
+            }
+            None
+        })
+    };
+    let fence = Fence::builder(&path).faults(hook).open().unwrap();
+    let answer = fence.write_file(7, &target, b"7\n").unwrap();
+    assert!(!armed.load(Ordering::SeqCst), "the newer write ran");
+    assert_eq!(answer, Admission::Refused { highest: 8 });
+    assert_eq!(fs::read(&target).unwrap(), b"8\n");
+    assert_eq!(fence.highest().unwrap(), Some(8));
+    // Nothing of token 7's write is left behind.
+    let left: Vec<_> = fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// A fence's lock older than an hour is touched when locked, so cleaners that age files by
+/// their modification time never choose a lock in use.
+#[test]
+fn an_old_fence_lock_is_touched_when_locked() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("f");
+    let fence = Fence::open(&path).unwrap();
+    let lock = dir.path().join("f.lock");
+    let old = std::time::SystemTime::now() - Duration::from_secs(2 * 86_400);
+    fs::File::options()
+        .write(true)
+        .open(&lock)
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    assert!(fence.admit(1).unwrap().is_admitted());
+    let age = fs::metadata(&lock)
+        .unwrap()
+        .modified()
+        .unwrap()
+        .elapsed()
+        .unwrap_or_default();
+    assert!(age < Duration::from_secs(3600), "the lock is {age:?} old");
+}
+
 #[test]
 fn threads_admitting_interleaved_tokens_never_admit_one_below_an_earlier_admission() {
     let dir = tempfile::tempdir().unwrap();

@@ -904,7 +904,7 @@ const TOUCH_AFTER: Duration = Duration::from_secs(3600);
 /// Keeps tmp cleaners that age files by modification time (systemd-tmpfiles, tmpreaper: days)
 /// from ever choosing a lock in use: a lock older than [`TOUCH_AFTER`] is touched when locked.
 /// Best effort (a failure only leaves the lock's age as it was).
-fn keep_fresh(file: &File, meta: &fs::Metadata) {
+pub(crate) fn keep_fresh(file: &File, meta: &fs::Metadata) {
     let now = std::time::SystemTime::now();
     let old = meta
         .modified()
