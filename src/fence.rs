@@ -35,6 +35,11 @@
 //!
 //! - The fence binds only writers that go through it (or through the same lock and file): a
 //!   program writing the target directly is not stopped.
+//! - The lock deleted while a call holds it lets another call admit a greater token beside
+//!   it. [`Fence::write_file`] checks its admission again just before renaming the target
+//!   into place (one system call before), so its write never lands after a greater
+//!   admission; [`Fence::with`]'s closure is fenced only while the lock stays in place. A
+//!   lock older than an hour is touched when locked, so age-based cleaners never choose it.
 //! - Deleting the fence file by hand resets it; a crash leaves a `<fence file>.<random>.tmp`
 //!   behind (harmless; delete it when no admission runs).
 //! - One host: the lock is `flock(2)`. For a resource on another machine, let the resource
