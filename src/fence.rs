@@ -220,7 +220,7 @@ impl FenceBuilder {
     }
 
     /// Makes chosen steps fail, or pause, for tests: the hook is called with
-    /// [`FaultPoint::Rename`](crate::fault::FaultPoint::Rename) and the target just before
+    /// [`FaultPoint::Rename`] and the target just before
     /// [`Fence::write_file`] checks its admission again and renames the target into place.
     /// See [`fault`](crate::fault).
     #[cfg(feature = "fault-injection")]
