@@ -271,3 +271,78 @@ fn a_planted_queue_file_costs_the_order_never_the_call() {
         assert_eq!(std::fs::read(outside.path()).unwrap(), b"", "{plant}");
     }
 }
+
+/// An OFD write lock on `len` bytes from `start` of `file` (0: to the end and beyond).
+fn ofd_lock(file: &std::fs::File, start: i64, len: i64) {
+    use nix::fcntl::{FcntlArg, fcntl};
+    let range = nix::libc::flock {
+        l_type: nix::libc::F_WRLCK as i16,
+        l_whence: nix::libc::SEEK_SET as i16,
+        l_start: start,
+        l_len: len,
+        l_pid: 0,
+    };
+    fcntl(file, FcntlArg::F_OFD_SETLK(&range)).unwrap();
+}
+
+/// Issue 33.4: places ahead that never take their turn, as another program or stopped
+/// waiters leave them: `places` locks of `span` bytes each, one description each, at the start
+/// of the line's file. Returns the descriptions (the locks last as long as they do).
+fn planted_places(dir: &Path, places: usize, span: i64) -> Vec<std::fs::File> {
+    use std::io::Write;
+    let path = queue_file(dir);
+    (0..places)
+        .map(|i| {
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .unwrap();
+            f.write_all(&vec![b'.'; span as usize]).unwrap();
+            ofd_lock(&f, i as i64 * span, span);
+            f
+        })
+        .collect()
+}
+
+/// A lock spanning several bytes at the start of the line (no waiter's place) held every
+/// waiter forever on a free lease (each pass-over moved one byte, and the lock still started
+/// before): the line passes over a lock's whole span, and the waiter is granted.
+#[test]
+fn a_lock_spanning_several_bytes_holds_no_waiter_forever() {
+    let _turn = one_at_a_time();
+    let (dir, a, first) = held();
+    let _planted = planted_places(dir.path(), 1, 8);
+    let b = open_real(dir.path(), Duration::from_secs(600));
+    std::thread::scope(|s| {
+        let waiting = s.spawn(|| b.acquire_wait(&id("s"), &owner("b"), CHILD_WAIT));
+        a.release(&first).unwrap();
+        let got = waiting.join().unwrap().unwrap();
+        assert_eq!(
+            got.lease().map(|l| l.token),
+            Some(first.token + 1),
+            "the waiter was not granted a free lease"
+        );
+    });
+}
+
+/// Twenty places ahead that never take their turn (stopped waiters) cost a wait one hand-off
+/// grace and a short one per further place, not the whole grace each (twenty times 50 ms): a
+/// wait bounded by 600 ms is granted (it answered held).
+#[test]
+fn stopped_waiters_ahead_cost_one_grace_not_one_each() {
+    let _turn = one_at_a_time();
+    let (dir, a, first) = held();
+    let _planted = planted_places(dir.path(), 20, 1);
+    let b = open_real(dir.path(), Duration::from_secs(600));
+    std::thread::scope(|s| {
+        let waiting = s.spawn(|| b.acquire_wait(&id("s"), &owner("b"), Duration::from_millis(600)));
+        a.release(&first).unwrap();
+        let got = waiting.join().unwrap().unwrap();
+        assert_eq!(
+            got.lease().map(|l| l.token),
+            Some(first.token + 1),
+            "the waiter was not granted past twenty stopped places within 600 ms"
+        );
+    });
+}

@@ -284,7 +284,7 @@ impl FlockLease {
                 // over, and try if nobody else waits ahead (or wait for the next one, with a
                 // grace of its own).
                 line.pass_over();
-                yielded.saw_held();
+                yielded.passed_over();
                 turn = line.turn(&self.opener, &queue_path);
             }
             if turn {

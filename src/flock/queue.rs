@@ -29,6 +29,12 @@ use super::files::{Access, Opener};
 /// pause of a wait's loop (10 ms), far below any TTL.
 pub(super) const HANDOFF_GRACE: Duration = Duration::from_millis(50);
 
+/// The grace for each further place ahead once a wait has passed one over, with no grant to
+/// anyone since: a waiter that is alive and next has been looking every [`HANDOFF_POLL`] and
+/// tries as soon as the place before it is passed, so a few polls are enough. K stopped
+/// waiters ahead then cost `HANDOFF_GRACE + (K - 1) × NEXT_GRACE`, not `K × HANDOFF_GRACE`.
+pub(super) const NEXT_GRACE: Duration = Duration::from_millis(2);
+
 /// How often a waiter that is not first looks again while the lease is free (for at most
 /// [`HANDOFF_GRACE`]): the first waiter's grant ends it.
 pub(super) const HANDOFF_POLL: Duration = Duration::from_micros(200);
@@ -71,14 +77,21 @@ impl Line {
         }
     }
 
-    /// Passes over the earliest place ahead of this one (its waiter left a free lease for the
-    /// hand-off grace: stopped, starved, or a descriptor a forked child inherited): from now
-    /// on this call's turn does not wait for it.
+    /// Passes over the earliest place ahead of this one, the whole span of its lock (its
+    /// waiter left a free lease for the hand-off grace: stopped, starved, or a descriptor a
+    /// forked child inherited; or a lock of several bytes that is no waiter's place, which
+    /// no waiter's byte can lie under, since such locks conflict): from now on this call's
+    /// turn does not wait for it.
     pub(super) fn pass_over(&mut self) {
         if let Line::In(place) = self
-            && let Some(at) = place.earliest_ahead()
+            && let Some((start, len)) = place.earliest_ahead()
         {
-            place.after = at;
+            let end = if len == 0 {
+                place.at - 1
+            } else {
+                start.saturating_add(len - 1).min(place.at - 1)
+            };
+            place.after = place.after.max(end);
         }
     }
 }
@@ -126,22 +139,25 @@ impl Place {
         if from >= self.at {
             return None;
         }
-        held_by_others(&self.file, from, self.at - from).unwrap_or(None)
+        held_by_others(&self.file, from, self.at - from)
+            .unwrap_or(None)
+            .map(|(start, _)| start)
     }
 }
 
 impl Place {
-    /// Like [`Place::ahead`], the earliest such place: the kernel reports any one lock of a
-    /// range, so look again before it until there is none.
-    fn earliest_ahead(&self) -> Option<i64> {
+    /// Like [`Place::ahead`], the earliest such lock, as (start, length; 0: to the end and
+    /// beyond): the kernel reports any one lock of a range, so look again before it until
+    /// there is none.
+    fn earliest_ahead(&self) -> Option<(i64, i64)> {
         let from = self.after + 1;
         let mut earliest = None;
         let mut to = self.at;
         while from < to {
             match held_by_others(&self.file, from, to - from) {
-                Ok(Some(at)) if at < to => {
-                    earliest = Some(at);
-                    to = at;
+                Ok(Some((start, len))) if start < to => {
+                    earliest = Some((start, len));
+                    to = start;
                 }
                 _ => break,
             }
@@ -179,17 +195,18 @@ impl Drop for Place {
 /// Whether any waiter holds a place in the line at `path` (missing or unusable: no).
 fn anyone_waiting(opener: &Opener, path: &Path) -> bool {
     match opener.open(path, Access::QueueLook) {
-        Ok(file) => held_by_others(&file, 0, 0).is_ok_and(|at| at.is_some()),
+        Ok(file) => held_by_others(&file, 0, 0).is_ok_and(|lock| lock.is_some()),
         Err(_) => false,
     }
 }
 
-/// The start of a lock that a description other than `file`'s holds on `len` bytes from
-/// `start` (`len` 0: to the end and beyond), if any (of several, the kernel reports one).
-fn held_by_others(file: &File, start: i64, len: i64) -> nix::Result<Option<i64>> {
+/// A lock that a description other than `file`'s holds on `len` bytes from `start` (`len` 0:
+/// to the end and beyond), if any (of several, the kernel reports one), as its start and
+/// length (0: to the end and beyond).
+fn held_by_others(file: &File, start: i64, len: i64) -> nix::Result<Option<(i64, i64)>> {
     let mut probe = lock_range(libc::F_WRLCK, start, len);
     fcntl(file, FcntlArg::F_OFD_GETLK(&mut probe))?;
-    Ok((i32::from(probe.l_type) != libc::F_UNLCK).then_some(probe.l_start))
+    Ok((i32::from(probe.l_type) != libc::F_UNLCK).then_some((probe.l_start, probe.l_len)))
 }
 
 fn set_lock(file: &File, range: libc::flock) -> nix::Result<()> {
@@ -215,7 +232,12 @@ pub(super) fn path(dir: &Path, stem: &str) -> PathBuf {
 /// How long a waiter that is not first has let a free lease go without the record moving on
 /// (a grant to someone makes progress; see [`Yielded::let_go`]).
 #[derive(Debug, Default)]
-pub(super) struct Yielded(Option<(Instant, Option<u64>)>);
+pub(super) struct Yielded {
+    since: Option<(Instant, Option<u64>)>,
+    /// A place was passed over with no grant to anyone since: the next one gets
+    /// [`NEXT_GRACE`].
+    passed: bool,
+}
 
 impl Yielded {
     /// The lease was seen free with the record at `token` (`None`: no record), and it is an
@@ -223,21 +245,38 @@ impl Yielded {
     /// someone was served meanwhile, and the count starts again), then leaves the lease to
     /// that waiter for [`HANDOFF_POLL`], or until `deadline`.
     pub(super) fn let_go(&mut self, token: Option<u64>, deadline: Option<Instant>) {
-        match self.0 {
+        match self.since {
             Some((_, seen)) if seen == token => {}
-            _ => self.0 = Some((Instant::now(), token)),
+            Some(_) => {
+                // Someone was served: the line moves; a new stop gets the whole grace.
+                self.since = Some((Instant::now(), token));
+                self.passed = false;
+            }
+            None => self.since = Some((Instant::now(), token)),
         }
         super::wait::sleep_before(deadline, HANDOFF_POLL);
     }
 
     /// A live holder was seen: nobody is holding the line up.
     pub(super) fn saw_held(&mut self) {
-        self.0 = None;
+        self.since = None;
+        self.passed = false;
     }
 
-    /// Whether the lease has stayed free, with no grant to anyone, for [`HANDOFF_GRACE`]: the
-    /// waiter ahead is not taking it.
+    /// A place ahead was passed over: the next one ahead, if any, gets [`NEXT_GRACE`].
+    pub(super) fn passed_over(&mut self) {
+        self.since = None;
+        self.passed = true;
+    }
+
+    /// Whether the lease has stayed free, with no grant to anyone, for [`HANDOFF_GRACE`]
+    /// ([`NEXT_GRACE`] right after a pass-over): the waiter ahead is not taking it.
     pub(super) fn grace_over(&self) -> bool {
-        self.0.is_some_and(|(t, _)| t.elapsed() >= HANDOFF_GRACE)
+        let grace = if self.passed {
+            NEXT_GRACE
+        } else {
+            HANDOFF_GRACE
+        };
+        self.since.is_some_and(|(t, _)| t.elapsed() >= grace)
     }
 }
