@@ -33,7 +33,7 @@ pub(super) const HANDOFF_GRACE: Duration = Duration::from_millis(50);
 /// anyone since: a waiter that is alive and next has been looking every [`HANDOFF_POLL`] and
 /// tries as soon as the place before it is passed, so a few polls are enough. K stopped
 /// waiters ahead then cost `HANDOFF_GRACE + (K - 1) × NEXT_GRACE`, not `K × HANDOFF_GRACE`.
-pub(super) const NEXT_GRACE: Duration = Duration::from_millis(2);
+pub(super) const NEXT_GRACE: Duration = Duration::from_millis(10);
 
 /// How often a waiter that is not first looks again while the lease is free (for at most
 /// [`HANDOFF_GRACE`]): the first waiter's grant ends it.
