@@ -87,3 +87,50 @@ fn a_panicking_section_gives_the_lock_back() {
     // The lock is free again: a renew goes through within its lock timeout.
     assert!(matches!(a.renew(&lease).unwrap(), Grant::Granted(_)));
 }
+
+/// Issue 33.5: a fenced section does not hold the instance's state of the id across the
+/// caller's closure. Inside it, `liveness_fd` answers (it deadlocked); from another thread, a
+/// bounded wait on the same instance returns while the section still runs (it waited for the
+/// whole section). Each check runs on its own thread with a bound, so a regression fails
+/// instead of hanging.
+#[test]
+fn a_fenced_section_holds_no_in_process_lock_over_the_callers_work() {
+    use std::sync::mpsc;
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(Timestamp::from_unix_secs(1_700_000_000).unwrap());
+    let a = Arc::new(open(dir.path(), &clock));
+    let lease = a.acquire(&id("s"), &owner("a")).unwrap().lease().unwrap();
+
+    let (done, inside) = mpsc::channel();
+    {
+        let (a, lease) = (Arc::clone(&a), lease.clone());
+        std::thread::spawn(move || {
+            let fd = a.fenced(&lease, || a.liveness_fd(&lease)).unwrap();
+            let _ = done.send(fd.map(|r| r.map(|fd| fd.is_some())));
+        });
+    }
+    let answer = inside
+        .recv_timeout(Duration::from_secs(10))
+        .expect("liveness_fd inside a fenced section never answered");
+    assert!(matches!(answer, Some(Ok(true))), "{answer:?}");
+
+    let (waiter_done, waited) = mpsc::channel();
+    let seen_in_section = a
+        .fenced(&lease, || {
+            let b = Arc::clone(&a);
+            std::thread::spawn(move || {
+                let got = b.acquire_wait(&id("s"), &owner("b"), Duration::from_millis(50));
+                let _ = waiter_done.send(got.map(|g| g.is_held()));
+            });
+            // The section goes on until the waiter has its answer (or 10 s).
+            waited.recv_timeout(Duration::from_secs(10)).ok()
+        })
+        .unwrap()
+        .expect("the section ran");
+    // Held, or the id's in-process turn timed out (the lock timeout, 100 ms): either way an
+    // answer within the call's bound, while the section ran.
+    match seen_in_section {
+        Some(Ok(true)) | Some(Err(Error::LockTimeout { .. })) => {}
+        other => panic!("the waiter did not answer while the section ran: {other:?}"),
+    }
+}

@@ -429,13 +429,17 @@ impl FlockLease {
                 self.clock.now(),
             )
         });
-        // The section runs under the lock; it is given up (kept for the next transition)
-        // whatever `f` does, a panic included.
+        // The section runs under the transition lock and the id's in-process turn (no
+        // transition of this id can run meanwhile, here or anywhere), but not under the
+        // instance's state of the id: `f` may call `liveness_fd`, and other threads' waits
+        // look at the state, without waiting for the section. The lock is given up (kept for
+        // the next transition) whatever `f` does, a panic included.
         match checked {
             Ok(true) => {
+                drop(slot);
                 let mut unlock = UnlockOnDrop {
                     lease: self,
-                    slot: &mut slot,
+                    entry: &entry,
                     stable: Some(stable),
                 };
                 let out = f();
@@ -851,14 +855,15 @@ crate::driver::session_lease_via_transition!(FlockLease);
 /// Gives up a fenced section's transition lock when dropped (also while unwinding).
 struct UnlockOnDrop<'a> {
     lease: &'a FlockLease,
-    slot: &'a mut Slot,
+    entry: &'a SlotEntry,
     stable: Option<StableLock>,
 }
 
 impl UnlockOnDrop<'_> {
     fn release(&mut self) {
         if let Some(stable) = self.stable.take() {
-            self.slot.lock = self.lease.keep_lock(stable, false);
+            let kept = self.lease.keep_lock(stable, false);
+            lock(&self.entry.state).lock = kept;
         }
     }
 }
