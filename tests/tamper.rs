@@ -237,6 +237,46 @@ fn the_holders_own_liveness_file_moved_back_never_reads_dead() {
     }
 }
 
+/// The same, when the renew that restored the file fails after the restore (here at its
+/// temporary record): the record still names the old file's tag, so the holder keeps that
+/// file locked until a record naming the new tag is committed. Put back at its name, the old
+/// file then still reads as the live holder's (with the old file's descriptor closed at the
+/// restore, a rival was granted token 2 beside the live holder). Found by the model checker
+/// with a cleaner that moves files aside and back.
+#[test]
+fn the_holders_file_put_back_after_a_failed_restore_still_reads_live() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(START);
+    let armed = Arc::new(AtomicBool::new(false));
+    let a = faulty(
+        dir.path(),
+        &clock,
+        FaultPoint::WriteTemp,
+        Arc::clone(&armed),
+    );
+    let lease = a.acquire(&id("s"), &owner("a")).unwrap().lease().unwrap();
+    let path = live_path(dir.path(), 1);
+    let aside = dir.path().join("aside");
+    fs::rename(&path, &aside).unwrap();
+    armed.store(true, Ordering::SeqCst);
+    assert!(
+        a.renew(&lease).is_err(),
+        "the renew fails after its restore"
+    );
+    fs::rename(&aside, &path).unwrap();
+    let b = open_manual(dir.path(), &clock);
+    assert_eq!(
+        b.acquire(&id("s"), &owner("b")).unwrap(),
+        Grant::Held,
+        "a rival was granted while the holder runs"
+    );
+    assert_eq!(state_of(dir.path(), &clock), "live");
+    // The next renew finds another file at the name than its own and restores again.
+    let lease = a.renew(&lease).unwrap().lease().expect("renewed");
+    assert_eq!(b.acquire(&id("s"), &owner("b")).unwrap(), Grant::Held);
+    a.release(&lease).unwrap();
+}
+
 /// Issue 33.2, ABA on `<stem>.lock`: while transition A holds the lock (its record read, its
 /// commit ahead), the lock is hard-linked aside and its name removed; B runs a whole acquire
 /// and release on a fresh lock; the original inode is put back. A's check of the lock's

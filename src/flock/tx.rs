@@ -89,6 +89,11 @@ impl Sweeps {
 pub(super) struct LocalGen {
     pub(super) local: Local,
     pub(super) live: Published,
+    /// After a restore (a fresh tag, [`Transaction::ensure_live`]) whose record is not
+    /// committed yet: the file carrying the tag the committed record still names, kept open
+    /// and locked until a record naming `live`'s tag is committed. Until then that file, if
+    /// it is put back at its name, must still read as the live holder's.
+    pub(super) committed: Option<Published>,
 }
 
 /// A new generation's locked liveness file, not yet adopted. Dropping it un-adopted (the
@@ -487,7 +492,12 @@ impl Transaction for FlockTx<'_> {
         }
         let published = self.publish(token, live::fresh_tag(), live::Over::Anything)?;
         if let Some(generation) = self.slot.local.as_mut() {
-            generation.live = published;
+            let old = std::mem::replace(&mut generation.live, published);
+            // Keep the file whose tag the committed record names (the first one replaced
+            // since the last commit); a file of an earlier failed restore was never named.
+            if generation.committed.is_none() {
+                generation.committed = Some(old);
+            }
         }
         Ok(())
     }
@@ -542,6 +552,13 @@ impl Transaction for FlockTx<'_> {
         self.check(FaultPoint::Rename, to)?;
         fs::rename(from, to).map_err(|e| Error::io("rename", to, e))?;
         self.st.temp = None;
+        // The record names the local generation's current file now: the one an earlier
+        // record named can go (its lock with it).
+        if let Some(generation) = self.slot.local.as_mut()
+            && self.st.commit_tag == Some(generation.live.tag)
+        {
+            generation.committed = None;
+        }
         Ok(())
     }
 
@@ -602,6 +619,7 @@ impl Transaction for FlockTx<'_> {
     fn adopt(&mut self, pending: PendingLive, local: Local) {
         self.slot.local = Some(LocalGen {
             local,
+            committed: None,
             live: pending.0,
         });
     }
