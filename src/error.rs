@@ -129,8 +129,9 @@ pub enum Error {
         path: PathBuf,
     },
     /// The transition lock `<stem>.lock` was deleted or replaced while this transition held
-    /// it (a tmp cleaner or an operator): another transition may be running beside this one,
-    /// so nothing was committed. Retry; the next transition locks the file now at the path.
+    /// it (a tmp cleaner or an operator), or the record is no longer the file the transition
+    /// read: another transition may be running beside this one, so nothing was committed.
+    /// Retry; the next transition locks the file now at the path.
     LockReplaced {
         /// The transition lock's path.
         path: PathBuf,
@@ -438,8 +439,9 @@ impl fmt::Display for Error {
             ),
             Error::LockReplaced { path } => write!(
                 f,
-                "transition lock {} was deleted or replaced during the transition; nothing was \
-                 committed (retry; keep tmp cleaners away from the lease directory)",
+                "transition lock {} (or the record beside it) was deleted or replaced during \
+                 the transition; nothing was committed (retry; keep tmp cleaners away from the \
+                 lease directory)",
                 path.display()
             ),
             Error::LiveLockBusy { path } => write!(

@@ -1026,6 +1026,18 @@ fn failover(s: &mut State) {
         if proc.call.as_ref().is_none_or(|c| !c.ghost.renamed) {
             proc.stable = None;
         }
+        // A new generation committed but not adopted yet loses its lock too: the process
+        // learns it as for its local one.
+        if proc.loss.is_none()
+            && let Some(c) = proc.call.as_ref()
+            && c.ghost.renamed
+            && let Some(pending) = c.run.pending()
+        {
+            proc.loss = Some(Loss {
+                token: pending.token,
+                noticed: false,
+            });
+        }
         if let Some(c) = proc.call.as_mut() {
             c.ghost.severed = true;
             // A re-lock's fresh connection ended too: the holder is told again.

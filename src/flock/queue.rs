@@ -265,7 +265,9 @@ impl Yielded {
 
     /// A place ahead was passed over: the next one ahead, if any, gets [`NEXT_GRACE`].
     pub(super) fn passed_over(&mut self) {
-        self.since = None;
+        // The count starts again, with the record's token as seen: a grant to anyone since
+        // still gives the next place the whole grace (`let_go`).
+        self.since = self.since.map(|(_, token)| (Instant::now(), token));
         self.passed = true;
     }
 

@@ -446,7 +446,13 @@ impl Transaction for FlockTx<'_> {
 
     fn probe(&mut self, token: u64) -> Result<Liveness, Error> {
         let path = self.paths.live(token);
-        let found = live::identify(self.open(&path, Access::Probe), &path, self.st.seen_tag)?;
+        let mut opened = self.open(&path, Access::Probe);
+        if matches!(opened, Err(Error::TooManyOpenFiles { .. })) && self.st.seen_file.is_some() {
+            // At the descriptor limit, as in `write_temp`: the record read makes room.
+            self.st.seen_file = None;
+            opened = self.open(&path, Access::Probe);
+        }
+        let found = live::identify(opened, &path, self.st.seen_tag)?;
         if matches!(found, Found::Own(_)) {
             self.check(FaultPoint::LockProbe, &path)?;
         }

@@ -139,6 +139,7 @@ pub(super) fn ensure(
                 &format!(
                     "SELECT n.nspname::text FROM pg_class c JOIN pg_namespace n \
                      ON n.oid = c.relnamespace WHERE c.relname = '{TABLE}' AND c.relkind = 'r' \
+                     AND c.relpersistence <> 't' \
                      ORDER BY 1"
                 ),
                 &[],
