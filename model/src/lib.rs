@@ -545,6 +545,10 @@ pub struct LiveFile {
     pub holder: Option<Locker>,
     /// Whether the observer holds a shared lock on it.
     pub shared: bool,
+    /// Published by a restore whose record is not committed yet: it carries a fresh tag,
+    /// which the record does not name until the renew commits (a probe reads it as not the
+    /// generation's own).
+    pub restored: bool,
 }
 
 /// What the cleaner puts at a name.
@@ -1489,6 +1493,7 @@ fn tamper(s: &mut State, target: Target, change: Change) {
                             what,
                             holder: None,
                             shared: false,
+                            restored: false,
                         },
                     );
                 }
@@ -1534,6 +1539,7 @@ fn probe_by_others(s: &mut State, action: Action) {
                     what: What::Plain,
                     holder: None,
                     shared: false,
+                    restored: false,
                 });
             }
         }

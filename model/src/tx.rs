@@ -55,6 +55,7 @@ pub(crate) fn relock(s: &mut State, p: usize, token: u64) -> bool {
             what: What::Own(p),
             holder: Some(Locker::Proc(p)),
             shared: false,
+            restored: false,
         },
     );
     s.procs[p].loss = None;
@@ -210,6 +211,7 @@ impl ModelTx<'_> {
                 what: What::Own(self.p),
                 holder: Some(Locker::Proc(self.p)),
                 shared: false,
+                restored: false,
             },
         );
         Ok(())
@@ -380,8 +382,9 @@ impl Transaction for ModelTx<'_> {
             // PostgreSQL: no session holds the lock, so the try-lock is granted.
             None if self.backend == Backend::Postgres => Liveness::Dead,
             None => Liveness::Unknown,
-            // The generation's own file: the one carrying the tag the record names.
-            Some(f) if matches!(f.what, What::Own(q) if Some(q) == tag) => {
+            // The generation's own file: the one carrying the tag the record names (a
+            // restored file carries a fresh tag until its renew commits).
+            Some(f) if !f.restored && matches!(f.what, What::Own(q) if Some(q) == tag) => {
                 if f.holder.is_some() {
                     Liveness::Live
                 } else {
@@ -460,6 +463,7 @@ impl Transaction for ModelTx<'_> {
                         what: What::Own(self.p),
                         holder: None,
                         shared: false,
+                        restored: false,
                     },
                 );
                 self.fault("lock")?;
@@ -477,7 +481,12 @@ impl Transaction for ModelTx<'_> {
         if ours {
             return Ok(());
         }
-        self.publish(token)
+        // Published with a fresh tag, which the renew's record names once committed.
+        self.publish(token)?;
+        if let Some(f) = self.state.live.get_mut(&token) {
+            f.restored = true;
+        }
+        Ok(())
     }
 
     fn write_temp(&mut self, record: &Record) -> Result<(), Error> {
@@ -548,6 +557,15 @@ impl Transaction for ModelTx<'_> {
         self.state.record_synced = temp.synced;
         self.state.record_bad = None;
         self.ghost.renamed = true;
+        // The record names this process's file of its generation now (a restored one's fresh
+        // tag included).
+        if self.state.record_tag == Some(self.p)
+            && let Some(t) = self.state.record.as_ref().map(|r| r.token)
+            && let Some(f) = self.state.live.get_mut(&t)
+            && f.what == What::Own(self.p)
+        {
+            f.restored = false;
+        }
         if self.backend == Backend::Postgres {
             if reply_lost {
                 return self.reply_lost();

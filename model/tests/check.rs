@@ -16,7 +16,7 @@ fn default_configuration_holds_exhaustively() {
     }
     assert_eq!(outcome.verdicts.len(), 25);
     assert_eq!(
-        outcome.unique_states, 4_608_999,
+        outcome.unique_states, 4_801_465,
         "state space changed: re-pin after review"
     );
 }

@@ -162,6 +162,21 @@ fn regressions() {
         (Step(0, UnlockStable), 0),
     ];
     for schedule in [
+        // A deleted liveness file restored by a renew: until the renew commits, the new file
+        // carries a fresh tag the record does not name yet (the model said "the record's").
+        [
+            acquired.clone(),
+            vec![
+                (Tamper(Live, Delete), 0),
+                (Call(0, Renew), 0),
+                (Step(0, Read), 0),
+                (Step(0, Prepare(0)), 0),
+                (Step(0, WriteTemp), 0),
+                (Step(0, SyncTemp), 0),
+                (Step(0, Rename), 0),
+            ],
+        ]
+        .concat(),
         // The planted create-then-lock restore's counterexample, as far as it is a schedule
         // of the correct adapter: the restore fails (at its lock, the second fault point of
         // the step), the rival is answered held.
@@ -612,7 +627,7 @@ fn model_view(n: &State) -> View {
         .map(|(t, f)| {
             let kind = match f.what {
                 What::Own(q) => LiveKind::Tagged {
-                    records: record_token == Some(*t) && n.record_tag == Some(q),
+                    records: record_token == Some(*t) && n.record_tag == Some(q) && !f.restored,
                 },
                 What::Plain => LiveKind::Plain,
                 What::Fifo => LiveKind::Fifo,
