@@ -1051,6 +1051,17 @@ fn failover(s: &mut State) {
     s.failover_left = false;
 }
 
+/// The record's file was replaced: every call that has read it will refuse to commit.
+pub(crate) fn record_changed(s: &mut State) {
+    for proc in &mut s.procs {
+        if let Some(c) = proc.call.as_mut()
+            && c.ghost.seen.is_some()
+        {
+            c.ghost.record_changed = true;
+        }
+    }
+}
+
 fn crash(s: &mut State, p: usize) {
     // The kernel drops the process's flocks (liveness locks and the transition lock); its
     // files stay. (Its temporary record stays too, under its own name, until a listing: no
@@ -1513,6 +1524,7 @@ fn tamper(s: &mut State, target: Target, change: Change) {
         Target::Record => {
             if let Change::Replace(plant) = change {
                 s.record_bad = Some(plant);
+                record_changed(s);
             }
         }
         Target::Temp(p) => s.temps[p] = None,

@@ -87,6 +87,9 @@ pub struct Ghost {
     pub relocked: bool,
     /// PostgreSQL: the re-lock found the generation locked by another session.
     pub relock_busy: bool,
+    /// The record is no longer the file this call read (another commit, or a cleaner's
+    /// replacement, since): the adapter's commit refuses (`check_record`).
+    pub record_changed: bool,
     /// PostgreSQL: a failover broke the call's connections while it ran.
     pub severed: bool,
 }
@@ -532,6 +535,12 @@ impl Transaction for ModelTx<'_> {
                 path: "model.lease.json".into(),
             });
         }
+        // The record is no longer the one this call read: refused, as the adapter does.
+        if self.backend == Backend::Flock && self.ghost.record_changed {
+            return Err(Error::LockReplaced {
+                path: "model.lock".into(),
+            });
+        }
         // A cleaner deleted this transition's temporary file: ENOENT.
         let Some(temp) = self.state.temps[self.p].take() else {
             return Err(Error::Io {
@@ -557,6 +566,7 @@ impl Transaction for ModelTx<'_> {
         self.state.record_synced = temp.synced;
         self.state.record_bad = None;
         self.ghost.renamed = true;
+        crate::record_changed(self.state);
         // The record names this process's file of its generation now (a restored one's fresh
         // tag included).
         if self.state.record_tag == Some(self.p)
