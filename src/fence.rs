@@ -516,7 +516,11 @@ impl Fence {
             FenceStep::Refuse { highest } => return Ok(Err(highest)),
             FenceStep::Admit {
                 record: Some(token),
-            } => self.store(token, &lock)?,
+            } => {
+                if let Err(highest) = self.store(token, previous, &lock)? {
+                    return Ok(Err(highest));
+                }
+            }
             FenceStep::Admit { record: None } => {}
         }
         let value = f(&lock);
@@ -605,8 +609,16 @@ impl Fence {
         }
     }
 
-    /// Replaces the fence file with `token`, durably, under `lock`.
-    fn store(&self, token: u64, lock: &Locked) -> Result<(), Error> {
+    /// Replaces the fence file with `token`, durably, under `lock`, if the fence file still
+    /// holds `read`, what this call decided on. `Ok(Err(highest))` when a greater token was
+    /// recorded meanwhile (the lock was moved aside and put back while another call admitted
+    /// on a new one: its identity alone would pass).
+    fn store(
+        &self,
+        token: u64,
+        read: Option<u64>,
+        lock: &Locked,
+    ) -> Result<Result<(), u64>, Error> {
         let mut name = self.path.file_name().unwrap_or_default().to_owned();
         name.push(format!(".{:016x}.tmp", fresh_tag().0));
         let tmp = self.dir.join(name);
@@ -616,26 +628,49 @@ impl Fence {
             .map_err(|e| Error::io("write", &tmp, e))
             .and_then(|()| file.sync_data().map_err(|e| Error::io("fsync", &tmp, e)))
             .and_then(|()| {
-                // Recorded only under the lock everyone else takes: checked again here, one
-                // system call before the rename.
+                // Recorded only under the lock everyone else takes, and only over the value
+                // decided on: both checked again here, one system call before the rename.
+                let now = self.highest()?;
+                if now != read {
+                    return Ok(Err(now));
+                }
                 if self.still_at(lock)? {
-                    Ok(())
+                    Ok(Ok(()))
                 } else {
                     Err(Error::LockReplaced {
                         path: self.lock_path.clone(),
                     })
                 }
             })
-            .and_then(|()| {
-                fs::rename(&tmp, &self.path).map_err(|e| Error::io("rename", &self.path, e))
+            .and_then(|may| match may {
+                Ok(()) => fs::rename(&tmp, &self.path)
+                    .map(Ok)
+                    .map_err(|e| Error::io("rename", &self.path, e)),
+                Err(now) => Ok(Err(now)),
             });
-        if let Err(e) = renamed {
+        let now = match renamed {
+            Ok(Ok(())) => None,
+            Ok(Err(now)) => Some(now),
+            Err(e) => {
+                let _ = fs::remove_file(&tmp);
+                return Err(e);
+            }
+        };
+        if let Some(now) = now {
             let _ = fs::remove_file(&tmp);
-            return Err(e);
+            // Changed since the read: decided again on what is there now. Still admitted
+            // means the lock was not the one everyone takes: retry.
+            return match machine::fence_step(now, token) {
+                FenceStep::Refuse { highest } => Ok(Err(highest)),
+                FenceStep::Admit { .. } => Err(Error::LockReplaced {
+                    path: self.lock_path.clone(),
+                }),
+            };
         }
         self.dir_file
             .sync_all()
             .map_err(|e| Error::io("fsync", &self.dir, e))
+            .map(Ok)
     }
 }
 

@@ -181,7 +181,7 @@ mod timestamp;
 // The machinery behind the adapters, public only with the `internals` feature (for the model
 // checker, the fuzz targets and the crate's own tests; no stability promise): the pure
 // transition function, its interpreter, the record codec, the judgement of a commit whose reply
-// was lost, the flock adapter's module (its
+// was lost, the line of waiters' rule, the flock adapter's module (its
 // step seam, its descriptor cache), the byte-driven checks and the conformance suite every
 // backend passes. Without the feature they are private and the documentation does not show
 // them.
@@ -207,6 +207,11 @@ pub mod flock;
 #[cfg(not(feature = "internals"))]
 #[allow(dead_code)]
 mod flock;
+#[cfg(feature = "internals")]
+pub mod line;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code)]
+mod line;
 #[cfg(feature = "internals")]
 pub mod machine;
 #[cfg(not(feature = "internals"))]

@@ -194,6 +194,56 @@ fn a_write_whose_lock_was_deleted_never_lands_after_a_greater_admission() {
     assert!(left.is_empty(), "{left:?}");
 }
 
+/// Found by the model's resource fence (`flocklease-model check --config resource-fence`): the
+/// fence's lock moved aside while `admit(1)` holds it (read the fence file, about to record
+/// 1); `admit(2)` locks a new file and records 2; the original lock is put back at its name.
+/// The first call's check of its lock's identity passes (the same inode) and it recorded 1
+/// over 2: the fence went back, and a stale write with token 1 would be admitted again. The
+/// store now also checks that the fence file still holds what the call decided on.
+#[test]
+fn a_lock_moved_aside_and_put_back_never_takes_the_fence_back() {
+    use flocklease::fault::{FaultHook, FaultPoint};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("f");
+    let lock = dir.path().join("f.lock");
+    let aside = dir.path().join("elsewhere");
+    let armed = Arc::new(AtomicBool::new(true));
+    let hook: FaultHook = {
+        let (armed, path, lock, aside) = (
+            Arc::clone(&armed),
+            path.clone(),
+            lock.clone(),
+            aside.clone(),
+        );
+        Arc::new(move |point, _| {
+            if point == FaultPoint::CreateTemp && armed.swap(false, Ordering::SeqCst) {
+                fs::rename(&lock, &aside).unwrap();
+                let newer = Fence::open(&path).unwrap();
+                assert_eq!(
+                    newer.admit(2).unwrap(),
+                    Admission::Admitted { previous: None }
+                );
+                fs::rename(&aside, &lock).unwrap();
+            }
+            None
+        })
+    };
+    let fence = Fence::builder(&path).faults(hook).open().unwrap();
+    let answer = fence.admit(1).unwrap();
+    assert!(!armed.load(Ordering::SeqCst), "the newer admission ran");
+    assert_eq!(answer, Admission::Refused { highest: 2 });
+    assert_eq!(fence.highest().unwrap(), Some(2));
+    assert_eq!(fence.admit(1).unwrap(), Admission::Refused { highest: 2 });
+    let left: Vec<_> = fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
 /// A fence's lock older than an hour is touched when locked, so cleaners that age files by
 /// their modification time never choose a lock in use.
 #[test]

@@ -29,8 +29,10 @@ use flocklease::{Error, Owner, Record, SessionId, Timestamp};
 use stateright::{Model, Property};
 
 mod fence;
+pub mod line;
 pub mod props;
 pub mod report;
+pub mod resource;
 pub mod run;
 mod tx;
 

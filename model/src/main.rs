@@ -2,6 +2,8 @@
 
 use std::process::ExitCode;
 
+use flocklease_model::line::{LineModel, LinePlanted};
+use flocklease_model::resource::{ResourceModel, ResourcePlanted};
 use flocklease_model::run::{RunModel, RunPlanted};
 use flocklease_model::{Backend, CONFIGS, LeaseModel, Planted, Tamper, report};
 use stateright::Model;
@@ -18,8 +20,12 @@ commands:
 options (applied in order, on top of the named configuration):
   --config NAME      start from a named configuration (default: default); each is
                      described below the options; `run` is `flocklease run`'s supervision
-                     (run, its watchdog, the job, a cleaner, a rival: PROTOCOL §7), which
-                     `check` also runs after the default configuration
+                     (run, its watchdog, the job, a cleaner, a rival: PROTOCOL §7);
+                     `line` the line of waiting acquires (waiters, stopped waiters, a stray
+                     lock of any span, a holder: PROTOCOL §4.6); `resource-fence` a
+                     resource's Fence (write_file and with writers, a cleaner deleting its
+                     lock or moving it aside and back: PROTOCOL §9.4); `check` with no
+                     --config runs these three after the default configuration
   --backend B        flock or postgres (postgres: liveness can be lost while its holder runs)
   --procs N          lease-manager processes (default 2, at most 3)
   --max-time T       the clock runs from tick 0 to T (default 2)
@@ -52,7 +58,13 @@ options (applied in order, on top of the named configuration):
                      with --config run: grace-forgets-expiry (after run died the watchdog
                      waits out --grace past the expiry), share-after-place (a restored
                      liveness file reaches the watchdog after it is placed), job-keeps-liveness
-                     (the old design: only the job's inherited descriptor keeps the lease)
+                     (the old design: only the job's inherited descriptor keeps the lease);
+                     for the line: pass-over-first-byte (a lock of several bytes is passed
+                     one byte at a time), whole-grace-each (every stopped place ahead costs
+                     the whole 50 ms); for a resource's fence: fence-admits-lower,
+                     fence-no-recheck (write_file renames its target without checking its
+                     admission again), fence-store-checks-lock-only (recording a token checks
+                     the lock's identity, not that the fence file is as read)
   --no-sync          model Durability::NoSync (shows why fsync is needed)
   --counterexamples N  print the shortest counterexample of at most N violated properties
                      (default: all)
@@ -101,6 +113,9 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
     // `flocklease run`'s supervision: checked alone with `--config run`, and after the
     // default configuration when no configuration is named.
     let mut run_model: Option<RunModel> = None;
+    // The waiting line and a resource's fence: likewise.
+    let mut line_model: Option<LineModel> = None;
+    let mut resource_model: Option<ResourceModel> = None;
     let mut named = false;
     let mut it = rest.iter();
     while let Some(flag) = it.next() {
@@ -109,9 +124,20 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
             "--config" => {
                 named = true;
                 let name = value()?;
-                if name == "run" {
-                    run_model.get_or_insert_with(RunModel::default);
-                    continue;
+                match name.as_str() {
+                    "run" => {
+                        run_model.get_or_insert_with(RunModel::default);
+                        continue;
+                    }
+                    "line" => {
+                        line_model.get_or_insert_with(LineModel::default);
+                        continue;
+                    }
+                    "resource-fence" => {
+                        resource_model.get_or_insert_with(ResourceModel::default);
+                        continue;
+                    }
+                    _ => {}
                 }
                 model = LeaseModel::named(name).ok_or(format!(
                     "unknown configuration {name} (known: {})",
@@ -161,6 +187,34 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
                         Some(RunPlanted::JobKeepsLiveness);
                     named = true;
                 }
+                "pass-over-first-byte" => {
+                    line_model.get_or_insert_with(LineModel::default).planted =
+                        Some(LinePlanted::PassOverFirstByte);
+                    named = true;
+                }
+                "whole-grace-each" => {
+                    line_model.get_or_insert_with(LineModel::default).planted =
+                        Some(LinePlanted::WholeGraceEach);
+                    named = true;
+                }
+                "fence-admits-lower" => {
+                    resource_model
+                        .get_or_insert_with(ResourceModel::default)
+                        .planted = Some(ResourcePlanted::AdmitsLower);
+                    named = true;
+                }
+                "fence-no-recheck" => {
+                    resource_model
+                        .get_or_insert_with(ResourceModel::default)
+                        .planted = Some(ResourcePlanted::NoRecheck);
+                    named = true;
+                }
+                "fence-store-checks-lock-only" => {
+                    resource_model
+                        .get_or_insert_with(ResourceModel::default)
+                        .planted = Some(ResourcePlanted::StoreChecksLockOnly);
+                    named = true;
+                }
                 "create-then-lock" => model.planted = Some(Planted::CreateThenLock),
                 "relock-on-notice" => model.planted = Some(Planted::RelockOnNotice),
                 "renew-without-relock" => model.planted = Some(Planted::RenewWithoutRelock),
@@ -187,17 +241,40 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
     if model.ttl_ticks == 0 || model.max_time > 200 {
         return Err("--ttl must be positive and --max-time at most 200".into());
     }
+    let side = run_model.is_some() || line_model.is_some() || resource_model.is_some();
     match command.as_str() {
-        "check" if run_model.is_some() => {
+        "check" if side => {
             let mut out = std::io::stdout();
-            let ok = flocklease_model::run::check(run_model.unwrap_or_default(), &mut out)
-                .map_err(|e| e.to_string())?;
+            let mut ok = true;
+            if let Some(m) = run_model {
+                ok &= flocklease_model::run::check(m, &mut out).map_err(|e| e.to_string())?;
+            }
+            if let Some(m) = line_model {
+                ok &= flocklease_model::line::check(m, &mut out).map_err(|e| e.to_string())?;
+            }
+            if let Some(m) = resource_model {
+                ok &= flocklease_model::resource::check(m, &mut out).map_err(|e| e.to_string())?;
+            }
             println!("{}", if ok { "OK" } else { "FAILED" });
             Ok(if ok {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::FAILURE
             })
+        }
+        "explore" if line_model.is_some() || resource_model.is_some() => {
+            drop(
+                std::net::TcpListener::bind(addr.as_str())
+                    .map_err(|e| format!("cannot listen on {addr}: {e}"))?,
+            );
+            if let Some(model) = line_model {
+                println!("explorer of the waiting line on http://{addr} (Ctrl-C to stop)");
+                let _checker = stateright::Model::checker(model).serve(addr.as_str());
+            } else if let Some(model) = resource_model {
+                println!("explorer of a resource's fence on http://{addr} (Ctrl-C to stop)");
+                let _checker = stateright::Model::checker(model).serve(addr.as_str());
+            }
+            Ok(ExitCode::SUCCESS)
         }
         "explore" if run_model.is_some() => {
             drop(
@@ -218,7 +295,16 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
                 let run_ok = flocklease_model::run::check(RunModel::default(), &mut out)
                     .map_err(|e| e.to_string())?;
                 println!("{}", if run_ok { "OK" } else { "FAILED" });
-                ok &= run_ok;
+                println!();
+                let line_ok = flocklease_model::line::check(LineModel::default(), &mut out)
+                    .map_err(|e| e.to_string())?;
+                println!("{}", if line_ok { "OK" } else { "FAILED" });
+                println!();
+                let fence_ok =
+                    flocklease_model::resource::check(ResourceModel::default(), &mut out)
+                        .map_err(|e| e.to_string())?;
+                println!("{}", if fence_ok { "OK" } else { "FAILED" });
+                ok &= run_ok && line_ok && fence_ok;
             }
             Ok(if ok {
                 ExitCode::SUCCESS

@@ -23,17 +23,10 @@ use nix::fcntl::{FcntlArg, fcntl};
 use nix::libc;
 
 use super::files::{Access, Opener};
+use crate::line;
 
-/// How long a waiter that is not first lets a free lease go to the first one before it tries
-/// too: the first waiter may be stopped (`SIGSTOP`) or starved of CPU. Well above the longest
-/// pause of a wait's loop (10 ms), far below any TTL.
-pub(super) const HANDOFF_GRACE: Duration = Duration::from_millis(50);
-
-/// The grace for each further place ahead once a wait has passed one over, with no grant to
-/// anyone since: a waiter that is alive and next has been looking every [`HANDOFF_POLL`] and
-/// tries as soon as the place before it is passed, so a few polls are enough. K stopped
-/// waiters ahead then cost `HANDOFF_GRACE + (K - 1) × NEXT_GRACE`, not `K × HANDOFF_GRACE`.
-pub(super) const NEXT_GRACE: Duration = Duration::from_millis(10);
+#[cfg(doc)]
+use crate::line::HANDOFF_GRACE;
 
 /// How often a waiter that is not first looks again while the lease is free (for at most
 /// [`HANDOFF_GRACE`]): the first waiter's grant ends it.
@@ -65,7 +58,7 @@ impl Line {
     pub(super) fn turn(&self, opener: &Opener, path: &Path) -> bool {
         match self {
             Line::Outside => !anyone_waiting(opener, path),
-            Line::In(place) => place.ahead().is_none(),
+            Line::In(place) => place.rule.turn(place.held()),
             Line::Off => true,
         }
     }
@@ -84,14 +77,9 @@ impl Line {
     /// turn does not wait for it.
     pub(super) fn pass_over(&mut self) {
         if let Line::In(place) = self
-            && let Some((start, len)) = place.earliest_ahead()
+            && let Some(span) = place.rule.earliest_ahead(place.held())
         {
-            let end = if len == 0 {
-                place.at - 1
-            } else {
-                start.saturating_add(len - 1).min(place.at - 1)
-            };
-            place.after = place.after.max(end);
+            place.rule.pass_over(span);
         }
     }
 }
@@ -100,10 +88,8 @@ impl Line {
 #[derive(Debug)]
 pub(super) struct Place {
     file: File,
-    at: i64,
-    /// Places before this offset do not count (passed over, see [`Line::pass_over`]); -1:
-    /// none passed over.
-    after: i64,
+    /// The byte and what was passed over: the rule's own state ([`line::Place`]).
+    rule: line::Place,
 }
 
 impl Place {
@@ -123,8 +109,7 @@ impl Place {
             if file.metadata().ok()?.len() > at as u64 {
                 return Some(Place {
                     file,
-                    at,
-                    after: -1,
+                    rule: line::Place::new(at),
                 });
             }
             set_lock(&file, lock_range(libc::F_UNLCK, at, 1)).ok()?;
@@ -132,37 +117,10 @@ impl Place {
         None
     }
 
-    /// The offset of the earliest place held before this one (by another waiter), but for
-    /// those passed over. A failed check answers none: the line only orders attempts.
-    fn ahead(&self) -> Option<i64> {
-        let from = self.after + 1;
-        if from >= self.at {
-            return None;
-        }
-        held_by_others(&self.file, from, self.at - from)
-            .unwrap_or(None)
-            .map(|(start, _)| start)
-    }
-}
-
-impl Place {
-    /// Like [`Place::ahead`], the earliest such lock, as (start, length; 0: to the end and
-    /// beyond): the kernel reports any one lock of a range, so look again before it until
-    /// there is none.
-    fn earliest_ahead(&self) -> Option<(i64, i64)> {
-        let from = self.after + 1;
-        let mut earliest = None;
-        let mut to = self.at;
-        while from < to {
-            match held_by_others(&self.file, from, to - from) {
-                Ok(Some((start, len))) if start < to => {
-                    earliest = Some((start, len));
-                    to = start;
-                }
-                _ => break,
-            }
-        }
-        earliest
+    /// The kernel's answer to "which lock do others hold on these bytes", as the rule asks
+    /// it. A failed check answers none: the line only orders attempts.
+    fn held(&self) -> impl FnMut(i64, i64) -> Option<line::Span> + '_ {
+        |start, len| held_by_others(&self.file, start, len).unwrap_or(None)
     }
 }
 
@@ -229,56 +187,44 @@ pub(super) fn path(dir: &Path, stem: &str) -> PathBuf {
     dir.join(format!("{stem}.queue"))
 }
 
-/// How long a waiter that is not first has let a free lease go without the record moving on
-/// (a grant to someone makes progress; see [`Yielded::let_go`]).
-#[derive(Debug, Default)]
+/// How long a waiter that is not first has let a free lease go without the record moving on:
+/// the rule's [`line::Yielded`] on a clock started with the wait.
+#[derive(Debug)]
 pub(super) struct Yielded {
-    since: Option<(Instant, Option<u64>)>,
-    /// A place was passed over with no grant to anyone since: the next one gets
-    /// [`NEXT_GRACE`].
-    passed: bool,
+    origin: Instant,
+    rule: line::Yielded,
+}
+
+impl Default for Yielded {
+    fn default() -> Self {
+        Yielded {
+            origin: Instant::now(),
+            rule: line::Yielded::default(),
+        }
+    }
 }
 
 impl Yielded {
     /// The lease was seen free with the record at `token` (`None`: no record), and it is an
-    /// earlier waiter's turn: counts the moment (a token other than the one seen before means
-    /// someone was served meanwhile, and the count starts again), then leaves the lease to
-    /// that waiter for [`HANDOFF_POLL`], or until `deadline`.
+    /// earlier waiter's turn: counts the moment ([`line::Yielded::let_go`]), then leaves the
+    /// lease to that waiter for [`HANDOFF_POLL`], or until `deadline`.
     pub(super) fn let_go(&mut self, token: Option<u64>, deadline: Option<Instant>) {
-        match self.since {
-            Some((_, seen)) if seen == token => {}
-            Some(_) => {
-                // Someone was served: the line moves; a new stop gets the whole grace.
-                self.since = Some((Instant::now(), token));
-                self.passed = false;
-            }
-            None => self.since = Some((Instant::now(), token)),
-        }
+        self.rule.let_go(self.origin.elapsed(), token);
         super::wait::sleep_before(deadline, HANDOFF_POLL);
     }
 
     /// A live holder was seen: nobody is holding the line up.
     pub(super) fn saw_held(&mut self) {
-        self.since = None;
-        self.passed = false;
+        self.rule.saw_held();
     }
 
-    /// A place ahead was passed over: the next one ahead, if any, gets [`NEXT_GRACE`].
+    /// A place ahead was passed over ([`line::Yielded::passed_over`]).
     pub(super) fn passed_over(&mut self) {
-        // The count starts again, with the record's token as seen: a grant to anyone since
-        // still gives the next place the whole grace (`let_go`).
-        self.since = self.since.map(|(_, token)| (Instant::now(), token));
-        self.passed = true;
+        self.rule.passed_over(self.origin.elapsed());
     }
 
-    /// Whether the lease has stayed free, with no grant to anyone, for [`HANDOFF_GRACE`]
-    /// ([`NEXT_GRACE`] right after a pass-over): the waiter ahead is not taking it.
+    /// Whether the waiter ahead is not taking the free lease ([`line::Yielded::grace_over`]).
     pub(super) fn grace_over(&self) -> bool {
-        let grace = if self.passed {
-            NEXT_GRACE
-        } else {
-            HANDOFF_GRACE
-        };
-        self.since.is_some_and(|(t, _)| t.elapsed() >= grace)
+        self.rule.grace_over(self.origin.elapsed())
     }
 }
