@@ -177,6 +177,23 @@ fn regressions() {
             ],
         ]
         .concat(),
+        // The record replaced between a renew's read and its commit: the commit refuses,
+        // since the record is no longer the file the transition read, whatever its lock's
+        // identity (a commit that checked the lock alone renamed over it).
+        [
+            acquired.clone(),
+            vec![
+                (Call(0, Renew), 0),
+                (Step(0, Read), 0),
+                (Step(0, Prepare(0)), 0),
+                (Step(0, WriteTemp), 0),
+                (Step(0, SyncTemp), 0),
+                (Tamper(Record, Replace(Plain)), 0),
+                (Step(0, Rename), 0),
+                (Call(1, Acquire), 0),
+            ],
+        ]
+        .concat(),
         // The planted create-then-lock restore's counterexample, as far as it is a schedule
         // of the correct adapter: the restore fails (at its lock, the second fault point of
         // the step), the rival is answered held.
