@@ -445,6 +445,66 @@ pub fn fence_holds(
         })
 }
 
+/// What stands at a generation's liveness name, as a probe learns it with one system call:
+/// with a tag to compare, a positioned read of the first bytes (which tells a directory,
+/// `EISDIR`, and a FIFO, `ESPIPE`, without a `stat`); without one, a `stat`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtName<'a> {
+    /// A regular file; its first bytes (one more than the tag's length at most) when a tag is
+    /// to be compared, else nothing.
+    File {
+        /// The bytes read from its start.
+        first: &'a [u8],
+    },
+    /// A directory.
+    Directory,
+    /// A FIFO.
+    Fifo,
+    /// Anything else: a socket, a device (a symbolic link or another user's file is refused
+    /// when opened, before anything is read).
+    Other,
+}
+
+/// Why what stands at a generation's liveness name is not its file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NotOwn {
+    /// A directory.
+    Directory,
+    /// A FIFO.
+    Fifo,
+    /// Not a regular file.
+    Other,
+    /// A regular file that does not carry the tag the record names (put at its name by
+    /// someone else: a plant, a copy of another generation, an earlier file of this one
+    /// moved back after a restore).
+    Tag,
+}
+
+/// Whether what stands at a generation's liveness name (`found`) is the file the generation
+/// published, whose lock then tells whether its holder lives: with the record naming a tag
+/// (`tag`, as its file carries it), only a regular file holding exactly those bytes is; with
+/// none (a record of the Go package), any regular file is, and the lock alone decides.
+///
+/// ```
+/// use flocklease::machine::{own_liveness, AtName, NotOwn};
+///
+/// let tag = b"00000000000000ab";
+/// assert_eq!(own_liveness(Some(tag), AtName::File { first: tag }), Ok(()));
+/// assert_eq!(own_liveness(Some(tag), AtName::File { first: b"" }), Err(NotOwn::Tag));
+/// assert_eq!(own_liveness(None, AtName::File { first: b"" }), Ok(()));
+/// assert_eq!(own_liveness(None, AtName::Fifo), Err(NotOwn::Fifo));
+/// ```
+pub fn own_liveness(tag: Option<&[u8]>, found: AtName<'_>) -> Result<(), NotOwn> {
+    match (found, tag) {
+        (AtName::File { first }, Some(tag)) if first == tag => Ok(()),
+        (AtName::File { .. }, Some(_)) => Err(NotOwn::Tag),
+        (AtName::File { .. }, None) => Ok(()),
+        (AtName::Directory, _) => Err(NotOwn::Directory),
+        (AtName::Fifo, _) => Err(NotOwn::Fifo),
+        (AtName::Other, _) => Err(NotOwn::Other),
+    }
+}
+
 /// Whether a lease expiring at `expiry` is expired at `now`: `now >= expiry` (the boundary
 /// instant belongs to the next holder). The one definition of expiry, for adapters, the
 /// keep-alive and status reports alike.

@@ -260,6 +260,7 @@ impl LeaseModel {
             fired: false,
             durable: self.durable,
             backend: self.backend,
+            untagged: self.untagged,
             planted: self.planted,
             ghost: Ghost::default(),
         };

@@ -100,6 +100,12 @@ pub struct LeaseModel {
     /// has what it confirmed and no advisory lock. (The standby is always there: a commit's
     /// reply waits for its confirmation, which can lag.)
     pub failover: bool,
+    /// Whether records name no liveness tag, as the Go package writes them: a probe then takes
+    /// any regular file at the generation's name for its own and lets the lock decide
+    /// ([`flocklease::machine::own_liveness`]). The cleaner then replaces a liveness file only
+    /// with a FIFO or a directory: a regular file planted at a live Go holder's name reads
+    /// dead, the Go package's own rule (PROTOCOL §1.4, §11).
+    pub untagged: bool,
 }
 
 /// What the cleaner may do.
@@ -184,13 +190,14 @@ pub enum Planted {
 }
 
 /// The named configurations `check --config NAME` knows.
-pub const CONFIGS: [&str; 6] = [
+pub const CONFIGS: [&str; 7] = [
     "default",
     "large",
     "long",
     "shared-owner",
     "postgres",
     "failover",
+    "go-records",
 ];
 
 impl Default for LeaseModel {
@@ -215,6 +222,7 @@ impl Default for LeaseModel {
             liveness_losses: 0,
             fenced: true,
             failover: false,
+            untagged: false,
         }
     }
 }
@@ -276,6 +284,14 @@ impl LeaseModel {
                 host_crash: false,
                 failover: true,
                 fenced: false,
+                ..d
+            },
+            // Records without a tag (the Go package's): the probe judges the file at the
+            // name by its type and its lock.
+            "go-records" => LeaseModel {
+                name: "go-records",
+                untagged: true,
+                go_prober: false,
                 ..d
             },
             _ => return None,
@@ -367,6 +383,14 @@ impl LeaseModel {
         }
         if !self.durable {
             parts.push("Durability::NoSync".into());
+        }
+        if self.untagged {
+            parts.push(
+                "records without a liveness tag (the Go package's: a regular file at the \
+                 name is the generation's, its lock decides; the cleaner plants no regular \
+                 file there)"
+                    .into(),
+            );
         }
         parts.join("; ")
     }
@@ -886,6 +910,7 @@ impl LeaseModel {
             fired: false,
             durable: self.durable,
             backend: self.backend,
+            untagged: self.untagged,
             planted: self.planted,
             ghost,
         };
@@ -1429,6 +1454,9 @@ impl LeaseModel {
             }
             if t.replace_live {
                 for plant in PLANTS {
+                    if self.untagged && plant == Plant::Plain {
+                        continue;
+                    }
                     actions.push(Action::Tamper(Target::Live, Change::Replace(plant)));
                 }
             }

@@ -196,7 +196,9 @@ pub fn describe(m: &LeaseModel) -> String {
         if t.delete_live {
             what.push("delete the recorded liveness file");
         }
-        if t.replace_live {
+        if t.replace_live && m.untagged {
+            what.push("replace it with a FIFO or a directory");
+        } else if t.replace_live {
             what.push("replace it with a regular file, a FIFO or a directory");
         }
         if t.lock {

@@ -22,7 +22,7 @@ use std::io;
 
 use flocklease::commit::{self, Reread, Verdict};
 use flocklease::driver::Transaction;
-use flocklease::machine::{self, Liveness, Local};
+use flocklease::machine::{self, AtName, Liveness, Local};
 use flocklease::{Error, Record, Timestamp};
 
 use crate::props::{self, names};
@@ -120,6 +120,8 @@ pub struct ModelTx<'a> {
     /// Whether fsyncs happen (`Durability::Full`).
     pub(crate) durable: bool,
     pub(crate) backend: Backend,
+    /// Records name no liveness tag ([`crate::LeaseModel::untagged`]).
+    pub(crate) untagged: bool,
     /// A bug planted on purpose, to show the checker catches it.
     pub(crate) planted: Option<Planted>,
     pub(crate) ghost: Ghost,
@@ -385,9 +387,10 @@ impl Transaction for ModelTx<'_> {
             // PostgreSQL: no session holds the lock, so the try-lock is granted.
             None if self.backend == Backend::Postgres => Liveness::Dead,
             None => Liveness::Unknown,
-            // The generation's own file: the one carrying the tag the record names (a
-            // restored file carries a fresh tag until its renew commits).
-            Some(f) if !f.restored && matches!(f.what, What::Own(q) if Some(q) == tag) => {
+            // The generation's own file, as the machine judges it: with a tag, the one
+            // carrying the tag the record names (a restored file carries a fresh tag until its
+            // renew commits); without, any regular file.
+            Some(f) if own(tag, &f) => {
                 if f.holder.is_some() {
                     Liveness::Live
                 } else {
@@ -496,7 +499,7 @@ impl Transaction for ModelTx<'_> {
         self.fault("write")?;
         // The tag of the generation the record names: this process's (a new generation it
         // published, or its local one); none for a tombstone.
-        let tag = (!record.is_tombstone()).then_some(self.p);
+        let tag = (!record.is_tombstone() && !self.untagged).then_some(self.p);
         self.state.temps[self.p] = Some(Temp {
             record: record.clone(),
             tag,
@@ -643,4 +646,27 @@ impl Transaction for ModelTx<'_> {
         debug_assert_eq!(token, local.token);
         self.state.procs[self.p].local = Some(local);
     }
+}
+
+/// The bytes a model liveness tag stands for: the publishing process, and whether it is a
+/// restore's fresh tag (which the record names only once the renew commits).
+fn tag_bytes(p: usize, fresh: bool) -> [u8; 2] {
+    [if fresh { b'r' } else { b't' }, p as u8]
+}
+
+/// Whether `f`, at a generation's liveness name, is the generation's own file when the record
+/// names `tag`: the machine's judgement ([`machine::own_liveness`]), as the adapter asks it.
+fn own(tag: Option<usize>, f: &LiveFile) -> bool {
+    let expected = tag.map(|q| tag_bytes(q, false));
+    let carried;
+    let found = match f.what {
+        What::Own(q) => {
+            carried = tag_bytes(q, f.restored);
+            AtName::File { first: &carried }
+        }
+        What::Plain => AtName::File { first: b"" },
+        What::Fifo => AtName::Fifo,
+        What::Dir => AtName::Directory,
+    };
+    machine::own_liveness(expected.as_ref().map(|t| &t[..]), found).is_ok()
 }

@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::files::{Access, Opener};
 use crate::error::Error;
 use crate::fault::FaultPoint;
-use crate::machine::Liveness;
+use crate::machine::{self, AtName, Liveness, NotOwn};
 use crate::record::LiveTag;
 
 /// A new tag, unique with overwhelming probability: a process-wide counter and the time,
@@ -85,49 +85,54 @@ pub(crate) fn identify(
         }
         Err(e) => return Err(e),
     };
-    let not_own = |what: &str| {
-        Found::NotOwn(format!(
-            "{}: {what}, not the liveness file its generation published",
-            path.display()
-        ))
-    };
-    let Some(tag) = tag else {
-        // No tag to read: the file's type decides.
-        let meta = file.metadata().map_err(|e| Error::io("stat", path, e))?;
-        let kind = meta.file_type();
-        return Ok(if kind.is_file() {
-            Found::Own(file)
-        } else if kind.is_dir() {
-            not_own("a directory")
-        } else if kind.is_fifo() {
-            not_own("a FIFO")
-        } else if kind.is_socket() {
-            not_own("a socket")
-        } else {
-            not_own("not a regular file")
-        });
-    };
-    // Reading the tag tells the type too, with no stat: a directory answers EISDIR, a FIFO
-    // ESPIPE (a positioned read), a regular file its contents.
+    // One system call tells what stands there: with a tag to compare, a positioned read of
+    // the first bytes (a directory answers EISDIR, a FIFO ESPIPE, a regular file its
+    // contents); without one, a stat. The judgement is the machine's.
     let mut buf = [0u8; 17];
-    let n = match read_prefix(&file, &mut buf) {
-        Ok(n) => n,
-        Err(e) if e.raw_os_error() == Some(nix::libc::EISDIR) => {
-            return Ok(not_own("a directory"));
+    let hex;
+    let found = match tag {
+        Some(tag) => {
+            hex = tag.to_hex();
+            match read_prefix(&file, &mut buf) {
+                Ok(n) => AtName::File { first: &buf[..n] },
+                Err(e) if e.raw_os_error() == Some(nix::libc::EISDIR) => AtName::Directory,
+                Err(e) if e.raw_os_error() == Some(nix::libc::ESPIPE) => AtName::Fifo,
+                Err(e) => return Err(Error::io("read", path, e)),
+            }
         }
-        Err(e) if e.raw_os_error() == Some(nix::libc::ESPIPE) => {
-            return Ok(not_own("a FIFO"));
+        None => {
+            hex = [0; 16];
+            let kind = file
+                .metadata()
+                .map_err(|e| Error::io("stat", path, e))?
+                .file_type();
+            if kind.is_file() {
+                AtName::File { first: &[] }
+            } else if kind.is_dir() {
+                AtName::Directory
+            } else if kind.is_fifo() {
+                AtName::Fifo
+            } else {
+                AtName::Other
+            }
         }
-        Err(e) => return Err(Error::io("read", path, e)),
     };
-    if buf[..n] == tag.to_hex() {
-        Ok(Found::Own(file))
-    } else {
-        Ok(Found::NotOwn(format!(
-            "{}: does not carry the tag its record names (another file was put at its name)",
-            path.display()
-        )))
-    }
+    let what = match machine::own_liveness(tag.map(|_| &hex[..]), found) {
+        Ok(()) => return Ok(Found::Own(file)),
+        Err(NotOwn::Directory) => "a directory",
+        Err(NotOwn::Fifo) => "a FIFO",
+        Err(NotOwn::Other) => "not a regular file",
+        Err(NotOwn::Tag) => {
+            return Ok(Found::NotOwn(format!(
+                "{}: does not carry the tag its record names (another file was put at its name)",
+                path.display()
+            )));
+        }
+    };
+    Ok(Found::NotOwn(format!(
+        "{}: {what}, not the liveness file its generation published",
+        path.display()
+    )))
 }
 
 /// Probes what [`identify`] found: the generation's own file with a shared try-lock, dropped
