@@ -123,6 +123,10 @@ pub struct Tamper {
     pub record: bool,
     /// Delete a transition's temporary record.
     pub temp: bool,
+    /// Move the recorded liveness file or `<stem>.lock` aside (a rename, or a hard link and
+    /// an unlink: the inode, its tag and its locks go with it) and later put it back at its
+    /// name, over whatever stands there.
+    pub moves: bool,
 }
 
 impl Tamper {
@@ -133,6 +137,7 @@ impl Tamper {
         lock: false,
         record: false,
         temp: false,
+        moves: false,
     };
     /// Deleting or replacing the recorded liveness file.
     pub const LIVE: Tamper = Tamper {
@@ -141,6 +146,7 @@ impl Tamper {
         lock: false,
         record: false,
         temp: false,
+        moves: false,
     };
     /// The lock, the record and the temporary records.
     pub const FILES: Tamper = Tamper {
@@ -149,14 +155,26 @@ impl Tamper {
         lock: true,
         record: true,
         temp: true,
+        moves: false,
     };
-    /// Everything.
+    /// Everything but moves.
     pub const ALL: Tamper = Tamper {
         delete_live: true,
         replace_live: true,
         lock: true,
         record: true,
         temp: true,
+        moves: false,
+    };
+    /// Moving the recorded liveness file or the lock aside and back, and deleting the
+    /// liveness file.
+    pub const MOVES: Tamper = Tamper {
+        delete_live: true,
+        replace_live: false,
+        lock: false,
+        record: false,
+        temp: false,
+        moves: true,
     };
 }
 
@@ -182,6 +200,10 @@ pub enum Planted {
     /// The fenced section unlocks before the caller's write (PostgreSQL: the caller's
     /// statements on another connection, after the fenced transaction's `COMMIT`).
     FenceUnlockBeforeWrite,
+    /// A restore publishes the liveness file with the tag the record already names (the
+    /// adapter before this round): the holder's own file moved aside and put back after the
+    /// renew then reads as the generation's own, unlocked: dead.
+    RestoreKeepsTag,
     /// PostgreSQL: a commit whose reply was lost counts as soon as the re-read finds the
     /// record, whether or not the standby confirmed it (the library's recovery before
     /// `commit::verdict`: it ended its own session, which keeps the commit on the primary
@@ -190,13 +212,14 @@ pub enum Planted {
 }
 
 /// The named configurations `check --config NAME` knows.
-pub const CONFIGS: [&str; 7] = [
+pub const CONFIGS: [&str; 8] = [
     "default",
     "large",
     "long",
     "shared-owner",
     "postgres",
     "failover",
+    "moves",
     "go-records",
 ];
 
@@ -288,6 +311,16 @@ impl LeaseModel {
             },
             // Records without a tag (the Go package's): the probe judges the file at the
             // name by its type and its lock.
+            // The cleaner moves the holder's liveness file or the lock aside (a rename, or a
+            // hard link and an unlink) and puts it back later, or deletes the liveness file.
+            "moves" => LeaseModel {
+                name: "moves",
+                tamper: Tamper::MOVES,
+                go_prober: false,
+                // A lock moved aside during a fenced section: the known window (README).
+                fenced: false,
+                ..d
+            },
             "go-records" => LeaseModel {
                 name: "go-records",
                 untagged: true,
@@ -575,6 +608,10 @@ pub struct LiveFile {
     /// which the record does not name until the renew commits (a probe reads it as not the
     /// generation's own).
     pub restored: bool,
+    /// Carries a tag no record names any more, nor ever will: an earlier file of its
+    /// generation, moved aside, whose holder's renew has since committed a record naming
+    /// the file that replaced it.
+    pub old: bool,
 }
 
 /// What the cleaner puts at a name.
@@ -619,6 +656,10 @@ pub enum Change {
     Delete,
     /// Replaces it.
     Replace(Plant),
+    /// Moves it aside (the inode, its tag and its locks intact, away from the name).
+    MoveAside,
+    /// Puts what was moved aside back at its name (the second half of the same act).
+    PutBack,
 }
 
 /// The whole system.
@@ -648,6 +689,11 @@ pub struct State {
     pub next_lock: u8,
     /// Liveness files by token.
     pub live: BTreeMap<u64, LiveFile>,
+    /// A liveness file the cleaner moved aside (its generation's token, the file), to put
+    /// back.
+    pub aside_live: Option<(u64, LiveFile)>,
+    /// The inode of a `<stem>.lock` the cleaner moved aside, to put back.
+    pub aside_lock: Option<u8>,
     /// The processes.
     pub procs: Vec<Proc>,
     /// Failing steps left to inject.
@@ -1093,7 +1139,11 @@ fn crash(s: &mut State, p: usize) {
     // The kernel drops the process's flocks (liveness locks and the transition lock); its
     // files stay. (Its temporary record stays too, under its own name, until a listing: no
     // transition reads or renames another's, so the model forgets it.)
-    for f in s.live.values_mut() {
+    for f in s
+        .live
+        .values_mut()
+        .chain(s.aside_live.as_mut().map(|(_, f)| f))
+    {
         if f.holder == Some(Locker::Proc(p)) {
             f.holder = None;
         }
@@ -1131,6 +1181,8 @@ impl Model for LeaseModel {
             lock_at: LockAt::Missing,
             next_lock: 0,
             live: BTreeMap::new(),
+            aside_live: None,
+            aside_lock: None,
             procs: vec![Proc::default(); self.procs],
             faults_left: self.faults,
             host_crash_left: self.host_crash,
@@ -1242,6 +1294,8 @@ impl Model for LeaseModel {
                     Target::Temp(p) => format!("p{p}'s temporary record"),
                 };
                 match change {
+                    Change::MoveAside => format!("the cleaner moves {what} aside"),
+                    Change::PutBack => format!("the cleaner puts {what} it moved aside back"),
                     Change::Delete => format!("the cleaner deletes {what}"),
                     Change::Replace(plant) => {
                         format!("the cleaner replaces {what} with {}", plant.label())
@@ -1315,7 +1369,11 @@ impl LeaseModel {
                     crash(&mut s, p);
                 }
                 // Every process on the host dies: the observer's and the prober's locks too.
-                for f in s.live.values_mut() {
+                for f in s
+                    .live
+                    .values_mut()
+                    .chain(s.aside_live.as_mut().map(|(_, f)| f))
+                {
                     f.holder = None;
                     f.shared = false;
                 }
@@ -1327,13 +1385,23 @@ impl LeaseModel {
                 s.max_committed = s.durable.as_ref().map_or(0, |r| r.token);
                 s.record_synced = true;
                 s.host_crash_left = false;
+                // A liveness file moved aside whose generation the durable record does not
+                // name: its token will be published again, with a fresh tag.
+                let named = s.record.as_ref().map(|r| r.token).zip(s.record_tag);
+                if let Some((t, f)) = s.aside_live.as_mut()
+                    && !matches!((f.what, named), (What::Own(q), Some((n, p))) if n == *t && p == q)
+                {
+                    f.old = true;
+                }
                 Some(s)
             }
             Action::Tamper(target, change) => {
                 let mut s = last.clone();
                 s.scenario = None;
                 tamper(&mut s, target, change);
-                s.cleaner_left -= 1;
+                if change != Change::PutBack {
+                    s.cleaner_left -= 1;
+                }
                 s.tampered = true;
                 Some(s)
             }
@@ -1443,8 +1511,29 @@ impl LeaseModel {
     }
 
     fn tamper_actions(&self, s: &State, actions: &mut Vec<Action>) {
+        // The second half of a move, whatever the budget: over anything but a directory.
+        if let Some((t, _)) = s.aside_live
+            && s.live.get(&t).is_none_or(|f| f.what != What::Dir)
+        {
+            actions.push(Action::Tamper(Target::Live, Change::PutBack));
+        }
+        if s.aside_lock.is_some() && s.lock_at != LockAt::NotAFile {
+            actions.push(Action::Tamper(Target::Lock, Change::PutBack));
+        }
         if s.cleaner_left == 0 {
             return;
+        }
+        let moving = s.aside_live.is_some() || s.aside_lock.is_some();
+        if self.tamper.moves && !moving {
+            if s.held_token()
+                .and_then(|tok| s.live.get(&tok))
+                .is_some_and(|f| matches!(f.what, What::Own(_)))
+            {
+                actions.push(Action::Tamper(Target::Live, Change::MoveAside));
+            }
+            if matches!(s.lock_at, LockAt::File(_)) {
+                actions.push(Action::Tamper(Target::Lock, Change::MoveAside));
+            }
         }
         let t = self.tamper;
         const PLANTS: [Plant; 3] = [Plant::Plain, Plant::Fifo, Plant::Dir];
@@ -1517,8 +1606,18 @@ impl LeaseModel {
 fn tamper(s: &mut State, target: Target, change: Change) {
     match target {
         Target::Live => {
+            if change == Change::PutBack {
+                if let Some((t, f)) = s.aside_live.take() {
+                    s.live.insert(t, f);
+                }
+                return;
+            }
             let Some(t) = s.held_token() else { return };
             match change {
+                Change::MoveAside => {
+                    s.aside_live = s.live.remove(&t).map(|f| (t, f));
+                }
+                Change::PutBack => {}
                 Change::Delete => {
                     s.live.remove(&t);
                 }
@@ -1535,6 +1634,7 @@ fn tamper(s: &mut State, target: Target, change: Change) {
                             holder: None,
                             shared: false,
                             restored: false,
+                            old: false,
                         },
                     );
                 }
@@ -1542,6 +1642,16 @@ fn tamper(s: &mut State, target: Target, change: Change) {
         }
         Target::Lock => {
             s.lock_at = match change {
+                Change::MoveAside => {
+                    if let LockAt::File(i) = s.lock_at {
+                        s.aside_lock = Some(i);
+                    }
+                    LockAt::Missing
+                }
+                Change::PutBack => match s.aside_lock.take() {
+                    Some(i) => LockAt::File(i),
+                    None => s.lock_at,
+                },
                 Change::Delete => LockAt::Missing,
                 Change::Replace(Plant::Plain) => {
                     let i = s.next_lock;
@@ -1582,6 +1692,7 @@ fn probe_by_others(s: &mut State, action: Action) {
                     holder: None,
                     shared: false,
                     restored: false,
+                    old: false,
                 });
             }
         }

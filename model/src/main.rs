@@ -37,7 +37,8 @@ options (applied in order, on top of the named configuration):
   --no-cleaner       no cleaner (tmp cleaner, operator) touching the directory
   --cleaner N        how many times the cleaner may act (default 1)
   --tamper LIST      what the cleaner may do, comma-separated: delete-live, replace-live,
-                     lock, record, temp, all (default: the configuration's)
+                     lock, record, temp, moves (move the liveness file or the lock
+                     aside and put it back), all (default: the configuration's)
   --no-observer      no observer (waiter, status) share-locking liveness files
   --no-go-prober     no Go-style prober creating and exclusively try-locking them
   --no-fenced        no fenced sections (PROTOCOL §9; on in every named configuration but
@@ -45,6 +46,8 @@ options (applied in order, on top of the named configuration):
   --fenced           fenced sections on
   --planted BUG      plant a known bug to see the checker catch it: create-then-lock (the
                      restore of a deleted liveness file creates it, then locks it);
+                     with --config moves: restore-keeps-tag (the restore publishes the
+                     file with the tag the record already names);
                      with --config postgres: relock-on-notice (a holder that sees its
                      liveness connection end locks its generation again at once, outside
                      any transition), renew-without-relock (a renew after that trusts the
@@ -216,6 +219,7 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
                     named = true;
                 }
                 "create-then-lock" => model.planted = Some(Planted::CreateThenLock),
+                "restore-keeps-tag" => model.planted = Some(Planted::RestoreKeepsTag),
                 "relock-on-notice" => model.planted = Some(Planted::RelockOnNotice),
                 "renew-without-relock" => model.planted = Some(Planted::RenewWithoutRelock),
                 "reread-after-terminate" => model.planted = Some(Planted::RereadAfterTerminate),
@@ -339,6 +343,7 @@ fn tamper(list: &str) -> Result<Tamper, String> {
         lock: false,
         record: false,
         temp: false,
+        moves: false,
     };
     for item in list.split(',') {
         match item {
@@ -347,7 +352,13 @@ fn tamper(list: &str) -> Result<Tamper, String> {
             "lock" => t.lock = true,
             "record" => t.record = true,
             "temp" => t.temp = true,
-            "all" => t = Tamper::ALL,
+            "moves" => t.moves = true,
+            "all" => {
+                t = Tamper {
+                    moves: true,
+                    ..Tamper::ALL
+                }
+            }
             other => return Err(format!("--tamper: unknown change {other:?}")),
         }
     }

@@ -414,6 +414,7 @@ impl fmt::Debug for State {
             .map(|(t, file)| {
                 use crate::{Locker, What};
                 let what = match file.what {
+                    What::Own(p) if file.old => format!("p{p}'s(old)"),
                     What::Own(p) if file.restored => format!("p{p}'s*"),
                     What::Own(p) => format!("p{p}'s"),
                     What::Plain => "plain".into(),

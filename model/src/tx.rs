@@ -56,6 +56,7 @@ pub(crate) fn relock(s: &mut State, p: usize, token: u64) -> bool {
             holder: Some(Locker::Proc(p)),
             shared: false,
             restored: false,
+            old: false,
         },
     );
     s.procs[p].loss = None;
@@ -170,11 +171,19 @@ impl ModelTx<'_> {
         })
     }
 
+    /// Closes this process's descriptors of generation `token`'s liveness files, wherever
+    /// they stand now (at the name, or moved aside).
     fn unlock(&mut self, token: u64) {
-        if let Some(f) = self.state.live.get_mut(&token)
-            && f.holder == Some(Locker::Proc(self.p))
-        {
-            f.holder = None;
+        let aside = self
+            .state
+            .aside_live
+            .as_mut()
+            .filter(|(t, _)| *t == token)
+            .map(|(_, f)| f);
+        for f in self.state.live.get_mut(&token).into_iter().chain(aside) {
+            if f.holder == Some(Locker::Proc(self.p)) {
+                f.holder = None;
+            }
         }
     }
 
@@ -217,6 +226,7 @@ impl ModelTx<'_> {
                 holder: Some(Locker::Proc(self.p)),
                 shared: false,
                 restored: false,
+                old: false,
             },
         );
         Ok(())
@@ -233,9 +243,12 @@ impl ModelTx<'_> {
             .as_ref()
             .and_then(|c| c.run.pending())
             .is_some_and(|l| l.token == token);
+        // Its commit checks both: its lock is the one at the path, and the record is the one
+        // it read (a lock moved aside and put back passes the first only).
         let may_commit = proc
             .stable
-            .is_some_and(|i| self.state.lock_at == LockAt::File(i));
+            .is_some_and(|i| self.state.lock_at == LockAt::File(i))
+            && proc.call.as_ref().is_some_and(|c| !c.ghost.record_changed);
         proc.local.as_ref().is_some_and(|l| l.token == token) || (pending && may_commit)
     }
 
@@ -470,6 +483,7 @@ impl Transaction for ModelTx<'_> {
                         holder: None,
                         shared: false,
                         restored: false,
+                        old: false,
                     },
                 );
                 self.fault("lock")?;
@@ -480,17 +494,16 @@ impl Transaction for ModelTx<'_> {
             return Ok(());
         }
         self.fault("stat")?;
-        let ours =
-            self.state.live.get(&token).is_some_and(|f| {
-                f.what == What::Own(self.p) && f.holder == Some(Locker::Proc(self.p))
-            });
+        let ours = self.state.live.get(&token).is_some_and(|f| {
+            f.what == What::Own(self.p) && f.holder == Some(Locker::Proc(self.p)) && !f.old
+        });
         if ours {
             return Ok(());
         }
         // Published with a fresh tag, which the renew's record names once committed.
         self.publish(token)?;
         if let Some(f) = self.state.live.get_mut(&token) {
-            f.restored = true;
+            f.restored = self.planted != Some(Planted::RestoreKeepsTag);
         }
         Ok(())
     }
@@ -579,6 +592,21 @@ impl Transaction for ModelTx<'_> {
         {
             f.restored = false;
         }
+        // A file of the same generation moved aside carries a tag this record no longer
+        // names; the holder closes it now if it kept it (the file the record named before).
+        if self.state.record_tag == Some(self.p)
+            && let Some(t) = self.state.record.as_ref().map(|r| r.token)
+            && let Some((at, f)) = self.state.aside_live.as_mut()
+            && *at == t
+            && f.what == What::Own(self.p)
+        {
+            // Planted: the restore reused the tag, so the file aside still carries it.
+            f.old = self.planted != Some(Planted::RestoreKeepsTag);
+            f.restored = false;
+            if f.holder == Some(Locker::Proc(self.p)) {
+                f.holder = None;
+            }
+        }
         if self.backend == Backend::Postgres {
             if reply_lost {
                 return self.reply_lost();
@@ -661,7 +689,11 @@ fn own(tag: Option<usize>, f: &LiveFile) -> bool {
     let carried;
     let found = match f.what {
         What::Own(q) => {
-            carried = tag_bytes(q, f.restored);
+            carried = if f.old {
+                [b'o', q as u8]
+            } else {
+                tag_bytes(q, f.restored)
+            };
             AtName::File { first: &carried }
         }
         What::Plain => AtName::File { first: b"" },

@@ -437,6 +437,7 @@ fn a_deleted_lock_during_a_fenced_section_is_the_known_window() {
             lock: true,
             record: false,
             temp: false,
+            moves: false,
         },
         planted: None,
         ..fence_bug(Planted::UnfencedWrite, LeaseModel::default())
@@ -447,4 +448,26 @@ fn a_deleted_lock_during_a_fenced_section_is_the_known_window() {
         actions.contains(&Action::Tamper(Target::Lock, Change::Delete)),
         "{actions:?}"
     );
+}
+
+/// The cleaner that moves files aside and back (`--config moves`: 48 million states, 14 min,
+/// not run by CI; `.ci/run` checks it without faults and with one token; here also without
+/// the host crash: 647 thousand states): a restore that reused the record's tag lets the
+/// holder's own file, moved aside and put back after the renew, read dead beside the live
+/// holder (issue 33.1).
+#[test]
+fn a_restore_that_keeps_the_tag_is_caught_by_the_moves() {
+    let base = LeaseModel {
+        host_crash: false,
+        faults: 0,
+        max_token: 1,
+        ..LeaseModel::named("moves").expect("a named configuration")
+    };
+    assert_all_hold(&base);
+    let planted = LeaseModel {
+        planted: Some(Planted::RestoreKeepsTag),
+        ..base
+    };
+    let failed = failed_always(&planted);
+    assert!(!failed.is_empty(), "the planted restore passed");
 }
