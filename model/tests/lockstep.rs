@@ -49,7 +49,10 @@ const TOKENS: u64 = 6;
 fn model() -> LeaseModel {
     LeaseModel {
         name: "lockstep",
-        tamper: Tamper::ALL,
+        tamper: Tamper {
+            moves: true,
+            ..Tamper::ALL
+        },
         cleaner: 2,
         observer: true,
         go_prober: true,
@@ -174,6 +177,28 @@ fn regressions() {
                 (Step(0, WriteTemp), 0),
                 (Step(0, SyncTemp), 0),
                 (Step(0, Rename), 0),
+            ],
+        ]
+        .concat(),
+        // The holder's liveness file moved aside, the renew restoring it and committing its
+        // fresh tag, the original put back: it reads as not the generation's own (a restore
+        // that reused the record's tag let it read dead, and the rival took over).
+        [
+            acquired.clone(),
+            vec![
+                (Tamper(Live, MoveAside), 0),
+                (Call(0, Renew), 0),
+                (Step(0, Read), 0),
+                (Step(0, Prepare(0)), 0),
+                (Step(0, WriteTemp), 0),
+                (Step(0, SyncTemp), 0),
+                (Step(0, Rename), 0),
+                (Step(0, UnlockStable), 0),
+                (Tamper(Live, PutBack), 0),
+                (Call(1, Acquire), 0),
+                (Step(1, Read), 0),
+                (Step(1, Probe { token: 1 }), 0),
+                (Step(1, UnlockStable), 0),
             ],
         ]
         .concat(),
@@ -315,6 +340,8 @@ struct Real {
     last_done: Vec<Option<Option<Result<Outcome, flocklease::Error>>>>,
     observer: Option<File>,
     go: Option<File>,
+    /// Where the cleaner moves files aside (outside the lease directory).
+    aside: tempfile::TempDir,
 }
 
 impl Real {
@@ -330,6 +357,7 @@ impl Real {
             last_done: vec![],
             observer: None,
             go: None,
+            aside: tempfile::tempdir().unwrap(),
         };
         for _ in 0..m.procs {
             real.armed.push(Arc::new(AtomicIsize::new(-1)));
@@ -540,6 +568,26 @@ impl Real {
     }
 
     fn tamper(&mut self, s: &State, target: Target, change: Change) {
+        let aside = self.aside.path().join("moved");
+        match (target, change) {
+            (Target::Live, Change::MoveAside) => {
+                fs::rename(self.live(s.held_token().unwrap()), &aside).unwrap();
+                return;
+            }
+            (Target::Live, Change::PutBack) => {
+                fs::rename(&aside, self.live(s.aside_live.unwrap().0)).unwrap();
+                return;
+            }
+            (Target::Lock, Change::MoveAside) => {
+                fs::rename(self.lock_path(), &aside).unwrap();
+                return;
+            }
+            (Target::Lock, Change::PutBack) => {
+                fs::rename(&aside, self.lock_path()).unwrap();
+                return;
+            }
+            _ => {}
+        }
         let path = match target {
             Target::Live => self.live(s.held_token().unwrap()),
             Target::Lock => self.lock_path(),
@@ -644,7 +692,10 @@ fn model_view(n: &State) -> View {
         .map(|(t, f)| {
             let kind = match f.what {
                 What::Own(q) => LiveKind::Tagged {
-                    records: record_token == Some(*t) && n.record_tag == Some(q) && !f.restored,
+                    records: record_token == Some(*t)
+                        && n.record_tag == Some(q)
+                        && !f.restored
+                        && !f.old,
                 },
                 What::Plain => LiveKind::Plain,
                 What::Fifo => LiveKind::Fifo,
