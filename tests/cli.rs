@@ -317,9 +317,7 @@ fn errors_are_one_clear_line_without_debug_formatting() {
     // An empty one is bad usage (flock's exit code for it), before anything is created.
     assert_eq!(out.status.code(), Some(64), "{}", describe(&out));
     assert!(
-        stderr(&out).starts_with(
-            "error: invalid value '' for '--id <ID>': the session id must not be empty\n"
-        ),
+        stderr(&out).starts_with("error: invalid value '' for '--id <ID>': session id is empty\n"),
         "{}",
         describe(&out)
     );
@@ -329,4 +327,66 @@ fn errors_are_one_clear_line_without_debug_formatting() {
         assert!(out.status.success(), "{args:?}");
         assert!(!out.stdout.is_empty());
     }
+}
+
+/// `flocklease man` and `flocklease completions SHELL` print a manual page and completion
+/// scripts generated from the argument definitions (so an option added to `run` appears in
+/// both).
+#[test]
+fn the_man_page_and_the_completion_scripts_come_from_the_arguments() {
+    let run = |args: &[&str]| Command::new(BIN).args(args).output().unwrap();
+    let top = run(&["man"]);
+    assert_eq!(top.status.code(), Some(0), "{top:?}");
+    let page = stdout(&top);
+    assert!(page.contains(".TH flocklease 1"), "{page}");
+    for command in ["run", "status", "fence"] {
+        assert!(page.contains(&format!("flocklease\\-{command}")) || page.contains(command));
+    }
+    let run_page = stdout(&run(&["man", "run"]));
+    assert!(run_page.contains(".TH flocklease-run 1"), "{run_page}");
+    assert!(run_page.contains("trust\\-foreign\\-owners"), "{run_page}");
+    let unknown = run(&["man", "nope"]);
+    assert_eq!(unknown.status.code(), Some(64), "{unknown:?}");
+    let bash = stdout(&run(&["completions", "bash"]));
+    assert!(bash.contains("_flocklease()") && bash.contains("--trust-foreign-owners"));
+    assert!(stdout(&run(&["completions", "zsh"])).contains("#compdef flocklease"));
+    assert!(stdout(&run(&["completions", "fish"])).contains("complete -c flocklease"));
+}
+
+/// flock(1)'s habits get a hint, as bad usage (64): `flocklease FILE COMMAND` says how the
+/// path splits into a directory and an id; `run … 9` (flock's descriptor form) is refused
+/// instead of running a command named `9`; an id with a control character is bad usage like
+/// an empty one.
+#[test]
+fn flock_habits_get_a_hint_and_bad_ids_are_usage_errors() {
+    let s = Scene::new();
+    let out = Command::new(BIN)
+        .args(["/var/lock/nightly", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    assert!(
+        stderr(&out).contains("flocklease run --dir /var/lock --id nightly -- COMMAND"),
+        "{out:?}"
+    );
+    let fd = Command::new(BIN)
+        .args(["run", "--dir"])
+        .arg(&s.leases)
+        .args(["--id", "x", "9"])
+        .output()
+        .unwrap();
+    assert_eq!(fd.status.code(), Some(64), "{fd:?}");
+    assert!(stderr(&fd).contains("exec flocklease run"), "{fd:?}");
+    assert!(!s.leases.exists(), "nothing was run");
+    let control = Command::new(BIN)
+        .args(["run", "--dir"])
+        .arg(&s.leases)
+        .args(["--id", "a\tb", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(control.status.code(), Some(64), "{control:?}");
+    assert!(
+        stderr(&control).contains("control character"),
+        "{control:?}"
+    );
 }

@@ -268,10 +268,45 @@ fn an_empty_id_is_bad_usage_and_flocklease_dir_is_the_default_directory() {
         .unwrap();
     assert_eq!(code(&from_env), 0, "{from_env:?}");
     assert_eq!(out(&from_env).trim(), s.lease_dir().to_str().unwrap());
-    let nowhere = Command::new(BIN)
-        .args(["run", "--id", "job", "--", "true"])
+    // Neither --dir nor FLOCKLEASE_DIR: the default directory (root: /run/lock/flocklease;
+    // other users: $XDG_RUNTIME_DIR/flocklease, here a temporary directory of this test's).
+    let runtime = tempfile::tempdir().unwrap();
+    let expected = if nix::unistd::geteuid().is_root() {
+        PathBuf::from("/run/lock/flocklease")
+    } else {
+        runtime.path().join("flocklease")
+    };
+    let existed = expected.exists();
+    let id = format!("default-dir-test-{}", std::process::id());
+    let default = Command::new(BIN)
+        .args(["run", "--id", &id, "--", "sh", "-c", "echo $FLOCKLEASE_DIR"])
         .env_remove("FLOCKLEASE_DIR")
+        .env("XDG_RUNTIME_DIR", runtime.path())
         .output()
         .unwrap();
-    assert_eq!(code(&nowhere), 64, "{nowhere:?}");
+    // `status` finds the lease there from nothing but the id.
+    let status = Command::new(BIN)
+        .args(["status", "--id", &id])
+        .env_remove("FLOCKLEASE_DIR")
+        .env("XDG_RUNTIME_DIR", runtime.path())
+        .output()
+        .unwrap();
+    // Leave nothing behind outside this test's directories: this id's files, and the
+    // directory if this test made it.
+    let stem = flocklease::SessionId::new(id.as_str())
+        .unwrap()
+        .stem()
+        .to_owned();
+    for entry in std::fs::read_dir(&expected).into_iter().flatten().flatten() {
+        if entry.file_name().to_string_lossy().starts_with(&stem) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+    if !existed {
+        let _ = std::fs::remove_dir(&expected);
+    }
+    assert_eq!(code(&default), 0, "{default:?}");
+    assert_eq!(out(&default).trim(), expected.to_str().unwrap());
+    assert_eq!(code(&status), 1, "released: free; {status:?}");
+    assert!(out(&status).contains("released"), "{status:?}");
 }

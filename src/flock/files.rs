@@ -421,6 +421,9 @@ fn network_fs_name(magic: i64) -> Option<&'static str> {
         0x0bd0_0bd0 => "lustre",
         0x0116_1970 => "gfs2",
         0x7461_636f => "ocfs2",
+        // FUSE: sshfs, s3fs, rclone and other remote mounts report it (as do some local
+        // ones, such as ntfs-3g: `allow_network_filesystem` admits them).
+        0x6573_5546 => "fuse",
         _ => return None,
     })
 }
@@ -433,6 +436,7 @@ mod tests {
     fn network_magics_are_recognised() {
         assert_eq!(network_fs_name(0x6969), Some("nfs"));
         assert_eq!(network_fs_name(0xff53_4d42), Some("cifs"));
+        assert_eq!(network_fs_name(0x6573_5546), Some("fuse"));
         // tmpfs and ext4 are local.
         assert_eq!(network_fs_name(0x0102_1994), None);
         assert_eq!(network_fs_name(0xef53), None);

@@ -5,6 +5,7 @@
 //! for the job even if `run` itself is killed. `flocklease status` shows a lease directory
 //! without disturbing anyone. The README's "Command line" section is the manual.
 
+mod dirs;
 mod duration;
 mod fence;
 mod job;
@@ -15,7 +16,7 @@ mod watchdog;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// Exit status when the lease is held by another live owner (`-E` changes it).
 const EXIT_HELD: u8 = 75;
@@ -75,13 +76,37 @@ enum Cmd {
     /// admitted (exit 0) and recorded before the write. The token is --token N or, in a job of
     /// `flocklease run`, $FLOCKLEASE_TOKEN.
     Fence(fence::FenceArgs),
+    /// Print the manual page (roff) of flocklease, or of one of its commands.
+    ///
+    /// Install: flocklease man > /usr/local/share/man/man1/flocklease.1, and for each of run,
+    /// status and fence: flocklease man run > /usr/local/share/man/man1/flocklease-run.1.
+    Man {
+        /// The command whose page to print (run, status, fence); none: flocklease(1).
+        #[arg(value_name = "COMMAND")]
+        command: Option<String>,
+    },
+    /// Print a shell completion script.
+    ///
+    /// bash: flocklease completions bash > /etc/bash_completion.d/flocklease (or
+    /// ~/.local/share/bash-completion/completions/flocklease); zsh: into a directory of
+    /// $fpath as _flocklease; fish: ~/.config/fish/completions/flocklease.fish.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
     /// Internal: stops the job of a `run` that died.
     #[command(name = "__watchdog", hide = true)]
     Watchdog(watchdog::WatchdogArgs),
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(hint) = flock_form(&args) {
+        eprintln!("flocklease: {hint}");
+        return ExitCode::from(EXIT_USAGE);
+    }
+    let cli = match Cli::try_parse_from(&args) {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
@@ -92,6 +117,12 @@ fn main() -> ExitCode {
         Cmd::Run(args) => run::main(args),
         Cmd::Status(args) => status::main(&args),
         Cmd::Fence(args) => fence::main(&args),
+        Cmd::Man { command } => man(command.as_deref()),
+        Cmd::Completions { shell } => {
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "flocklease", &mut script);
+            print_all(&script)
+        }
         Cmd::Watchdog(args) => watchdog::main(&args),
     })
 }
@@ -111,4 +142,72 @@ pub(crate) fn describe(e: &dyn std::error::Error) -> String {
         cause = c.source();
     }
     text
+}
+
+/// `flocklease man [COMMAND]`: the manual page, generated from the argument definitions.
+fn man(command: Option<&str>) -> u8 {
+    let top = Cli::command();
+    let page = match command {
+        None => top,
+        Some(name) => match top
+            .get_subcommands()
+            .find(|c| c.get_name() == name && !c.is_hide_set())
+        {
+            Some(sub) => sub
+                .clone()
+                .display_name(format!("flocklease-{name}"))
+                .bin_name(format!("flocklease {name}"))
+                .version(env!("CARGO_PKG_VERSION")),
+            None => {
+                eprintln!("flocklease: no command {name:?} (run, status, fence, man, completions)");
+                return EXIT_USAGE;
+            }
+        },
+    };
+    let mut roff = Vec::new();
+    match clap_mangen::Man::new(page).render(&mut roff) {
+        Ok(()) => print_all(&roff),
+        Err(e) => {
+            eprintln!("flocklease: {e}");
+            EXIT_ERROR
+        }
+    }
+}
+
+/// Writes `bytes` to standard output; a reader that stops early (`| head`) is no error.
+fn print_all(bytes: &[u8]) -> u8 {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(bytes) {
+        Ok(()) => 0,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => 0,
+        Err(e) => {
+            eprintln!("flocklease: {e}");
+            EXIT_ERROR
+        }
+    }
+}
+
+/// flock(1)'s `flock FILE COMMAND` form, which has no meaning here: a hint saying how a path
+/// splits into a lease directory and an id, instead of clap's bare "unrecognized subcommand".
+fn flock_form(args: &[std::ffi::OsString]) -> Option<String> {
+    let first = args.get(1)?.to_str()?;
+    if first.starts_with('-') {
+        return None;
+    }
+    let cli = Cli::command();
+    if first == "help" || cli.get_subcommands().any(|c| c.get_name() == first) {
+        return None;
+    }
+    let path = std::path::Path::new(first);
+    let id = path.file_name()?.to_string_lossy().into_owned();
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => format!("--dir {} ", d.display()),
+        _ => String::new(),
+    };
+    Some(format!(
+        "`flocklease {first} COMMAND` is flock(1)'s form; a lease has a directory and an id: \
+         `flocklease run {dir}--id {id} -- COMMAND` (without --dir: $FLOCKLEASE_DIR, else \
+         /run/lock/flocklease for root and $XDG_RUNTIME_DIR/flocklease for other users). \
+         See flocklease --help."
+    ))
 }

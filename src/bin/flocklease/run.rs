@@ -53,10 +53,25 @@ const WATCHDOG_WORD: Duration = Duration::from_secs(1);
 #[command(group(ArgGroup::new("what").required(true).args(["command", "shell_command"])))]
 #[command(group(ArgGroup::new("where").args(["dir", "pg"])))]
 pub struct RunArgs {
-    /// The lease directory [default: $FLOCKLEASE_DIR]. Created (mode 0700) if missing, but
-    /// only its last component: a missing parent is an error.
+    /// The lease directory [default: $FLOCKLEASE_DIR, else /run/lock/flocklease for root and
+    /// $XDG_RUNTIME_DIR/flocklease (or /run/user/UID/flocklease) for other users: tmpfs, so
+    /// tokens start again at 1 after a reboot]. Created (mode 0700) if missing, but only its
+    /// last component: a missing parent is an error.
     #[arg(long, value_name = "DIR")]
     dir: Option<PathBuf>,
+    /// In a directory shared with other users (sticky and world-writable, such as /run/lock
+    /// itself): accept lease files that belong to another user (by default they are refused,
+    /// since anyone could have planted them).
+    #[arg(long, conflicts_with = "pg")]
+    trust_foreign_owners: bool,
+    /// The mode of lease files, in octal: 660 for a directory shared by a group (make it
+    /// setgid: chgrp GROUP DIR && chmod 2770 DIR). Applied whatever the umask.
+    #[arg(long, value_name = "OCTAL", value_parser = octal_mode, conflicts_with = "pg")]
+    file_mode: Option<u32>,
+    /// Accept a lease directory on a network or FUSE file system (NFS, SMB, sshfs, ...),
+    /// refused by default: flock(2) there is not the kernel's own on one host.
+    #[arg(long, conflicts_with = "pg")]
+    allow_network_filesystem: bool,
     /// Keep the lease in PostgreSQL instead (a connection string: `host=… user=… dbname=…`
     /// or `postgresql://…`): one host of a fleet at a time. If `run` is killed, the lease is
     /// free at once (its connection ends) and the watchdog kills the job at once (SIGKILL, no
@@ -136,12 +151,21 @@ enum DurabilityArg {
     Nosync,
 }
 
-/// A session id given on the command line: any text but the empty one.
+/// A session id given on the command line: any text the library accepts as one (not empty,
+/// no control character), checked here so that a bad one is bad usage (64).
 fn nonempty_id(s: &str) -> Result<String, String> {
-    if s.is_empty() {
-        Err("the session id must not be empty".into())
-    } else {
-        Ok(s.to_owned())
+    SessionId::new(s)
+        .map(|_| s.to_owned())
+        .map_err(|e| crate::describe(&e))
+}
+
+/// `--file-mode`: octal permission bits.
+fn octal_mode(s: &str) -> Result<u32, String> {
+    match u32::from_str_radix(s.trim_start_matches("0o"), 8) {
+        Ok(mode) if mode <= 0o777 => Ok(mode),
+        _ => Err(format!(
+            "{s:?} is not an octal file mode such as 600 or 660"
+        )),
     }
 }
 
@@ -171,12 +195,17 @@ fn usage_problem(a: &RunArgs) -> Option<String> {
     if let Some((_, why)) = unsupported.iter().find(|(set, _)| *set) {
         return Some(format!("flocklease run does not support {why}"));
     }
-    if a.dir.is_none() && a.pg.is_none() && std::env::var_os("FLOCKLEASE_DIR").is_none() {
-        return Some(
-            "flocklease run needs --dir DIR or --pg CONNINFO (or FLOCKLEASE_DIR in the \
-             environment)"
-                .into(),
-        );
+    if let [only] = a.command.as_slice()
+        && !only.is_empty()
+        && only.bytes().all(|b| b.is_ascii_digit())
+    {
+        return Some(format!(
+            "flocklease run does not take flock(1)'s file-descriptor form ({only} is taken \
+             for a descriptor number, not a command): a lease lives as long as the command \
+             it runs. Instead of `exec {only}>FILE; flock {only}` in a script, run the whole \
+             script under the lease: `[ -n \"$FLOCKLEASE_TOKEN\" ] || exec flocklease run \
+             --id NAME -- \"$0\" \"$@\"` as its first line"
+        ));
     }
     None
 }
@@ -187,8 +216,14 @@ pub fn main(mut args: RunArgs) -> u8 {
         eprintln!("{problem}");
         return crate::EXIT_USAGE;
     }
-    if args.dir.is_none() && args.pg.is_none() {
-        args.dir = std::env::var_os("FLOCKLEASE_DIR").map(PathBuf::from);
+    if args.pg.is_none() {
+        match crate::dirs::lease_dir(args.dir.as_deref()) {
+            Ok(dir) => args.dir = Some(dir),
+            Err(msg) => {
+                eprintln!("flocklease: {msg}");
+                return crate::EXIT_USAGE;
+            }
+        }
     }
     match run(args) {
         Ok(code) => code,
@@ -214,11 +249,17 @@ fn run(a: RunArgs) -> Result<u8, String> {
     if let Some(url) = a.pg.clone() {
         return run_pg(&a, &url, &signals, &id, &owner, channel);
     }
-    // clap requires --dir or --pg.
+    // `main` resolved the directory (--dir, FLOCKLEASE_DIR or the default).
     let given = a.dir.as_deref().unwrap_or_else(|| unreachable!());
     // The library's rule for the directory: its last component is created if missing, never
     // its parents (a mistyped parent is an error naming it).
-    let mut builder = FlockLease::builder(given).ttl(a.ttl);
+    let mut builder = FlockLease::builder(given)
+        .ttl(a.ttl)
+        .trust_foreign_owners(a.trust_foreign_owners)
+        .allow_network_filesystem(a.allow_network_filesystem);
+    if let Some(mode) = a.file_mode {
+        builder = builder.file_mode(mode);
+    }
     if let Some(sharer) = channel.as_ref().and_then(Channel::sharer) {
         builder = builder.share_liveness(sharer);
     }

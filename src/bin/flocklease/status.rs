@@ -13,9 +13,9 @@ use crate::EXIT_ERROR;
 
 /// The arguments of `status`.
 #[derive(Args)]
-#[command(group(clap::ArgGroup::new("where").required(true).args(["dir", "pg"])))]
 pub struct StatusArgs {
-    /// The lease directory.
+    /// The lease directory [default: $FLOCKLEASE_DIR, else /run/lock/flocklease for root and
+    /// $XDG_RUNTIME_DIR/flocklease (or /run/user/UID/flocklease) for other users, as `run`].
     #[arg(long, value_name = "DIR")]
     dir: Option<PathBuf>,
     /// List the PostgreSQL lease table instead (a connection string). Liveness is read from
@@ -55,8 +55,7 @@ fn status(a: &StatusArgs) -> Result<u8, String> {
     if let Some(url) = &a.pg {
         return status_pg(a, url);
     }
-    // clap requires --dir or --pg.
-    let dir = a.dir.as_deref().unwrap_or_else(|| unreachable!());
+    let dir = &crate::dirs::lease_dir(a.dir.as_deref())?;
     let now = SystemClock.now();
     let Some(id) = &a.id else {
         // The whole directory, streamed: memory stays flat however many ids it holds.
