@@ -102,11 +102,26 @@ fn status_reports_each_state_in_text_and_json() {
     assert!(line("expired").contains("Z (2"), "{text}");
     assert!(line("expired").contains("years ago)"), "{text}");
     assert!(line("dead").contains("dead (free to acquire)"), "{text}");
+    // A broken row's error goes below the table, so it does not widen every line.
+    assert!(line("corrupt").contains("corrupt (see below)"), "{text}");
+    let corrupt_stem = SessionId::new("corrupt").unwrap().stem().to_owned();
+    let note = text.lines().last().unwrap();
     assert!(
-        line("corrupt").contains("corrupt (corrupt lease record"),
+        note.starts_with(&format!("{corrupt_stem}: corrupt lease record")),
         "{text}"
     );
-    assert_eq!(text.lines().count(), 6, "{text}");
+    let table: Vec<&str> = text.lines().take_while(|l| !l.is_empty()).collect();
+    assert_eq!(table.len(), 6, "{text}");
+    assert!(table.iter().all(|l| l.len() < 120), "{text}");
+    // Rows sorted (by id, then stem); expiries to the second.
+    let stems: Vec<&str> = table[1..]
+        .iter()
+        .map(|l| l.rsplit(' ').next().unwrap())
+        .collect();
+    let mut sorted = stems.clone();
+    sorted.sort_unstable();
+    assert_eq!(stems, sorted, "{text}");
+    assert!(!line("live").contains('.'), "{text}");
 }
 
 #[test]
@@ -320,5 +335,34 @@ fn status_sees_a_live_holder_from_another_pid_namespace() {
         String::from_utf8_lossy(&out.stdout).contains(" live "),
         "{}",
         describe(&out)
+    );
+}
+
+/// Ids and owners of any script line up: columns are measured in display columns (a CJK
+/// character takes two), not characters.
+#[test]
+fn wide_characters_keep_the_columns_aligned() {
+    let dir = tempfile::tempdir().unwrap();
+    let leases = FlockLease::open(dir.path()).unwrap();
+    let mut held = vec![];
+    for (id, owner) in [("日本語のジョブ", "東京"), ("ab", "me")] {
+        let id = SessionId::new(id).unwrap();
+        let owner = Owner::new(owner).unwrap();
+        held.push(leases.acquire(&id, &owner).unwrap().lease().unwrap());
+    }
+    let out = status(dir.path(), &[]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let column_of = |line: &str, word: &str| {
+        let at = line
+            .find(word)
+            .unwrap_or_else(|| panic!("{word} in {line}"));
+        unicode_width::UnicodeWidthStr::width(&line[..at])
+    };
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    let state = column_of(lines[0], "STATE");
+    assert!(
+        lines[1..].iter().all(|l| column_of(l, "live") == state),
+        "{text}"
     );
 }

@@ -186,7 +186,7 @@ enum Rows {
         written: usize,
     },
     Text {
-        table: Table<6>,
+        table: Box<Table<6>>,
         now: Timestamp,
     },
 }
@@ -200,7 +200,9 @@ impl Rows {
             }
         } else {
             Rows::Text {
-                table: Table::new(["ID", "OWNER", "TOKEN", "EXPIRY", "STATE", "STEM"]),
+                table: Box::new(Table::new([
+                    "ID", "OWNER", "TOKEN", "EXPIRY", "STATE", "STEM",
+                ])),
                 now,
             }
         }
@@ -215,7 +217,13 @@ impl Rows {
                 let _ = write!(out, "{sep}  {}", text.replace('\n', "\n  "));
                 *written += 1;
             }
-            Rows::Text { table, now } => table.push(table_line(&r, *now)),
+            Rows::Text { table, now } => {
+                if let Some(e) = &r.error {
+                    let who = r.id.as_deref().unwrap_or(&r.stem);
+                    table.note(format!("{who}: {e}"));
+                }
+                table.push(table_line(&r, *now));
+            }
         }
     }
 
@@ -230,49 +238,74 @@ impl Rows {
     }
 }
 
-/// A table written to stdout as its lines come, aligned in batches (a column only ever widens,
-/// so memory stays one batch): two spaces between columns, the third (the token) right-aligned,
-/// the last not padded.
+/// A table written to stdout: sorted by its first column (then its last) and aligned as a
+/// whole while it has at most [`SORTED`] lines; past that, written as its lines come, aligned
+/// in batches (a column only ever widens), so memory stays bounded. Two spaces between
+/// columns, the third (the token) right-aligned, the last not padded; widths are display
+/// widths. Notes (one per broken row) follow the table.
 struct Table<const N: usize> {
     out: std::io::BufWriter<std::io::StdoutLock<'static>>,
+    header: Option<[String; N]>,
     batch: Vec<[String; N]>,
     widths: [usize; N],
+    /// More than [`SORTED`] lines came: streaming.
+    streaming: bool,
+    notes: Vec<String>,
 }
 
-/// Table lines aligned together.
+/// Table lines sorted and aligned together (about 1 MiB); beyond, lines are streamed.
+const SORTED: usize = 4096;
+/// Table lines aligned together once streaming.
 const BATCH: usize = 256;
 
 impl<const N: usize> Table<N> {
     fn new(header: [&str; N]) -> Table<N> {
         Table {
             out: std::io::BufWriter::new(std::io::stdout().lock()),
-            batch: vec![header.map(String::from)],
+            header: Some(header.map(String::from)),
+            batch: vec![],
             widths: [0; N],
+            streaming: false,
+            notes: vec![],
         }
     }
 
     fn push(&mut self, line: [String; N]) {
         self.batch.push(line);
-        if self.batch.len() >= BATCH {
+        if self.batch.len() > SORTED && !self.streaming {
+            self.streaming = true;
+            eprintln!("flocklease: more than {SORTED} ids: listed in directory order");
+        }
+        if self.streaming && self.batch.len() >= BATCH {
             self.flush_batch();
         }
     }
 
+    /// A line printed below the table.
+    fn note(&mut self, note: String) {
+        self.notes.push(note);
+    }
+
     fn flush_batch(&mut self) {
-        for line in &self.batch {
+        let header = self.header.take();
+        for line in header.iter().chain(&self.batch) {
             for (w, cell) in self.widths.iter_mut().zip(line) {
-                *w = (*w).max(cell.chars().count());
+                *w = (*w).max(unicode_width::UnicodeWidthStr::width(cell.as_str()));
             }
         }
-        for line in self.batch.drain(..) {
+        for line in header.into_iter().chain(self.batch.drain(..)) {
             let mut text = String::new();
             for (c, (cell, w)) in line.iter().zip(self.widths).enumerate() {
+                let pad = w.saturating_sub(unicode_width::UnicodeWidthStr::width(cell.as_str()));
                 if c + 1 == N {
                     text.push_str(cell);
                 } else if c == 2 {
-                    text.push_str(&format!("{cell:>w$}  "));
+                    text.push_str(&" ".repeat(pad));
+                    text.push_str(cell);
+                    text.push_str("  ");
                 } else {
-                    text.push_str(&format!("{cell:<w$}  "));
+                    text.push_str(cell);
+                    text.push_str(&" ".repeat(pad + 2));
                 }
             }
             let _ = writeln!(self.out, "{text}");
@@ -280,7 +313,17 @@ impl<const N: usize> Table<N> {
     }
 
     fn finish(mut self) {
+        if !self.streaming {
+            self.batch
+                .sort_by(|a, b| (&a[0], &a[N - 1]).cmp(&(&b[0], &b[N - 1])));
+        }
         self.flush_batch();
+        if !self.notes.is_empty() {
+            let _ = writeln!(self.out);
+            for note in std::mem::take(&mut self.notes) {
+                let _ = writeln!(self.out, "{note}");
+            }
+        }
         let _ = self.out.flush();
     }
 }
@@ -296,10 +339,17 @@ fn table_line(r: &SessionStatus, now: Timestamp) -> [String; 6] {
     };
     let expiry = match &r.expiry {
         None => "-".to_owned(),
-        Some(expiry) => format!("{expiry} ({})", relative(expiry, now)),
+        // To the second for the eye (the record and --json keep the nanoseconds).
+        Some(expiry) => {
+            let shown = match expiry.split_once('.') {
+                Some((seconds, _)) => format!("{seconds}Z"),
+                None => expiry.clone(),
+            };
+            format!("{shown} ({})", relative(expiry, now))
+        }
     };
     let state = match (&r.error, r.acquirable) {
-        (Some(e), _) => format!("{} ({e})", r.state),
+        (Some(_), _) => format!("{} (see below)", r.state),
         (None, true) => format!("{} (free to acquire)", r.state),
         (None, false) => r.state.to_owned(),
     };
