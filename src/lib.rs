@@ -47,12 +47,12 @@
 //! up.
 //!
 //! ```text
-//!            acquire (free / released / expired / holder crashed)   token := token + 1
-//!   free ───────────────────────────────────────────────────────────────▶ held by A
-//!    ▲                                                                   │   │ renew: same token,
-//!    │ release: tombstone {owner: "", same token}                        │   │ expiry := now + ttl
-//!    └───────────────────────────────────────────────────────────────────┘ ◀─┘
-//!                 held by A ── A crashes or its expiry passes ──▶ B may take over (token + 1)
+//!          acquire: free, released, expired      token := token + 1
+//!          or holder crashed
+//!   free ─────────────────────────────────────▶ held by A ◀─┐ renew: same token,
+//!    ▲                                            │    └────┘ expiry := now + ttl
+//!    └──── release: tombstone, same token ◀───────┘
+//!   held by A ── A crashes or expires ──▶ B may take over (token + 1)
 //! ```
 //!
 //! # Guarantees
@@ -82,55 +82,9 @@
 //!
 //! # Decisions beyond the Go package
 //!
-//! The protocol is written down in `docs/PROTOCOL.md` in the repository; these are choices in
-//! it that a reader of the Go package might not expect.
-//!
-//! - A takeover locks the new generation, commits the record, and only then closes the
-//!   previous generation this instance held: a failed commit loses nothing.
-//! - A failed directory fsync after the rename of a new owner or token is reported as an error
-//!   (the token is not durable yet) and the new generation's lock is dropped: the record then
-//!   names a dead generation, which the next acquire replaces at once with a greater token. It
-//!   is the one failure after which the visible record has changed. The plan's cleanup is
-//!   skipped then too: a generation this instance held before stays locked until its next
-//!   call on the id, which closes it (the record no longer names it).
-//! - A release's tombstone keeps the token, so its directory fsync is best effort
-//!   (best effort): once the tombstone is renamed into place the release
-//!   succeeds. Lost to power loss, it only brings back the released (dead) generation.
-//! - A failed takeover leaves its new `<stem>.<token>.live` file, unlocked; the next takeover
-//!   reuses that name. When a crashed or expired holder is taken over, its liveness file is
-//!   deleted at once; older dead generations' files and a leftover temporary file are swept by
-//!   the taker's next transition on the id through the same instance, or a later one: an
-//!   instance's pending sweeps share listings of the directory (in a directory of `E`
-//!   entries, about one per `E / 64` takeovers), so recovering many dead ids costs O(ids) however
-//!   large the directory (a takeover itself never lists it). A takeover from a tombstone deletes the released generation's file
-//!   (in case the release could not).
-//! - The temporary record is created exclusively (`O_EXCL`): a file found at its name (a
-//!   crash leftover, or planted) is removed, never reused or followed.
-//! - Holders lock liveness files exclusively; probes and waiters use non-blocking *shared*
-//!   locks, dropped at once, so they never look like a holder to each other. A waiting
-//!   acquire watches the holder's liveness file with inotify (a mark on that file) and wakes
-//!   when the holder's descriptor closes (release or death); no lock is held while it waits,
-//!   and no thread is started (but for
-//!   [`FlockLease::acquire_wait_async`], whose wait runs on a thread of its own until the
-//!   grant, the deadline, or the future is dropped). The transition lock is taken with non-blocking attempts and a backoff
-//!   (20 µs–1 ms) up to the lock timeout, which every caller has for itself. See
-//!   [`FlockLease::acquire_wait`].
-//! - Sharing a directory with the Go package: its holders lock exclusively, as ours do, so
-//!   each side's probe sees the other's holder. Its probes take an *exclusive* try-lock for an
-//!   instant; a Rust probe in that same instant sees that probe as a holder and answers held
-//!   for a crashed holder (a retry or a waiting acquire gets it), and a Go probe in the instant
-//!   of a Rust probe's shared lock answers held likewise. Neither can make two holders.
-//! - Shared directories: a private or group directory is used as it is; a world-writable one
-//!   only with the sticky bit (`/tmp`, `/run/lock`), and then a lease file owned by another
-//!   user is refused with [`Error::ForeignOwner`] unless
-//!   [`FlockLeaseBuilder::trust_foreign_owners`] is set. For a group directory set
-//!   [`FlockLeaseBuilder::file_mode`] to `0o660`.
-//! - Ids and owners are 1–1024 bytes without control characters; an empty owner is refused.
-//! - A record moved back by hand under a live holder makes the next takeover fail with
-//!   [`Error::LiveLockBusy`] rather than share a token.
-//! - Descriptors: each held lease keeps one open (its liveness lock). Each instance also keeps
-//!   at most 256 transition-lock descriptors open between transitions, and gives them back
-//!   when the process runs out ([`Error::TooManyOpenFiles`] only if that did not help).
+//! The choices in the protocol that a reader of the Go package might not expect (the order of a
+//! takeover, a failed directory fsync, sweeping, shared directories, descriptors) are listed
+//! in `docs/PROTOCOL.md` §12 in the repository.
 //!
 //! # Architecture
 //!
