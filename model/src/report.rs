@@ -77,8 +77,8 @@ pub fn explore(model: &LeaseModel) -> Outcome {
         .checker()
         .threads(2)
         .finish_when(HasDiscoveries::AnyFailures)
-        .spawn_bfs()
-        .join();
+        .spawn_bfs();
+    let checker = with_progress(checker);
     let properties = model.properties();
     let complete = !properties
         .iter()
@@ -107,6 +107,46 @@ pub fn explore(model: &LeaseModel) -> Outcome {
         verdicts,
         complete,
     }
+}
+
+/// Waits for `checker`, printing a progress line to standard error every 10 s (every second,
+/// on one line, on a terminal): states so far, depth, and the rate.
+pub fn with_progress<C: Checker<LeaseModel>>(checker: C) -> C {
+    use std::io::{IsTerminal, Write};
+    use std::time::{Duration, Instant};
+    let tty = std::io::stderr().is_terminal();
+    let every = if tty {
+        Duration::from_secs(1)
+    } else {
+        Duration::from_secs(10)
+    };
+    let started = Instant::now();
+    let mut last = Instant::now();
+    let mut printed = false;
+    while !checker.is_done() {
+        std::thread::sleep(Duration::from_millis(50));
+        if last.elapsed() >= every {
+            last = Instant::now();
+            let states = checker.unique_state_count();
+            let secs = started.elapsed().as_secs_f64();
+            let line = format!(
+                "  ... {states} states, depth {}, {:.0} states/s, {secs:.0} s",
+                checker.max_depth(),
+                states as f64 / secs.max(0.001)
+            );
+            let mut err = std::io::stderr().lock();
+            let _ = if tty {
+                write!(err, "\r{line}   ")
+            } else {
+                writeln!(err, "{line}")
+            };
+            printed = true;
+        }
+    }
+    if printed && tty {
+        eprintln!();
+    }
+    checker.join()
 }
 
 /// A shortest path to a discovery of property `name`: any discovery first, then a binary
@@ -300,6 +340,14 @@ pub fn check_with(
         writeln!(out, "  {:9} {:62} {word}", v.expectation, v.name)?;
         all_ok &= v.ok;
     }
+    if !outcome.complete {
+        writeln!(
+            out,
+            "  (the search stopped at the first violation, so a property not decided by then is \
+             \"unknown\": a violation can make the state space explode, and one \
+             counterexample is the answer that matters; fix it and check again)"
+        )?;
+    }
     let violated: Vec<&Verdict> = outcome
         .verdicts
         .iter()
@@ -314,11 +362,31 @@ pub fn check_with(
         match shortest(model, v.name) {
             Some(path) => {
                 let steps = path.last_state().clone();
+                let states = path.clone().into_states();
+                let last_step = path
+                    .clone()
+                    .into_actions()
+                    .last()
+                    .map(|a| model.format_action(a));
+                let encoded = path.encode(model);
                 write_path(model, path, out)?;
                 writeln!(
                     out,
                     "  the last state breaks it: {}",
                     why(model, v.name, &steps)
+                )?;
+                if let Some(step) = last_step {
+                    writeln!(out, "  the step that broke it: {step}")?;
+                }
+                if let [.., before, after] = states.as_slice() {
+                    for change in changes(before, after) {
+                        writeln!(out, "  what that step changed: {change}")?;
+                    }
+                }
+                writeln!(
+                    out,
+                    "  step through it in the explorer (`explore` with the same options): \
+                     http://127.0.0.1:3000/#/steps/{encoded}"
                 )?;
             }
             None => writeln!(out, "   (not found again)")?,
@@ -351,7 +419,10 @@ fn why(m: &LeaseModel, name: &str, s: &State) -> String {
             )
         }
         n if crate::props::CALL_PROPERTIES.contains(&n) => {
-            "a call that just ended broke it (see VIOLATION)".to_owned()
+            "judged on the call's answer against what it read and did (when the call ends, or \
+             at its commit for a new generation's token): see VIOLATION in the last state, and \
+             the step below"
+                .to_owned()
         }
         _ => {
             let holders: Vec<String> = s
@@ -370,6 +441,40 @@ fn why(m: &LeaseModel, name: &str, s: &State) -> String {
             )
         }
     }
+}
+
+/// What changed between two states, in words: the record, its durable copy, the highest
+/// token reported, the liveness files.
+fn changes(before: &State, after: &State) -> Vec<String> {
+    let tok = |r: &Option<Record>| r.as_ref().map(|r| r.token);
+    let mut said = vec![];
+    let mut record = |what: &str, b: &Option<Record>, a: &Option<Record>| {
+        if b == a {
+            return;
+        }
+        let went = match (tok(b), tok(a)) {
+            (Some(x), Some(y)) if y < x => format!(" (token {x} went back to {y})"),
+            (Some(x), None) => format!(" (token {x} is gone)"),
+            _ => String::new(),
+        };
+        said.push(format!("{what} {} -> {}{went}", rec(b), rec(a)));
+    };
+    record("the record", &before.record, &after.record);
+    record("its durable copy", &before.durable, &after.durable);
+    if before.max_granted != after.max_granted {
+        said.push(format!(
+            "the highest token reported {} -> {}",
+            before.max_granted, after.max_granted
+        ));
+    }
+    if before.live != after.live {
+        said.push(format!(
+            "liveness files {:?} -> {:?}",
+            before.live.keys().collect::<Vec<_>>(),
+            after.live.keys().collect::<Vec<_>>()
+        ));
+    }
+    said
 }
 
 fn rec(r: &Option<Record>) -> String {
