@@ -310,6 +310,101 @@ pub enum Error {
     },
 }
 
+/// What kind of failure an [`Error`] is, for a caller that acts on the kind instead of
+/// matching every variant: [`Error::kind`]. One meaning per kind across the backends (the
+/// flock backend's stuck transition lock and PostgreSQL's stuck row lock are both
+/// [`ErrorKind::LockTimeout`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// A system call, the file system or the database failed (out of descriptors included):
+    /// check the system and retry. The lease state is as it was.
+    Io,
+    /// A lock another process's transition holds (the transition lock, a lease row) stayed
+    /// taken for the whole lock timeout: that transition is stuck. Never contention.
+    LockTimeout,
+    /// Something changed under the call (the lock replaced, a generation's liveness lock
+    /// busy, a commit whose outcome could not be settled): call again.
+    Retry,
+    /// A record or row holds what no lease can, or a schema this version does not know: the
+    /// data needs a human.
+    Corrupt,
+    /// The place or server is refused as it is set up (a symbolic link, not a file, an unsafe
+    /// or network directory, another user's file, an unfit server or pooler, TLS, an async
+    /// context): fix the setup.
+    Setup,
+    /// An argument was refused (an id, an owner, a TTL, an interval, an expiry out of range).
+    InvalidInput,
+    /// The id's token reached its maximum: no new generation can be granted.
+    Exhausted,
+}
+
+impl Error {
+    /// What kind of failure this is ([`ErrorKind`]).
+    ///
+    /// ```
+    /// use flocklease::{Error, ErrorKind, FlockLease};
+    ///
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let file = dir.path().join("a-file");
+    /// std::fs::write(&file, b"").unwrap();
+    /// let e: Error = FlockLease::open(&file).unwrap_err();
+    /// assert_eq!(e.kind(), ErrorKind::Setup);
+    /// // Anything that takes an io::Error takes it too, kind and message kept.
+    /// let io: std::io::Error = e.into();
+    /// assert!(io.to_string().contains("a-file"));
+    /// ```
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::Io { .. } | Error::TooManyOpenFiles { .. } => ErrorKind::Io,
+            Error::LockTimeout { .. } => ErrorKind::LockTimeout,
+            Error::LiveLockBusy { .. } | Error::LockReplaced { .. } => ErrorKind::Retry,
+            Error::Corrupt { .. } => ErrorKind::Corrupt,
+            Error::Symlink { .. }
+            | Error::NotAFile { .. }
+            | Error::WorldWritable { .. }
+            | Error::NotADirectory { .. }
+            | Error::NetworkFilesystem { .. }
+            | Error::ForeignOwner { .. }
+            | Error::InvalidFileMode { .. } => ErrorKind::Setup,
+            Error::TokenExhausted { .. } => ErrorKind::Exhausted,
+            Error::ExpiryOutOfRange { .. }
+            | Error::InvalidInterval { .. }
+            | Error::InvalidInput(_) => ErrorKind::InvalidInput,
+            #[cfg(feature = "postgres")]
+            Error::Database { .. } => ErrorKind::Io,
+            #[cfg(feature = "postgres")]
+            Error::RowLockTimeout { .. } => ErrorKind::LockTimeout,
+            #[cfg(feature = "postgres")]
+            Error::CorruptRow { .. } | Error::SchemaVersion { .. } => ErrorKind::Corrupt,
+            #[cfg(feature = "postgres")]
+            Error::SharedLockSpace { .. }
+            | Error::UnfitServer { .. }
+            | Error::SessionNotKept { .. }
+            | Error::TlsSetup { .. }
+            | Error::AsyncContext => ErrorKind::Setup,
+            #[cfg(feature = "postgres")]
+            Error::CommitUnknown { .. } | Error::AdvisoryLockBusy { .. } => ErrorKind::Retry,
+        }
+    }
+}
+
+/// For code that speaks `std::io::Error`: the kind maps to the nearest
+/// [`io::ErrorKind`] ([`Error::Io`] keeps its own), and the message and the cause are kept
+/// (the `flocklease::Error` is the io::Error's inner error).
+impl From<Error> for io::Error {
+    fn from(e: Error) -> io::Error {
+        let kind = match (e.io_kind(), e.kind()) {
+            (Some(kind), _) => kind,
+            (None, ErrorKind::LockTimeout) => io::ErrorKind::TimedOut,
+            (None, ErrorKind::Corrupt) => io::ErrorKind::InvalidData,
+            (None, ErrorKind::InvalidInput) => io::ErrorKind::InvalidInput,
+            (None, _) => io::ErrorKind::Other,
+        };
+        io::Error::new(kind, e)
+    }
+}
+
 impl Error {
     /// The file or directory involved, if any.
     pub fn path(&self) -> Option<&Path> {
@@ -564,5 +659,37 @@ impl std::error::Error for Error {
 impl From<InvalidInput> for Error {
     fn from(e: InvalidInput) -> Error {
         Error::InvalidInput(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_carry_over_to_io_errors() {
+        let stuck = Error::LockTimeout {
+            path: "/d/x.lock".into(),
+            waited: Duration::from_secs(5),
+        };
+        assert_eq!(stuck.kind(), ErrorKind::LockTimeout);
+        let io: io::Error = stuck.into();
+        assert_eq!(io.kind(), io::ErrorKind::TimedOut);
+        assert!(io.to_string().contains("/d/x.lock"), "{io}");
+        assert!(io.get_ref().is_some_and(|e| e.is::<Error>()));
+        let failed = Error::io(
+            "read",
+            Path::new("/d/x.lease.json"),
+            io::Error::from(io::ErrorKind::PermissionDenied),
+        );
+        assert_eq!(failed.kind(), ErrorKind::Io);
+        assert_eq!(
+            io::Error::from(failed).kind(),
+            io::ErrorKind::PermissionDenied
+        );
+        let replaced = Error::LockReplaced {
+            path: "/d/x.lock".into(),
+        };
+        assert_eq!(replaced.kind(), ErrorKind::Retry);
     }
 }

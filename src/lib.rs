@@ -186,7 +186,7 @@ mod fault;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 #[doc(inline)]
-pub use error::Error;
+pub use error::{Error, ErrorKind};
 #[doc(inline)]
 pub use fence::{Admission, Fence};
 pub use flock::{AcquireWait, DEFAULT_LOCK_TIMEOUT, Durability, FlockLease, FlockLeaseBuilder};

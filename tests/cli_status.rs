@@ -366,3 +366,45 @@ fn wide_characters_keep_the_columns_aligned() {
         "{text}"
     );
 }
+
+/// `status` reads `FLOCKLEASE_DIR` as `run` does (it used to ignore it and exit 64), and
+/// `--dir` still wins over it.
+#[test]
+fn status_finds_the_directory_in_flocklease_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let other = tempfile::tempdir().unwrap();
+    let leases = FlockLease::open(dir.path()).unwrap();
+    let id = SessionId::new("nightly").unwrap();
+    let _held = leases
+        .acquire(&id, &Owner::new("me").unwrap())
+        .unwrap()
+        .lease()
+        .unwrap();
+    let status_with = |args: &[&str]| {
+        let child = Command::new(BIN)
+            .args(["status", "--id", "nightly"])
+            .args(args)
+            .env("FLOCKLEASE_DIR", dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        output_of(child)
+    };
+    let from_env = status_with(&[]);
+    assert_eq!(
+        from_env.status.code(),
+        Some(0),
+        "held: {}",
+        describe(&from_env)
+    );
+    assert!(String::from_utf8_lossy(&from_env.stdout).contains("live"));
+    let elsewhere = status_with(&["--dir", other.path().to_str().unwrap()]);
+    assert_eq!(
+        elsewhere.status.code(),
+        Some(1),
+        "free: {}",
+        describe(&elsewhere)
+    );
+}
