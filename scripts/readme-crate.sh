@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds every ```rust block of README.md as a program of a fresh crate that depends on
-# flocklease alone (no dev-dependencies, unlike doctests), so the README's examples compile
+# flocklease alone (and tokio for the async example; no dev-dependencies, unlike doctests), so the README's examples compile
 # when a newcomer pastes them. Run from anywhere; uses the registry cache (--offline).
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
@@ -16,6 +16,8 @@ publish = false
 
 [dependencies]
 flocklease = { path = "$repo" }
+# The async example runs on tokio, as its text says a user's would.
+tokio = { version = "1.38", features = ["rt", "macros", "time"] }
 
 [features]
 # The README's PostgreSQL examples are written for a crate with this feature.
