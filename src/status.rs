@@ -67,8 +67,10 @@ pub struct SessionStatus {
     /// `released`, `corrupt` (the record does not decode), `unreadable` (the record or the
     /// transition lock is no regular file, a symbolic link, another user's file in a shared
     /// directory, or cannot be opened or read: every call on the id fails with the error
-    /// shown) or `exhausted` (a takeover is due, but the token is `u64::MAX`: tokens never
-    /// wrap, so every acquire fails).
+    /// shown), `exhausted` (a takeover is due, but the token is `u64::MAX`: tokens never
+    /// wrap, so every acquire fails) or `blocked` (a takeover is due, but a directory or
+    /// another user's file stands at the next generation's liveness file, so every acquire
+    /// fails until it is removed).
     pub state: &'static str,
     /// Whether an acquire by another owner would be granted now (the machine's answer).
     pub acquirable: bool,
@@ -85,10 +87,14 @@ impl SessionStatus {
         !self.acquirable && !self.is_broken()
     }
 
-    /// Whether the record is `corrupt`, `unreadable` or `exhausted`: every acquire of this id
+    /// Whether the record is `corrupt`, `unreadable`, `exhausted` or `blocked`: every acquire
+    /// of this id
     /// fails until an operator repairs it.
     pub fn is_broken(&self) -> bool {
-        matches!(self.state, "corrupt" | "unreadable" | "exhausted")
+        matches!(
+            self.state,
+            "corrupt" | "unreadable" | "exhausted" | "blocked"
+        )
     }
 }
 
@@ -294,6 +300,11 @@ fn status_of(
         // The expiry out of range: only at the very end of time.
         Err(_) => (false, state, None),
     };
+    // Free by the machine, but the takeover's new liveness file cannot be published.
+    let (acquirable, state, error) = match next_blocked(dir, stem, rec.token) {
+        Some(why) if acquirable => (false, "blocked", Some(why)),
+        _ => (acquirable, state, error),
+    };
     Some(SessionStatus {
         stem: stem.to_owned(),
         id,
@@ -304,6 +315,33 @@ fn status_of(
         acquirable,
         error,
     })
+}
+
+/// Why the next generation's liveness file (`<stem>.<token + 1>.live`) cannot be published, if
+/// it cannot: a directory stands there (a rename does not replace one), or, in a shared (sticky)
+/// directory, another user's file (refused as possibly planted, and not ours to replace).
+fn next_blocked(dir: &Path, stem: &str, token: u64) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let next = token.checked_add(1)?;
+    let path = dir.join(format!("{stem}.{next}.live"));
+    let meta = fs::symlink_metadata(&path).ok()?;
+    if meta.is_dir() {
+        return Some(format!(
+            "a directory stands at {}, the next generation's liveness file: every acquire \
+             fails until it is removed",
+            path.display()
+        ));
+    }
+    let shared = fs::metadata(dir).is_ok_and(|d| d.mode() & 0o1002 == 0o1002);
+    if shared && meta.uid() != nix::unistd::geteuid().as_raw() {
+        return Some(format!(
+            "{} (the next generation's liveness file) belongs to uid {} in a shared directory: \
+             every acquire fails until it is removed",
+            path.display(),
+            meta.uid()
+        ));
+    }
+    None
 }
 
 /// Probes a generation's liveness file as the library does ([`live::identify`], then a

@@ -228,3 +228,39 @@ fn a_missing_parent_is_an_error_for_the_library_and_run_alike() {
     let mode = std::fs::metadata(&leases).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o700);
 }
+
+/// Issue 33.6: a directory at the *next* generation's liveness name makes every acquire fail,
+/// and `status` said "free" (released, free to acquire). It says `blocked` now, naming the
+/// file, and `flocklease status --id` exits 70 with that message, as for any broken id.
+#[test]
+fn a_directory_at_the_next_generations_name_is_reported_blocked() {
+    let dir = tempfile::tempdir().unwrap();
+    let leases = FlockLease::open(dir.path()).unwrap();
+    let id = SessionId::new("nightly").unwrap();
+    let me = Owner::new("me").unwrap();
+    let lease = leases.acquire(&id, &me).unwrap().lease().unwrap();
+    leases.release(&lease).unwrap();
+    let next = dir.path().join(format!("{}.2.live", id.stem()));
+    std::fs::create_dir(&next).unwrap();
+    // The truth status must tell: no acquire can succeed.
+    assert!(
+        FlockLease::open(dir.path())
+            .unwrap()
+            .acquire(&id, &me)
+            .is_err()
+    );
+    let row = flocklease::status::session(dir.path(), &id, flocklease::Timestamp::now())
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.state, "blocked", "{row:?}");
+    assert!(!row.acquirable && row.is_broken(), "{row:?}");
+    assert!(
+        row.error.as_deref().is_some_and(|e| e.contains(".2.live")),
+        "{row:?}"
+    );
+    let out = cli(&["status", "--id", "nightly"], dir.path(), &[]);
+    assert_eq!(out.status.code(), Some(70), "{}", describe(&out));
+    // Removed, the id is free again.
+    std::fs::remove_dir(&next).unwrap();
+    assert!(leases.acquire(&id, &me).unwrap().lease().is_some());
+}
