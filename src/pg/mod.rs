@@ -165,11 +165,14 @@ use conn::{Configs, Conn, HolderWait, OpenSessions, lock};
 use fault::Faults;
 #[cfg(feature = "fault-injection")]
 pub use fault::PgFaultHook;
+// Test seams: public for the fault-injection hook's signature, not shown on the docs.
+#[doc(hidden)]
 pub use fault::{PgFault, PgStep};
 pub use fenced::PgFenced;
-/// The TLS library behind [`PgTls`] (for [`PgTls::from_rustls`]).
+/// The TLS configuration [`PgTls::from_rustls`] takes: `rustls::ClientConfig` of the rustls
+/// version this crate is built with (depend on the same `rustls` to build one).
 #[cfg(feature = "postgres-tls")]
-pub use rustls;
+pub type RustlsClientConfig = rustls::ClientConfig;
 pub use sessions::PgSession;
 use sqltime::truncate_to_micros;
 #[cfg(feature = "postgres-tls")]
