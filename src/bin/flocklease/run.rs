@@ -61,7 +61,8 @@ pub struct RunArgs {
     dir: Option<PathBuf>,
     /// In a directory shared with other users (sticky and world-writable, such as /run/lock
     /// itself): accept lease files that belong to another user (by default they are refused,
-    /// since anyone could have planted them).
+    /// since anyone could have planted them). Only a file's owner or root may replace it
+    /// there: for root and users together, use a group directory and --file-mode 660.
     #[arg(long, conflicts_with = "pg")]
     trust_foreign_owners: bool,
     /// The mode of lease files, in octal: 660 for a directory shared by a group (make it
