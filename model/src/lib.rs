@@ -375,6 +375,10 @@ impl LeaseModel {
                 (t.lock, "deleting or replacing <stem>.lock"),
                 (t.record, "replacing the record"),
                 (t.temp, "deleting a temporary record"),
+                (
+                    t.moves,
+                    "moving the liveness file or the lock aside and putting it back",
+                ),
             ]
             .iter()
             .filter(|(on, _)| *on)

@@ -244,6 +244,12 @@ pub fn describe(m: &LeaseModel) -> String {
         if t.lock {
             what.push("delete or replace <stem>.lock");
         }
+        if t.moves {
+            what.push(
+                "move the recorded liveness file or <stem>.lock aside (a rename, or a hard link \
+                 and an unlink) and put it back later",
+            );
+        }
         if t.record {
             what.push("replace the record");
         }
