@@ -147,8 +147,9 @@ fn check(plant: Plant, which: Which) {
     );
     let out = cli(&["status"], dir, &[]);
     let table = String::from_utf8_lossy(&out.stdout);
+    // The row says it is broken; the error itself follows the table, whole.
     assert!(
-        table.contains(&format!("unreadable ({text})")),
+        table.contains("unreadable (see below)") && table.contains(&format!(": {text}")),
         "{plant:?} {which:?}: the table does not show the error:\n{table}"
     );
     assert!(!table.contains("free to acquire"), "{table}");
