@@ -589,10 +589,14 @@ impl Fence {
     /// meanwhile: the lock was deleted while this call held it, and another call took a new
     /// one. The write must not land then.
     fn still_admits(&self, token: u64, lock: &Locked) -> Result<Result<(), u64>, Error> {
+        // The lock first, the fence file last (as in `store`): a greater admission recorded
+        // after the lock check is then seen, unless the lock was removed after that check,
+        // which is the POSIX window.
+        let here = self.still_at(lock)?;
         if let FenceStep::Refuse { highest } = machine::fence_step(self.highest()?, token) {
             return Ok(Err(highest));
         }
-        if !self.still_at(lock)? {
+        if !here {
             return Err(Error::LockReplaced {
                 path: self.lock_path.clone(),
             });
@@ -629,18 +633,21 @@ impl Fence {
             .and_then(|()| file.sync_data().map_err(|e| Error::io("fsync", &tmp, e)))
             .and_then(|()| {
                 // Recorded only under the lock everyone else takes, and only over the value
-                // decided on: both checked again here, one system call before the rename.
+                // decided on: both checked again here, the lock first and the fence file
+                // last, one system call before the rename. (In the other order, the lock
+                // moved aside, another call's whole store on a new lock, and the lock put
+                // back could all fall between the two checks.)
+                let here = self.still_at(lock)?;
                 let now = self.highest()?;
                 if now != read {
                     return Ok(Err(now));
                 }
-                if self.still_at(lock)? {
-                    Ok(Ok(()))
-                } else {
-                    Err(Error::LockReplaced {
+                if !here {
+                    return Err(Error::LockReplaced {
                         path: self.lock_path.clone(),
-                    })
+                    });
                 }
+                Ok(Ok(()))
             })
             .and_then(|may| match may {
                 Ok(()) => fs::rename(&tmp, &self.path)

@@ -309,4 +309,23 @@ fn an_empty_id_is_bad_usage_and_flocklease_dir_is_the_default_directory() {
     assert_eq!(out(&default).trim(), expected.to_str().unwrap());
     assert_eq!(code(&status), 1, "released: free; {status:?}");
     assert!(out(&status).contains("released"), "{status:?}");
+    // Root's default lies in /run/lock, where every user may create names: a directory
+    // another user made there first is refused, never trusted.
+    if nix::unistd::geteuid().is_root() && !expected.exists() {
+        std::fs::create_dir(&expected).unwrap();
+        std::os::unix::fs::chown(&expected, Some(65534), None).unwrap();
+        let squatted = Command::new(BIN)
+            .args(["run", "--id", &id, "--", "true"])
+            .env_remove("FLOCKLEASE_DIR")
+            .output()
+            .unwrap();
+        // (Had it run, it would have left this id's files there.)
+        for entry in std::fs::read_dir(&expected).into_iter().flatten().flatten() {
+            let _ = std::fs::remove_file(entry.path());
+        }
+        let _ = std::fs::remove_dir(&expected);
+        assert_eq!(code(&squatted), 70, "{squatted:?}");
+        let err = String::from_utf8_lossy(&squatted.stderr);
+        assert!(err.contains("owned by uid 65534"), "{err}");
+    }
 }

@@ -67,7 +67,9 @@ options (applied in order, on top of the named configuration):
                      the whole 50 ms); for a resource's fence: fence-admits-lower,
                      fence-no-recheck (write_file renames its target without checking its
                      admission again), fence-store-checks-lock-only (recording a token checks
-                     the lock's identity, not that the fence file is as read)
+                     the lock's identity, not that the fence file is as read),
+                     fence-checked-first (the two checks before a rename in the other order:
+                     the fence file, then the lock)
   --no-sync          model Durability::NoSync (shows why fsync is needed)
   --counterexamples N  print the shortest counterexample of at most N violated properties
                      (default: all)
@@ -210,6 +212,12 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
                     resource_model
                         .get_or_insert_with(ResourceModel::default)
                         .planted = Some(ResourcePlanted::NoRecheck);
+                    named = true;
+                }
+                "fence-checked-first" => {
+                    resource_model
+                        .get_or_insert_with(ResourceModel::default)
+                        .planted = Some(ResourcePlanted::FenceCheckedFirst);
                     named = true;
                 }
                 "fence-store-checks-lock-only" => {

@@ -4,7 +4,7 @@
 //!
 //! | actor | steps (one system call each) |
 //! | --- | --- |
-//! | `write_file(token)` | open (creating) `<fence>.lock` · `flock` it (waits while another holds that file) · check it is the file at the path (else unlock and start again) · read the fence file, decide by [`machine::fence_step`] (refused: unlock) · to record a greater token: check the lock is still the file at the path and the fence file still holds what was read, then rename the new fence file into place · check again that the token is still admitted (the fence file re-read, the same rule) and the lock still the file at the path, then rename the target into place · unlock |
+//! | `write_file(token)` | open (creating) `<fence>.lock` · `flock` it (waits while another holds that file) · check it is the file at the path (else unlock and start again) · read the fence file, decide by [`machine::fence_step`] (refused: unlock) · to record a greater token: check the lock is still the file at the path · check the fence file still holds what was read · rename the new fence file into place · before the target's rename: check the lock again · check the token is still admitted (the fence file re-read, the same rule) · rename the target into place · unlock |
 //! | `with(token, f)` | the same up to the admission · `f`'s write lands · unlock |
 //! | cleaner | delete `<fence>.lock`, or move it aside (a rename, or a hard link and an unlink) and later put it back at its name: the same inode |
 //!
@@ -40,6 +40,10 @@ pub enum ResourcePlanted {
     /// Recording a token checks only the lock's identity, not that the fence file still
     /// holds what was read (the fence before this round).
     StoreChecksLockOnly,
+    /// The two checks before a rename in the other order: the fence file, then the lock (the
+    /// first fix of this round: the lock moved aside, another call's whole store, and the
+    /// lock put back could fall between them).
+    FenceCheckedFirst,
 }
 
 /// The configuration.
@@ -74,14 +78,18 @@ pub enum Pc {
     StillAt,
     /// Reads the fence file and decides.
     Read,
-    /// Checks before recording its token.
-    StoreCheck,
+    /// Before recording its token: checks its lock is the file at the path.
+    StoreLock,
+    /// Before recording its token: checks the fence file still holds what it read.
+    StoreFence,
     /// Renames the new fence file into place.
     StoreRename,
     /// `with`: the closure's write.
     Write,
-    /// `write_file`: checks again before the target's rename.
-    Recheck,
+    /// `write_file`, before the target's rename: checks its lock is the file at the path.
+    RecheckLock,
+    /// `write_file`, before the target's rename: checks its token is still admitted.
+    RecheckFence,
     /// `write_file`: renames the target into place.
     Rename,
     /// Unlocks.
@@ -170,12 +178,22 @@ impl ResourceModel {
         machine::fence_step(read, token)
     }
 
-    /// Whether a writer at `pc` is in a window where its lock may vanish unseen: past its
-    /// last check and before its rename, or for `with`, from its last check through the
-    /// closure's write (the closure cannot be checked again).
+    /// The window PROTOCOL §9.4 leaves, as a writer at `pc` stands in it: for `write_file`,
+    /// between the check of its lock and the rename it guards (the fence file's read between
+    /// them: the store's, then the target's); for `with`, from its last check of the lock
+    /// through the closure's write. A lock removed there goes unseen; anywhere else a check
+    /// must see it. (A later check of the lock that passes clears the mark.)
     fn in_window(pc: Pc, how: How) -> bool {
-        matches!(pc, Pc::StoreRename | Pc::Rename | Pc::Write)
-            || (how == How::With && pc == Pc::Read)
+        match how {
+            How::WriteFile => matches!(
+                pc,
+                Pc::StoreFence | Pc::StoreRename | Pc::RecheckFence | Pc::Rename
+            ),
+            How::With => matches!(
+                pc,
+                Pc::Read | Pc::StoreLock | Pc::StoreFence | Pc::StoreRename | Pc::Write
+            ),
+        }
     }
 
     fn lock_removed(&self, s: &mut ResourceState) {
@@ -187,10 +205,38 @@ impl ResourceModel {
     }
 
     /// After the decision: what a writer admitted does next.
-    fn after_admission(how: How) -> Pc {
+    fn after_admission(&self, how: How) -> Pc {
         match how {
-            How::WriteFile => Pc::Recheck,
+            How::WriteFile if self.planted == Some(ResourcePlanted::NoRecheck) => Pc::Rename,
+            How::WriteFile => self.first_check(Pc::RecheckLock),
             How::With => Pc::Write,
+        }
+    }
+
+    /// The first of the two checks before a rename (`lock_check`: that of the store, or of
+    /// the target's rename), in the adapter's order: the lock, then the fence file.
+    fn first_check(&self, lock_check: Pc) -> Pc {
+        match (
+            lock_check,
+            self.planted == Some(ResourcePlanted::FenceCheckedFirst),
+        ) {
+            (Pc::StoreLock, true) => Pc::StoreFence,
+            (Pc::RecheckLock, true) => Pc::RecheckFence,
+            (pc, _) => pc,
+        }
+    }
+
+    /// What follows a check that passed.
+    fn after_check(&self, pc: Pc) -> Pc {
+        let fence_first = self.planted == Some(ResourcePlanted::FenceCheckedFirst);
+        match (pc, fence_first) {
+            (Pc::StoreLock, false) => Pc::StoreFence,
+            (Pc::StoreFence, false) | (Pc::StoreLock, true) => Pc::StoreRename,
+            (Pc::StoreFence, true) => Pc::StoreLock,
+            (Pc::RecheckLock, false) => Pc::RecheckFence,
+            (Pc::RecheckFence, false) | (Pc::RecheckLock, true) => Pc::Rename,
+            (Pc::RecheckFence, true) => Pc::RecheckLock,
+            (other, _) => other,
         }
     }
 
@@ -224,16 +270,21 @@ impl ResourceModel {
                 w.read = s.fence;
                 w.pc = match self.decide(s.fence, token) {
                     FenceStep::Refuse { .. } => Pc::Unlock,
-                    FenceStep::Admit { record: Some(_) } => Pc::StoreCheck,
-                    FenceStep::Admit { record: None } => Self::after_admission(how),
+                    FenceStep::Admit { record: Some(_) } => self.first_check(Pc::StoreLock),
+                    FenceStep::Admit { record: None } => self.after_admission(how),
                 };
             }
-            Pc::StoreCheck => {
-                let fence_as_read =
-                    self.planted == Some(ResourcePlanted::StoreChecksLockOnly) || s.fence == w.read;
-                if s.lock_at == w.lock && fence_as_read {
+            Pc::StoreLock | Pc::RecheckLock => {
+                if s.lock_at == w.lock {
                     w.exposed = false;
-                    w.pc = Pc::StoreRename;
+                    w.pc = self.after_check(w.pc);
+                } else {
+                    w.pc = Pc::Unlock;
+                }
+            }
+            Pc::StoreFence => {
+                if self.planted == Some(ResourcePlanted::StoreChecksLockOnly) || s.fence == w.read {
+                    w.pc = self.after_check(w.pc);
                 } else {
                     w.pc = Pc::Unlock;
                 }
@@ -245,19 +296,18 @@ impl ResourceModel {
                 }
                 s.fence = Some(token);
                 s.max_admitted = s.max_admitted.max(Some(token));
-                w.pc = Self::after_admission(how);
+                if how == How::WriteFile {
+                    // The target's rename has a window of its own, after its own checks.
+                    w.exposed = false;
+                }
+                w.pc = self.after_admission(how);
             }
-            Pc::Recheck => {
-                if self.planted == Some(ResourcePlanted::NoRecheck) {
-                    w.pc = Pc::Rename;
-                } else if let FenceStep::Refuse { .. } = machine::fence_step(s.fence, token) {
+            Pc::RecheckFence => {
+                if let FenceStep::Refuse { .. } = machine::fence_step(s.fence, token) {
                     s.refused_at_recheck = true;
                     w.pc = Pc::Unlock;
-                } else if s.lock_at != w.lock {
-                    w.pc = Pc::Unlock;
                 } else {
-                    w.exposed = false;
-                    w.pc = Pc::Rename;
+                    w.pc = self.after_check(w.pc);
                 }
             }
             Pc::Rename | Pc::Write => {
@@ -468,7 +518,7 @@ mod tests {
     fn the_default_configuration_holds() {
         let checker = ResourceModel::default().checker();
         // Pinned: a change to the actors or the rule that moves it must say why.
-        assert_eq!(checker.unique_state_count(), 34_336);
+        assert_eq!(checker.unique_state_count(), 40_345);
         assert!(checker.discovery(NEVER_BACK).is_none());
         assert!(checker.discovery(NO_STALE_WRITE).is_none());
         assert!(checker.discovery(REFUSED_AT_RECHECK).is_some());
@@ -480,6 +530,7 @@ mod tests {
             ResourcePlanted::AdmitsLower,
             ResourcePlanted::NoRecheck,
             ResourcePlanted::StoreChecksLockOnly,
+            ResourcePlanted::FenceCheckedFirst,
         ] {
             let model = ResourceModel {
                 planted: Some(planted),

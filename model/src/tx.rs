@@ -585,16 +585,21 @@ impl Transaction for ModelTx<'_> {
         crate::record_changed(self.state);
         // The record names this process's file of its generation now (a restored one's fresh
         // tag included).
+        let mut restored_named = false;
         if self.state.record_tag == Some(self.p)
             && let Some(t) = self.state.record.as_ref().map(|r| r.token)
             && let Some(f) = self.state.live.get_mut(&t)
             && f.what == What::Own(self.p)
         {
+            restored_named = f.restored;
             f.restored = false;
         }
-        // A file of the same generation moved aside carries a tag this record no longer
-        // names; the holder closes it now if it kept it (the file the record named before).
-        if self.state.record_tag == Some(self.p)
+        // When the record names a restored file: a file of the same generation moved aside
+        // carries a tag this record no longer names; the holder closes it now if it kept it
+        // (the file the record named before). Without a restore, the file aside is still the
+        // one the record names, kept locked.
+        if restored_named
+            && self.state.record_tag == Some(self.p)
             && let Some(t) = self.state.record.as_ref().map(|r| r.token)
             && let Some((at, f)) = self.state.aside_live.as_mut()
             && *at == t

@@ -6,15 +6,72 @@ use std::path::{Path, PathBuf};
 /// The default for root: `/run/lock` is a tmpfs every init system provides, for lock files.
 pub const ROOT_DEFAULT: &str = "/run/lock/flocklease";
 
-/// The lease directory: `given`, else `$FLOCKLEASE_DIR`, else the default ([`default_dir`]).
-pub fn lease_dir(given: Option<&Path>) -> Result<PathBuf, String> {
+/// Why there is no lease directory to use.
+pub enum NoDir {
+    /// None given and no default for this user: bad usage (64).
+    Usage(String),
+    /// The default exists but is not this user's own (another user may have created it in
+    /// the shared `/run/lock` first): an error (70).
+    Unsafe(String),
+}
+
+impl NoDir {
+    /// The exit status and the message.
+    pub fn report(self) -> u8 {
+        let (code, msg) = match self {
+            NoDir::Usage(msg) => (crate::EXIT_USAGE, msg),
+            NoDir::Unsafe(msg) => (crate::EXIT_ERROR, msg),
+        };
+        eprintln!("flocklease: {msg}");
+        code
+    }
+}
+
+/// The lease directory: `given`, else `$FLOCKLEASE_DIR`, else the default ([`default_dir`]),
+/// created if missing and refused unless it is a directory of this user's own.
+pub fn lease_dir(given: Option<&Path>) -> Result<PathBuf, NoDir> {
     if let Some(dir) = given {
         return Ok(dir.to_owned());
     }
     if let Some(dir) = std::env::var_os("FLOCKLEASE_DIR").filter(|d| !d.is_empty()) {
         return Ok(PathBuf::from(dir));
     }
-    default_dir()
+    let dir = default_dir().map_err(NoDir::Usage)?;
+    own_dir(&dir).map_err(NoDir::Unsafe)?;
+    Ok(dir)
+}
+
+/// Makes sure the default directory `dir` is this user's own: created here (mode 0700) if
+/// missing, else a directory, not a symbolic link, owned by this user. `/run/lock` is writable
+/// by every user: one could create `/run/lock/flocklease` (or a link by that name) before root
+/// and own every lease file in it.
+fn own_dir(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => return Ok(()),
+        // A missing parent: the library's error names it.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(format!("cannot create {}: {e}", dir.display())),
+    }
+    let meta = std::fs::symlink_metadata(dir)
+        .map_err(|e| format!("cannot inspect {}: {e}", dir.display()))?;
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.file_type().is_symlink() || !meta.is_dir() || meta.uid() != me {
+        return Err(format!(
+            "refusing the default lease directory {}: it is {}, not a directory of this user's \
+             (uid {me}); another user may have created it first. Remove it, or pass --dir",
+            dir.display(),
+            if meta.file_type().is_symlink() {
+                "a symbolic link".to_owned()
+            } else if !meta.is_dir() {
+                "not a directory".to_owned()
+            } else {
+                format!("owned by uid {}", meta.uid())
+            }
+        ));
+    }
+    Ok(())
 }
 
 /// The default lease directory: `/run/lock/flocklease` for root; `$XDG_RUNTIME_DIR/flocklease`

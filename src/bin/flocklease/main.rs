@@ -191,7 +191,9 @@ fn print_all(bytes: &[u8]) -> u8 {
 /// splits into a lease directory and an id, instead of clap's bare "unrecognized subcommand".
 fn flock_form(args: &[std::ffi::OsString]) -> Option<String> {
     let first = args.get(1)?.to_str()?;
-    if first.starts_with('-') {
+    // A path, as flock's lock file always is here; a bare word is left to clap (a mistyped
+    // command gets its "did you mean").
+    if first.starts_with('-') || !first.contains('/') {
         return None;
     }
     let cli = Cli::command();

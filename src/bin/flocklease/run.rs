@@ -220,10 +220,7 @@ pub fn main(mut args: RunArgs) -> u8 {
     if args.pg.is_none() {
         match crate::dirs::lease_dir(args.dir.as_deref()) {
             Ok(dir) => args.dir = Some(dir),
-            Err(msg) => {
-                eprintln!("flocklease: {msg}");
-                return crate::EXIT_USAGE;
-            }
+            Err(no) => return no.report(),
         }
     }
     match run(args) {

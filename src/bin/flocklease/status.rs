@@ -55,7 +55,10 @@ fn status(a: &StatusArgs) -> Result<u8, String> {
     if let Some(url) = &a.pg {
         return status_pg(a, url);
     }
-    let dir = &crate::dirs::lease_dir(a.dir.as_deref())?;
+    let dir = &match crate::dirs::lease_dir(a.dir.as_deref()) {
+        Ok(dir) => dir,
+        Err(no) => return Ok(no.report()),
+    };
     let now = SystemClock.now();
     let Some(id) = &a.id else {
         // The whole directory, streamed: memory stays flat however many ids it holds.
