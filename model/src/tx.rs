@@ -403,7 +403,7 @@ impl Transaction for ModelTx<'_> {
             // The generation's own file, as the machine judges it: with a tag, the one
             // carrying the tag the record names (a restored file carries a fresh tag until its
             // renew commits); without, any regular file.
-            Some(f) if own(tag, &f) => {
+            Some(f) if own(tag, &f, self.planted == Some(Planted::RestoreKeepsTag)) => {
                 if f.holder.is_some() {
                     Liveness::Live
                 } else {
@@ -503,7 +503,7 @@ impl Transaction for ModelTx<'_> {
         // Published with a fresh tag, which the renew's record names once committed.
         self.publish(token)?;
         if let Some(f) = self.state.live.get_mut(&token) {
-            f.restored = self.planted != Some(Planted::RestoreKeepsTag);
+            f.restored = true;
         }
         Ok(())
     }
@@ -689,7 +689,9 @@ fn tag_bytes(p: usize, fresh: bool) -> [u8; 2] {
 
 /// Whether `f`, at a generation's liveness name, is the generation's own file when the record
 /// names `tag`: the machine's judgement ([`machine::own_liveness`]), as the adapter asks it.
-fn own(tag: Option<usize>, f: &LiveFile) -> bool {
+/// `tag_reused`: the planted restore that publishes with the record's tag
+/// ([`Planted::RestoreKeepsTag`]).
+fn own(tag: Option<usize>, f: &LiveFile, tag_reused: bool) -> bool {
     let expected = tag.map(|q| tag_bytes(q, false));
     let carried;
     let found = match f.what {
@@ -697,7 +699,7 @@ fn own(tag: Option<usize>, f: &LiveFile) -> bool {
             carried = if f.old {
                 [b'o', q as u8]
             } else {
-                tag_bytes(q, f.restored)
+                tag_bytes(q, f.restored && !tag_reused)
             };
             AtName::File { first: &carried }
         }
