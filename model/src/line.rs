@@ -406,11 +406,9 @@ impl fmt::Display for LineState {
     }
 }
 
-/// Checks `model`, printing the state count, each property's verdict and, for a violation, the
-/// shortest counterexample step by step. Returns whether everything held.
+/// Checks `model` ([`crate::report::check_small`]). Returns whether everything held.
 pub fn check(model: LineModel, out: &mut impl std::io::Write) -> std::io::Result<bool> {
-    writeln!(
-        out,
+    let header = format!(
         "the line of waiting acquires (PROTOCOL §4.6): {} waiters, up to {} stopped, a stray lock of any span, a holder; a tick is 10 ms, clock to {}{}",
         model.waiters,
         model.stops,
@@ -418,46 +416,14 @@ pub fn check(model: LineModel, out: &mut impl std::io::Write) -> std::io::Result
         model
             .planted
             .map_or(String::new(), |p| format!("; planted {p:?}"))
-    )?;
-    let start = std::time::Instant::now();
-    let checker = model.clone().checker();
-    writeln!(
+    );
+    crate::report::check_small(
+        model,
+        &header,
+        "the lease has been free longer than the bound while a running waiter with nobody \
+         running ahead of it waits",
         out,
-        "explored {} unique states ({} generated, max depth {}) in {:.1?}",
-        checker.unique_state_count(),
-        checker.state_count(),
-        checker.max_depth(),
-        start.elapsed()
-    )?;
-    let mut ok = true;
-    for p in model.properties() {
-        let found = checker.discovery(p.name).is_some();
-        let always = matches!(p.expectation, stateright::Expectation::Always);
-        let (word, good) = match (always, found) {
-            (true, false) => ("holds", true),
-            (true, true) => ("VIOLATED", false),
-            (false, true) => ("witnessed", true),
-            (false, false) => ("NEVER WITNESSED", false),
-        };
-        let kind = if always { "always" } else { "sometimes" };
-        writeln!(out, "  {kind:9} {:76} {word}", p.name)?;
-        ok &= good;
-        if always && let Some(path) = checker.discovery(p.name) {
-            writeln!(out, "\nshortest counterexample for \"{}\":", p.name)?;
-            let states = path.clone().into_states();
-            let actions = path.into_actions();
-            writeln!(out, "   start: {}", states[0])?;
-            for (i, (a, s)) in actions.iter().zip(states.iter().skip(1)).enumerate() {
-                writeln!(out, "  {:>2}. {a:?}: {s}", i + 1)?;
-            }
-            writeln!(
-                out,
-                "  the last state breaks it: the lease has been free longer than the bound while \
-                 a running waiter with nobody running ahead of it waits"
-            )?;
-        }
-    }
-    Ok(ok)
+    )
 }
 
 #[cfg(test)]

@@ -454,8 +454,7 @@ impl fmt::Display for ResourceState {
     }
 }
 
-/// Checks `model`, printing the state count, each property's verdict and, for a violation, the
-/// shortest counterexample step by step. Returns whether everything held.
+/// Checks `model` ([`crate::report::check_small`]). Returns whether everything held.
 pub fn check(model: ResourceModel, out: &mut impl std::io::Write) -> std::io::Result<bool> {
     let writers: Vec<String> = model
         .writers
@@ -465,49 +464,15 @@ pub fn check(model: ResourceModel, out: &mut impl std::io::Write) -> std::io::Re
             How::With => format!("with({t})"),
         })
         .collect();
-    writeln!(
-        out,
+    let header = format!(
         "a resource's fence (PROTOCOL §9.4): {}, a cleaner acting {} time(s) on its lock (delete, or move aside and back){}",
         writers.join(", "),
         model.cleaner,
         model
             .planted
             .map_or(String::new(), |p| format!("; planted {p:?}"))
-    )?;
-    let start = std::time::Instant::now();
-    let checker = model.clone().checker();
-    writeln!(
-        out,
-        "explored {} unique states ({} generated, max depth {}) in {:.1?}",
-        checker.unique_state_count(),
-        checker.state_count(),
-        checker.max_depth(),
-        start.elapsed()
-    )?;
-    let mut ok = true;
-    for p in model.properties() {
-        let found = checker.discovery(p.name).is_some();
-        let always = matches!(p.expectation, stateright::Expectation::Always);
-        let (word, good) = match (always, found) {
-            (true, false) => ("holds", true),
-            (true, true) => ("VIOLATED", false),
-            (false, true) => ("witnessed", true),
-            (false, false) => ("NEVER WITNESSED", false),
-        };
-        let kind = if always { "always" } else { "sometimes" };
-        writeln!(out, "  {kind:9} {:76} {word}", p.name)?;
-        ok &= good;
-        if always && let Some(path) = checker.discovery(p.name) {
-            writeln!(out, "\nshortest counterexample for \"{}\":", p.name)?;
-            let states = path.clone().into_states();
-            let actions = path.into_actions();
-            writeln!(out, "   start: {}", states[0])?;
-            for (i, (a, s)) in actions.iter().zip(states.iter().skip(1)).enumerate() {
-                writeln!(out, "  {:>2}. {a:?}: {s}", i + 1)?;
-            }
-        }
-    }
-    Ok(ok)
+    );
+    crate::report::check_small(model, &header, "", out)
 }
 
 #[cfg(test)]
