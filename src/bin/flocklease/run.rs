@@ -162,10 +162,19 @@ fn nonempty_id(s: &str) -> Result<String, String> {
 
 /// `--file-mode`: octal permission bits.
 fn octal_mode(s: &str) -> Result<u32, String> {
-    match u32::from_str_radix(s.trim_start_matches("0o"), 8) {
-        Ok(mode) if mode <= 0o777 => Ok(mode),
+    let digits = s.trim_start_matches("0o");
+    match u32::from_str_radix(digits, 8) {
+        // The owner must be able to read and write its own lease files.
+        Ok(mode)
+            if digits.bytes().all(|b| b.is_ascii_digit())
+                && mode <= 0o777
+                && mode & 0o600 == 0o600 =>
+        {
+            Ok(mode)
+        }
         _ => Err(format!(
-            "{s:?} is not an octal file mode such as 600 or 660"
+            "{s:?} is not an octal file mode with read and write for the owner, such as 600, \
+             640 or 660"
         )),
     }
 }
