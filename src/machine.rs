@@ -505,6 +505,48 @@ pub fn own_liveness(tag: Option<&[u8]>, found: AtName<'_>) -> Result<(), NotOwn>
     }
 }
 
+/// Why a transition may not make its commit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CommitRefused {
+    /// The transition lock this transition holds is no longer the file at the lock's path
+    /// (deleted, replaced, or moved aside while another transition took a new one).
+    Lock,
+    /// The record at its path is no longer the one this transition read (or its absence):
+    /// another transition committed beside this one, whatever became of the lock since.
+    Record,
+}
+
+/// The commit check, one system call before the commit: a transition commits only while the
+/// lock it holds (`held`) is the one at the lock's path (`lock_at`, `None` when the path is
+/// empty), and while the record at its path (`record_at`) is the one it read (`read`; `None`
+/// when it read none, so nothing to compare; `Some(None)` when the record was absent). The
+/// lock is judged first: its answer is the one a caller reports. Identities are whatever the
+/// backend compares (a device and inode for flock).
+///
+/// ```
+/// use flocklease::machine::{commit_check, CommitRefused};
+///
+/// assert_eq!(commit_check(&1, Some(&1), Some(Some(&7)), Some(&7)), Ok(()));
+/// assert_eq!(commit_check(&1, None, Some(Some(&7)), Some(&7)), Err(CommitRefused::Lock));
+/// // The lock put back after another transition's whole commit: the record tells.
+/// assert_eq!(commit_check(&1, Some(&1), Some(Some(&7)), Some(&8)), Err(CommitRefused::Record));
+/// assert_eq!(commit_check(&1, Some(&1), Some(None), Some(&8)), Err(CommitRefused::Record));
+/// ```
+pub fn commit_check<L: PartialEq, R: PartialEq>(
+    held: &L,
+    lock_at: Option<&L>,
+    read: Option<Option<&R>>,
+    record_at: Option<&R>,
+) -> Result<(), CommitRefused> {
+    if lock_at != Some(held) {
+        return Err(CommitRefused::Lock);
+    }
+    match read {
+        Some(read) if read != record_at => Err(CommitRefused::Record),
+        _ => Ok(()),
+    }
+}
+
 /// Whether a lease expiring at `expiry` is expired at `now`: `now >= expiry` (the boundary
 /// instant belongs to the next holder). The one definition of expiry, for adapters, the
 /// keep-alive and status reports alike.

@@ -539,9 +539,20 @@ impl Transaction for ModelTx<'_> {
             self.fired = true;
         }
         self.fault("rename")?;
-        // The commit only under the lock everyone else takes.
+        // The commit check, the adapter's own (`machine::commit_check`): the commit only
+        // under the lock everyone else takes, and (flock) over the record this call read.
+        // The model tells records apart by whether one was committed since this call read.
         let held = self.state.procs[self.p].stable;
-        if held.is_none() || self.state.lock_at != held.map_or(LockAt::Missing, LockAt::File) {
+        let lock_at = match self.state.lock_at {
+            LockAt::File(l) => Some(l),
+            _ => None,
+        };
+        let (read, record_at) = match self.backend {
+            Backend::Flock => (Some(Some(&false)), Some(&self.ghost.record_changed)),
+            Backend::Postgres => (None, None),
+        };
+        let checked = held.map(|h| machine::commit_check(&h, lock_at.as_ref(), read, record_at));
+        if checked.is_none_or(|c| c.is_err()) {
             return Err(Error::LockReplaced {
                 path: "model.lock".into(),
             });
@@ -549,12 +560,6 @@ impl Transaction for ModelTx<'_> {
         if self.state.record_bad == Some(crate::Plant::Dir) {
             return Err(Error::NotAFile {
                 path: "model.lease.json".into(),
-            });
-        }
-        // The record is no longer the one this call read: refused, as the adapter does.
-        if self.backend == Backend::Flock && self.ghost.record_changed {
-            return Err(Error::LockReplaced {
-                path: "model.lock".into(),
             });
         }
         // A cleaner deleted this transition's temporary file: ENOENT.

@@ -171,43 +171,29 @@ impl FlockTx<'_> {
         Ok(published)
     }
 
-    /// Checks that the transition lock this transition holds is still the file at
-    /// `<stem>.lock`: a transition commits only under the lock everyone else takes.
-    fn check_stable(&self) -> Result<(), Error> {
-        let path = &self.paths.lock;
-        self.check(FaultPoint::CheckStable, path)?;
-        match fs::symlink_metadata(path) {
-            Ok(m) if (m.dev(), m.ino()) == self.stable_id => Ok(()),
-            Ok(_) => Err(Error::LockReplaced { path: path.clone() }),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                Err(Error::LockReplaced { path: path.clone() })
-            }
+    /// The commit check ([`machine::commit_check`]), one system call before the rename: the
+    /// transition lock this transition holds is still the file at `<stem>.lock` (a
+    /// transition commits only under the lock everyone else takes), and the record at its
+    /// path is still the file this transition read, or still absent (whatever happened to
+    /// the lock: deleted, or hard-linked aside and put back while another transition ran a
+    /// whole acquire on a fresh one, a transition commits only over the record it decided
+    /// on). The record's inode cannot have been reused: the transition keeps the file open.
+    fn check_commit(&self) -> Result<(), Error> {
+        let lock = &self.paths.lock;
+        self.check(FaultPoint::CheckStable, lock)?;
+        let id = |path: &std::path::Path| match fs::symlink_metadata(path) {
+            Ok(m) => Ok(Some((m.dev(), m.ino()))),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(Error::io("stat", path, e)),
-        }
-    }
-
-    /// Checks that the record at the path is still the file this transition read (or still
-    /// absent): whatever happened to the lock (deleted, hard-linked aside and put back while
-    /// another transition ran a whole acquire on a fresh one), a transition commits only
-    /// over the record it decided on. Its inode cannot have been reused: the transition
-    /// keeps the file open.
-    fn check_record(&self) -> Result<(), Error> {
-        let Some(seen) = self.st.seen_record else {
-            return Ok(());
         };
-        let path = &self.paths.record;
-        let now = match fs::symlink_metadata(path) {
-            Ok(m) => Some((m.dev(), m.ino())),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-            Err(e) => return Err(Error::io("stat", path, e)),
+        let lock_at = id(lock)?;
+        let record_at = match self.st.seen_record {
+            Some(_) => id(&self.paths.record)?,
+            None => None,
         };
-        if now == seen {
-            Ok(())
-        } else {
-            Err(Error::LockReplaced {
-                path: self.paths.lock.clone(),
-            })
-        }
+        let read = self.st.seen_record.as_ref().map(Option::as_ref);
+        machine::commit_check(&self.stable_id, lock_at.as_ref(), read, record_at.as_ref())
+            .map_err(|_| Error::LockReplaced { path: lock.clone() })
     }
 }
 
@@ -553,8 +539,7 @@ impl Transaction for FlockTx<'_> {
         // The commit happens only under the lock everyone else takes: checked again here, one
         // system call before the rename (a tmp cleaner or an operator may have deleted
         // `<stem>.lock` since it was locked, letting another transition start beside this one).
-        self.check_stable()?;
-        self.check_record()?;
+        self.check_commit()?;
         self.check(FaultPoint::Rename, to)?;
         fs::rename(from, to).map_err(|e| Error::io("rename", to, e))?;
         self.st.temp = None;
