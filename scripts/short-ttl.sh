@@ -7,12 +7,12 @@
 #
 # Usage: scripts/short-ttl.sh [TTL...]   (default: 100ms 200ms 300ms 500ms 1s)
 # Knobs: RUNS (40), PAR (4), JOB (1, seconds), LOAD (2 busy loops per core), BIN (the binary;
-# built with `cargo build --release --features cli` when unset).
+# built with `cargo build --release -p flocklease-cli` when unset).
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 runs="${RUNS:-40}" par="${PAR:-4}" job="${JOB:-1}" load="${LOAD:-2}"
 if [ -z "${BIN:-}" ]; then
-    cargo build --quiet --release --features cli --manifest-path "$repo/Cargo.toml"
+    cargo build --quiet --release -p flocklease-cli --manifest-path "$repo/Cargo.toml"
     BIN="$repo/target/release/flocklease"
 fi
 ttls=("$@")

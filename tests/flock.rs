@@ -333,7 +333,7 @@ fn symlinks_are_never_followed() {
 #[test]
 fn directory_and_file_modes() {
     let parent = tempfile::tempdir().unwrap();
-    // Only the last component is created (a missing parent is an error: tests/bad_files.rs).
+    // Only the last component is created (a missing parent is an error: cli/tests/cli/bad_files.rs).
     let dir = parent.path().join("leases");
     let clock = ManualClock::new(START);
     let leases = open_manual(&dir, &clock);

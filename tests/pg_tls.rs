@@ -7,141 +7,15 @@
 
 #[path = "support/pg.rs"]
 mod pg;
+#[path = "support/tls.rs"]
+mod tls;
 
 use std::fs;
-use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard, OnceLock};
-use std::time::{Duration, Instant};
 
 use flocklease::pg::{PgLease, PgTls};
 use flocklease::{Error, Owner, SessionId, SessionLease};
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 
-/// The tests switch the server's TLS on and off: one at a time.
-static SERVER_MODE: Mutex<()> = Mutex::new(());
-
-fn one_at_a_time() -> MutexGuard<'static, ()> {
-    SERVER_MODE.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-struct Certs {
-    /// The CA that signed the server's certificate.
-    ca: PathBuf,
-    /// A CA that signed nothing the server has.
-    stranger: PathBuf,
-    /// A CA-signed certificate for another name only (no loopback address in it).
-    wrong_name: (PathBuf, PathBuf),
-    /// The server's certificate and key (names `localhost` and `127.0.0.1`).
-    server: (PathBuf, PathBuf),
-}
-
-fn new_ca(name: &str) -> (CertificateParams, KeyPair) {
-    let key = KeyPair::generate().unwrap();
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.distinguished_name.push(DnType::CommonName, name);
-    (params, key)
-}
-
-/// Writes `pem` to `path`, readable by the server (it runs as `postgres` when we are root).
-fn write_for_server(path: &Path, pem: &str, mode: u32) {
-    use std::os::unix::fs::PermissionsExt;
-    fs::write(path, pem).unwrap();
-    fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
-    if nix::unistd::geteuid().is_root() {
-        let user = nix::unistd::User::from_name("postgres").unwrap().unwrap();
-        nix::unistd::chown(path, Some(user.uid), Some(user.gid)).unwrap();
-    }
-}
-
-fn certs(server: &pg::PgServer) -> &'static Certs {
-    static CERTS: OnceLock<Certs> = OnceLock::new();
-    CERTS.get_or_init(|| {
-        let dir = &server.dir;
-        let (ca_params, ca_key) = new_ca("flocklease test CA");
-        let ca_cert = ca_params.self_signed(&ca_key).unwrap();
-        let issuer = Issuer::new(ca_params, ca_key);
-        let issue = |names: Vec<String>, stem: &str| {
-            let key = KeyPair::generate().unwrap();
-            let cert = CertificateParams::new(names)
-                .unwrap()
-                .signed_by(&key, &issuer)
-                .unwrap();
-            let (crt, pem) = (
-                dir.join(format!("{stem}.crt")),
-                dir.join(format!("{stem}.key")),
-            );
-            write_for_server(&crt, &cert.pem(), 0o644);
-            write_for_server(&pem, &key.serialize_pem(), 0o600);
-            (crt, pem)
-        };
-        let server_pair = issue(vec!["localhost".into(), "127.0.0.1".into()], "server");
-        let wrong_name = issue(vec!["db.example.invalid".into()], "wrong-name");
-        let ca = dir.join("ca.pem");
-        write_for_server(&ca, &ca_cert.pem(), 0o644);
-        let (s_params, s_key) = new_ca("a stranger CA");
-        let stranger = dir.join("stranger.pem");
-        write_for_server(
-            &stranger,
-            &s_params.self_signed(&s_key).unwrap().pem(),
-            0o644,
-        );
-        Certs {
-            ca,
-            stranger,
-            wrong_name,
-            server: server_pair,
-        }
-    })
-}
-
-/// Switches the server's TLS on with `pair` (certificate, key), or off; waits until a new
-/// connection sees the change (a reload is asynchronous).
-fn set_server_tls(admin: &pg::Admin, url: &str, pair: Option<&(PathBuf, PathBuf)>) {
-    match pair {
-        Some((crt, key)) => {
-            admin.execute(
-                &format!("ALTER SYSTEM SET ssl_cert_file = '{}'", crt.display()),
-                &[],
-            );
-            admin.execute(
-                &format!("ALTER SYSTEM SET ssl_key_file = '{}'", key.display()),
-                &[],
-            );
-            admin.execute("ALTER SYSTEM SET ssl = on", &[]);
-        }
-        None => {
-            admin.execute("ALTER SYSTEM SET ssl = off", &[]);
-        }
-    }
-    admin.query("SELECT pg_reload_conf()", &[]);
-    let want = if pair.is_some() { "on" } else { "off" };
-    let cert = pair.map(|(crt, _)| crt.display().to_string());
-    let start = Instant::now();
-    loop {
-        let fresh = pg::Admin::connect(url);
-        let ssl: String = fresh.query("SHOW ssl", &[])[0].get(0);
-        let file: String = fresh.query("SHOW ssl_cert_file", &[])[0].get(0);
-        if ssl == want && cert.as_ref().is_none_or(|c| *c == file) {
-            return;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "the server did not reload its TLS settings"
-        );
-        std::thread::yield_now();
-    }
-}
-
-fn setup() -> Option<(MutexGuard<'static, ()>, String, pg::Admin, &'static Certs)> {
-    let guard = one_at_a_time();
-    let server = pg::server()?;
-    let db = server.fresh_db();
-    let url = server.url(&db);
-    let admin = server.admin(&db);
-    let certs = certs(server);
-    Some((guard, url, admin, certs))
-}
+use tls::{set_server_tls, setup};
 
 #[test]
 fn every_connection_is_encrypted_and_the_lease_works() {
@@ -288,44 +162,4 @@ fn a_ca_file_without_certificates_is_a_typed_error() {
         Err(e @ Error::Io { .. }) => assert!(e.to_string().contains("missing.pem"), "{e}"),
         other => panic!("{other:?}"),
     }
-}
-
-#[cfg(feature = "cli")]
-#[test]
-fn the_command_runs_a_job_over_tls_and_refuses_an_unknown_ca() {
-    let Some((_g, url, admin, certs)) = setup() else {
-        return;
-    };
-    set_server_tls(&admin, &url, Some(&certs.server));
-    let run = |ca: &Path| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_flocklease"))
-            .args(["run", "--pg", &url, "--pg-ca"])
-            .arg(ca)
-            .args([
-                "--id",
-                "tls-cli",
-                "--",
-                "sh",
-                "-c",
-                "echo token=$FLOCKLEASE_TOKEN",
-            ])
-            .output()
-            .unwrap()
-    };
-    let ok = run(&certs.ca);
-    let out = String::from_utf8_lossy(&ok.stdout);
-    assert!(ok.status.success(), "{ok:?}");
-    assert!(out.starts_with("token="), "{out}");
-    let refused = run(&certs.stranger);
-    let err = String::from_utf8_lossy(&refused.stderr);
-    assert_eq!(refused.status.code(), Some(70), "{refused:?}");
-    assert!(err.contains("certificate"), "{err}");
-    // `status --pg` takes the same option.
-    let status = std::process::Command::new(env!("CARGO_BIN_EXE_flocklease"))
-        .args(["status", "--pg", &url, "--pg-ca"])
-        .arg(&certs.ca)
-        .args(["--id", "tls-cli"])
-        .output()
-        .unwrap();
-    assert_eq!(status.status.code(), Some(1), "{status:?}");
 }

@@ -6,12 +6,10 @@
 //! backend and for `--pg`. Synchronisation on files the jobs write and on process states,
 //! never on sleeps (the jobs' own loop pauses are their workload).
 
-#![cfg(feature = "cli")]
 #![allow(clippy::unwrap_used)]
 
 #[cfg(feature = "postgres")]
-#[path = "support/pg.rs"]
-mod pg;
+use crate::pg;
 
 use std::path::Path;
 use std::process::{Command, Stdio};

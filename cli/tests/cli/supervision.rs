@@ -4,14 +4,11 @@
 //! it. The rule these tests exercise is the one the model checks (`flocklease-model check
 //! --config run`).
 
-#![cfg(feature = "cli")]
 #![allow(clippy::unwrap_used)]
-
-mod cli_support;
 
 use std::path::Path;
 
-use cli_support::*;
+use crate::cli_support::*;
 use flocklease::SessionId;
 use nix::sys::signal::Signal;
 

@@ -1,9 +1,9 @@
 //! `flocklease status` streams: its memory does not grow with the number of ids in the
 //! directory. One test in a binary of its own: it reads the peak memory of its children.
 
-#![cfg(feature = "cli")]
 #![allow(clippy::unwrap_used)]
 
+#[path = "cli/cli_support.rs"]
 mod cli_support;
 
 use std::path::Path;

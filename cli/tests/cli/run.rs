@@ -1,17 +1,14 @@
-//! The `flocklease run` command driven as a real process (built with `--features cli`): the
+//! The `flocklease run` command driven as a real process : the
 //! environment, exit statuses, flock(1)-style options, durations, the lease directory and
 //! error messages. Signals and kills are in `cli_signals.rs`, `status` in `cli_status.rs`.
 
-#![cfg(feature = "cli")]
 #![allow(clippy::unwrap_used)]
-
-mod cli_support;
 
 use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
-use cli_support::*;
+use crate::cli_support::*;
 use flocklease::{FlockLease, Owner, Record, SessionId, Timestamp, record};
 
 fn stderr(out: &std::process::Output) -> String {

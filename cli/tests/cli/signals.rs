@@ -1,18 +1,15 @@
 //! `flocklease run` keeps its promise when it or its job is signalled or killed: while any
 //! process of the job may still run, no other `run` is granted the lease before it expires.
-//! Real processes throughout (built with `--features cli`).
+//! Real processes throughout .
 
-#![cfg(feature = "cli")]
 #![allow(clippy::unwrap_used)]
-
-mod cli_support;
 
 use std::io::{Read, Write};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cli_support::*;
+use crate::cli_support::*;
 use flocklease::Timestamp;
 use nix::sys::signal::Signal;
 

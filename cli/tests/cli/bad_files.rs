@@ -3,16 +3,13 @@
 //! library (the error of an acquire), `flocklease status` (text and JSON, one id and the whole
 //! directory) and `flocklease run`, with the remedy, and exit status 70 from both commands.
 
-#![cfg(feature = "cli")]
 #![allow(clippy::unwrap_used)]
-
-mod cli_support;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Output;
 
-use cli_support::*;
+use crate::cli_support::*;
 use flocklease::{Error, FlockLease, Owner, SessionId};
 
 const ID: &str = "nightly";

@@ -1,16 +1,13 @@
-//! `flocklease fence` driven as a real process (built with `--features cli`): the token from
+//! `flocklease fence` driven as a real process : the token from
 //! `run`'s environment or `--token`, the fenced write of standard input, exit statuses and
 //! messages.
 
-#![cfg(feature = "cli")]
 #![allow(clippy::unwrap_used)]
-
-mod cli_support;
 
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
-use cli_support::*;
+use crate::cli_support::*;
 
 /// `flocklease fence ARGS...` with `stdin` as its input and no FLOCKLEASE_TOKEN of ours.
 fn fence(args: &[&str], stdin: &[u8]) -> Output {

@@ -3,7 +3,6 @@
 //! conflict code is 1, ours 75 unless `-E` says otherwise). Holders are held open on a pipe
 //! and synchronised on their first output line, never on sleeps.
 
-#![cfg(feature = "cli")]
 #![allow(clippy::unwrap_used)]
 
 use std::io::{BufRead, BufReader, Write};

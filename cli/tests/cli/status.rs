@@ -1,15 +1,12 @@
-//! `flocklease status` driven as a real process (built with `--features cli`): states, ids,
+//! `flocklease status` driven as a real process : states, ids,
 //! exit statuses for scripts, and never blocking on what is planted in the directory.
 
-#![cfg(feature = "cli")]
 #![allow(clippy::unwrap_used)]
-
-mod cli_support;
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-use cli_support::*;
+use crate::cli_support::*;
 use flocklease::{FlockLease, Owner, Record, SessionId, Timestamp, record};
 
 /// `flocklease status --dir DIR ARGS...`, bounded by the guard (a hang fails the test).

@@ -2,11 +2,10 @@
 //! with the token in its environment, a second `run` is refused while a holder lives, the
 //! lease is released when the job ends, and `status --pg` lists the table.
 
-#![cfg(all(feature = "postgres", feature = "cli"))]
+#![cfg(feature = "postgres")]
 #![allow(clippy::unwrap_used)]
 
-#[path = "support/pg.rs"]
-mod pg;
+use crate::pg;
 
 use std::process::Command;
 

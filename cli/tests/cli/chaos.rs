@@ -16,10 +16,7 @@
 //! catch what this test is there to catch): `FLOCKLEASE_CHAOS_SECS` (default 20),
 //! `FLOCKLEASE_CHAOS_SEED` (printed at every run), `FLOCKLEASE_CHAOS_BIN`.
 
-#![cfg(feature = "cli")]
 #![allow(clippy::unwrap_used)]
-
-mod cli_support;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -28,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cli_support::{BIN, cmdline};
+use crate::cli_support::{BIN, cmdline};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
