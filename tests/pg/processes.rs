@@ -4,12 +4,8 @@
 //! stuck row lock, and the schema checks. Synchronisation is on protocol lines from children
 //! and on server state read with SQL (`pg_locks`), never on sleeps.
 
-#![cfg(feature = "postgres")]
-#![allow(clippy::unwrap_used)]
-
-#[path = "support/pg.rs"]
-mod pg;
-mod support;
+use crate::pg;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::mpsc;
@@ -19,7 +15,7 @@ use flocklease::pg::PgLease;
 use flocklease::{Clock, Error, KeepAlive, Loss, SessionLease, SystemClock, Timestamp};
 use support::{RoleChild, hear, id, owner, role, tell};
 
-const ENTRY: &str = "child_entry";
+const ENTRY: &str = "processes::child_entry";
 
 /// The holder role: `URL ID OWNER`. Acquires, says `token N`, then waits for stdin to close.
 ///

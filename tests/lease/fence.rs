@@ -2,9 +2,7 @@
 //! whole-file write, threads and processes admitting interleaved tokens, and what it refuses
 //! (corrupt fence files, symbolic links, special files, unsafe directories, a stuck lock).
 
-#![allow(clippy::unwrap_used)]
-
-mod support;
+use crate::support;
 
 use std::fs;
 use std::io::Write;
@@ -17,7 +15,7 @@ use flocklease::fence::Stale;
 use flocklease::{Admission, Error, Fence};
 use support::{RoleChild, role, tell};
 
-const ENTRY: &str = "child_entry";
+const ENTRY: &str = "fence::child_entry";
 
 /// The admitter role: `FENCE LOG TOKEN...`. Says `ready`, waits for `go`, then admits each
 /// token in turn through [`Fence::with`], appending an admitted token to LOG under the fence's

@@ -6,11 +6,7 @@
 //! it was, a success matches the row, no advisory lock other than the row's own generation is
 //! held, no row lock is left behind, and the next call recovers with monotone tokens.
 
-#![cfg(all(feature = "postgres", feature = "fault-injection"))]
-#![allow(clippy::unwrap_used)]
-
-#[path = "support/pg.rs"]
-mod pg;
+use crate::pg;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

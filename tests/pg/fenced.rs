@@ -2,12 +2,8 @@
 //! caller's throughout, and a takeover (which locks the lease row for update) waits for the
 //! section. A shared manual clock moves time; no sleeps.
 
-#![cfg(feature = "postgres")]
-#![allow(clippy::unwrap_used)]
-
-#[path = "support/pg.rs"]
-mod pg;
-mod support;
+use crate::pg;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;

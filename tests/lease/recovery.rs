@@ -2,9 +2,7 @@
 //! the directory (its own binary: it holds many descriptors, which would disturb the
 //! descriptor counts of tests running beside it).
 
-#![allow(clippy::unwrap_used)]
-
-mod support;
+use crate::support;
 
 use std::fs;
 use std::sync::Arc;

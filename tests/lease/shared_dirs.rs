@@ -3,9 +3,7 @@
 //! group file mode. Root runs the test and a child runs as `nobody`; without root the tests
 //! say so and return.
 
-#![allow(clippy::unwrap_used)]
-
-mod support;
+use crate::support;
 
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -14,7 +12,7 @@ use std::path::{Path, PathBuf};
 use flocklease::{Error, FlockLease, Grant};
 use support::{RoleChild, hear, id, owner, role, tell};
 
-const ENTRY: &str = "child_entry";
+const ENTRY: &str = "shared_dirs::child_entry";
 const NOBODY: u32 = 65534;
 
 /// The other user: `DIR MODE` (file mode in octal). Commands: `acquire ID`, `release`,

@@ -4,9 +4,7 @@
 //! record was already committed), no lease is lost, no lock leaks, the next call recovers and
 //! tokens stay monotone.
 
-#![allow(clippy::unwrap_used)]
-
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::fs::{self, File};

@@ -13,12 +13,8 @@
 //! in both directions vanish. Needs root (network namespaces and veth pairs); skips loudly
 //! otherwise, and fails instead when `FLOCKLEASE_REQUIRE_PG=1` and we are root.
 
-#![cfg(feature = "postgres")]
-#![allow(clippy::unwrap_used)]
-
-#[path = "support/pg.rs"]
-mod pg;
-mod support;
+use crate::pg;
+use crate::support;
 
 use std::io::Write;
 use std::process::Command;
@@ -30,7 +26,7 @@ use flocklease::pg::{PgLease, PgStep};
 use flocklease::{KeepAlive, SessionLease, Timestamp};
 use support::{RoleChild, hear, id, owner, role, tell};
 
-const ENTRY: &str = "child_entry";
+const ENTRY: &str = "host_death::child_entry";
 const TTL: Duration = Duration::from_secs(12);
 
 /// The holder role: `URL`. Says `ready`, waits for `go` (its network is set up then), acquires `job` with

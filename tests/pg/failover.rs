@@ -4,13 +4,8 @@
 //! server whose default is `synchronous_commit = off`, crashed after grants; and fenced
 //! sections whose sessions a nemesis ends while their commits wait for the standby.
 
-#![cfg(feature = "postgres")]
-#![allow(clippy::unwrap_used)]
-
-#[path = "support/cluster.rs"]
-mod cluster;
-#[path = "support/pg.rs"]
-mod pg;
+use crate::cluster;
+use crate::pg;
 
 use std::time::Duration;
 

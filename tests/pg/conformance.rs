@@ -1,12 +1,8 @@
 //! The conformance suite, unchanged, against `PgLease` on a throwaway PostgreSQL server (each
 //! case in its own database). The world's manual clock replaces the server's clock, as the suite
-//! requires; `tests/pg_processes.rs` checks the server's clock.
+//! requires; `tests/pg/processes.rs` checks the server's clock.
 
-#![cfg(feature = "postgres")]
-#![allow(clippy::unwrap_used)]
-
-#[path = "support/pg.rs"]
-mod pg;
+use crate::pg;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -4,12 +4,8 @@
 //! Synchronisation is on protocol lines from children and on server state read with SQL,
 //! never on sleeps.
 
-#![cfg(feature = "postgres")]
-#![allow(clippy::unwrap_used)]
-
-#[path = "support/pg.rs"]
-mod pg;
-mod support;
+use crate::pg;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,7 +16,7 @@ use flocklease::{Error, SessionLease};
 use nix::sys::signal::{Signal, kill};
 use support::{RoleChild, hear, id, owner, role, tell, wait_stopped};
 
-const ENTRY: &str = "child_entry";
+const ENTRY: &str = "edges::child_entry";
 
 /// The roles. `stuck URL`: acquires `job` (TTL 6 s, lock timeout 1 s), says `token N`,
 /// then renews; the renew's transaction, once its row is locked, says `stuck PID` (the

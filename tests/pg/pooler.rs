@@ -4,14 +4,9 @@
 //! session-mode pooler keeps leases working, crash takeover included. Synchronisation is on
 //! protocol lines from children and on server state read with SQL, never on sleeps.
 
-#![cfg(feature = "postgres")]
-#![allow(clippy::unwrap_used)]
-
-#[path = "support/pg.rs"]
-mod pg;
-#[path = "support/pgbouncer.rs"]
-mod pgbouncer;
-mod support;
+use crate::pg;
+use crate::pgbouncer;
+use crate::support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
@@ -22,7 +17,7 @@ use flocklease::{Error, SessionLease};
 use pgbouncer::{Options, PgBouncer, PoolMode};
 use support::{RoleChild, hear, id, owner, role, tell};
 
-const ENTRY: &str = "child_entry";
+const ENTRY: &str = "pooler::child_entry";
 
 /// The holder role: `URL ID OWNER`. Acquires, says `token N`, then waits for stdin to close.
 #[test]

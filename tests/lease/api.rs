@@ -1,9 +1,7 @@
 //! The surface a service adopts: the guard (one holder at a time, even across threads of one
 //! instance), conversions, and the async surface driven by a real runtime.
 
-#![allow(clippy::unwrap_used)]
-
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};

@@ -3,9 +3,7 @@
 //! never let two transitions commit at once. Real files, real locks; each holder is an
 //! instance kept alive in this process (its descriptors open), each rival another instance.
 
-#![allow(clippy::unwrap_used)]
-
-mod support;
+use crate::support;
 
 use std::fs::{self, File};
 use std::os::unix::fs::MetadataExt;

@@ -1,8 +1,6 @@
 //! Bad input gets a clear, typed error and touches nothing outside the lease directory.
 
-#![allow(clippy::unwrap_used)]
-
-mod support;
+use crate::support;
 
 use std::fs;
 use std::path::Path;

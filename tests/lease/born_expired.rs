@@ -5,9 +5,7 @@
 //! once, or starts lost, instead of refusing with `InvalidInterval`. The pause is a fault
 //! hook moving a manual clock at the last step of the commit: no sleeps.
 
-#![allow(clippy::unwrap_used)]
-
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

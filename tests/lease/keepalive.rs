@@ -2,8 +2,6 @@
 //! explicit and implicit release. The backend is wrapped to report every renew on a channel,
 //! so the tests wait for events, not for time.
 
-#![allow(clippy::unwrap_used)]
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};

@@ -2,9 +2,7 @@
 //! instance's, and no takeover (which needs the id's transition lock) can happen until it
 //! returns, even when the lease expires meanwhile. A fake clock moves time; no sleeps.
 
-#![allow(clippy::unwrap_used)]
-
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;

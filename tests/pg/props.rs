@@ -5,11 +5,7 @@
 //! on the server's state directly: tokens never go back, at most one generation's liveness
 //! generation is locked at most once and none ahead of the row, a grant is always the row's generation.
 
-#![cfg(feature = "postgres")]
-#![allow(clippy::unwrap_used)]
-
-#[path = "support/pg.rs"]
-mod pg;
+use crate::pg;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,7 +1,5 @@
 //! The conformance suite, run against every backend of the crate.
 
-#![allow(clippy::unwrap_used)]
-
 use std::sync::Arc;
 
 use flocklease::conformance::{START, TTL, World};

@@ -3,9 +3,7 @@
 //! line by line through its stdin; time is a shared file clock, so "past the TTL" is a write
 //! to that file, not a sleep.
 
-#![allow(clippy::unwrap_used)]
-
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -17,7 +15,7 @@ use flocklease::{Error, FlockLease, Grant, Lease};
 use nix::sys::signal::{Signal, kill};
 use support::{FileClock, RoleChild, hear, id, open_with_file_clock, owner, role, tell};
 
-const ENTRY: &str = "child_entry";
+const ENTRY: &str = "processes::child_entry";
 const TTL: Duration = Duration::from_secs(30);
 
 /// The agent role: `DIR CLOCK [stop-in-transition]`. Commands on stdin, one reply each:
