@@ -21,7 +21,6 @@ use std::fs::{self, File};
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -54,11 +53,6 @@ pub use tx::SWEEP_SHARE;
 
 /// The default bound on waiting for an id's transition lock: 5 seconds.
 pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// How many transition-lock descriptors an instance keeps open between transitions. Ids
-/// beyond that open and close theirs each time (two more syscalls), so an instance used with
-/// very many ids stays far from the descriptor limit.
-pub const LOCK_CACHE: usize = 256;
 
 /// The per-id state map is pruned of idle ids (no generation held, nobody inside) when it
 /// grows past this size, and then past twice the size left after pruning.
@@ -112,8 +106,6 @@ pub struct FlockLease {
     lock_timeout: Duration,
     durability: Durability,
     slots: Mutex<Slots>,
-    /// How many transition-lock descriptors the slots keep open (at most [`LOCK_CACHE`]).
-    cached_locks: AtomicUsize,
     opener: Opener,
     /// Inotify instances kept for waiting acquires.
     watches: wait::Watches,
@@ -414,8 +406,8 @@ impl FlockLease {
                 waited: started.elapsed(),
             });
         };
-        let mut slot = lock(&entry.state);
-        let stable = self.lock_stable(&paths.lock, slot.lock.take(), deadline, started)?;
+        let slot = lock(&entry.state);
+        let stable = self.lock_stable(&paths.lock, deadline, started)?;
         let checked = self.peek_record(&paths.record).map(|record| {
             let held_here = slot
                 .local
@@ -432,28 +424,18 @@ impl FlockLease {
         // The section runs under the transition lock and the id's in-process turn (no
         // transition of this id can run meanwhile, here or anywhere), but not under the
         // instance's state of the id: `f` may call `liveness_fd`, and other threads' waits
-        // look at the state, without waiting for the section. The lock is given up (kept for
-        // the next transition) whatever `f` does, a panic included.
+        // look at the state, without waiting for the section. The lock is given up whatever
+        // `f` does, a panic included (its descriptor is closed while unwinding).
         match checked {
             Ok(true) => {
                 drop(slot);
-                let mut unlock = UnlockOnDrop {
-                    lease: self,
-                    entry: &entry,
-                    stable: Some(stable),
-                };
                 let out = f();
-                unlock.release();
+                drop(stable);
                 Ok(Some(out))
             }
-            Ok(false) => {
-                slot.lock = self.keep_lock(stable, false);
-                Ok(None)
-            }
-            Err(e) => {
-                slot.lock = self.keep_lock(stable, false);
-                Err(e)
-            }
+            // Closing the descriptor unlocks.
+            Ok(false) => Ok(None),
+            Err(e) => Err(e),
         }
     }
 
@@ -486,7 +468,7 @@ impl FlockLease {
             });
         };
         let mut slot = lock(&entry.state);
-        let lock = self.lock_stable(&paths.lock, slot.lock.take(), deadline, started)?;
+        let lock = self.lock_stable(&paths.lock, deadline, started)?;
         let mut st = TxState {
             carried_sweep: slot.pending_sweep.take(),
             ..TxState::default()
@@ -507,35 +489,13 @@ impl FlockLease {
     }
 
     /// After a run: the carried listing waits for the next transition if the run did not get
-    /// to it (the driver ends every run by releasing the lock, which runs it), and the
-    /// transition lock's descriptor is kept for the next transition on the id.
+    /// to it (the driver ends every run by releasing the lock, which runs it); the transition
+    /// lock's descriptor is closed, which unlocks it if the run did not.
     fn end_transition(&self, slot: &mut Slot, lock: StableLock, mut st: TxState) {
         if let Some(below) = st.carried_sweep.take() {
             slot.keep_sweep(below);
         }
-        slot.lock = self.keep_lock(lock, st.unlocked);
-    }
-
-    /// Unlocks the transition lock (unless the run did) and keeps its descriptor for the next
-    /// transition on the id,
-    /// while fewer than [`LOCK_CACHE`] are kept (beyond that, or if unlocking fails, it is
-    /// closed, which unlocks too).
-    fn keep_lock(&self, mut lock: StableLock, unlocked: bool) -> Option<StableLock> {
-        if !unlocked && lock.file.unlock().is_err() {
-            self.uncount(lock.counted);
-            return None;
-        }
-        if !lock.counted {
-            let admitted = self
-                .cached_locks
-                .fetch_update(Relaxed, Relaxed, |n| (n < LOCK_CACHE).then_some(n + 1))
-                .is_ok();
-            if !admitted {
-                return None;
-            }
-            lock.counted = true;
-        }
-        Some(lock)
+        drop(lock);
     }
 
     /// This instance's entry for the id with file stem `stem`. Idle entries are pruned when
@@ -557,11 +517,7 @@ impl FlockLease {
                 let Ok(slot) = entry.state.try_lock() else {
                     return true;
                 };
-                let idle = slot.local.is_none() && slot.pending_sweep.is_none();
-                if idle {
-                    self.uncount(slot.lock.as_ref().is_some_and(|l| l.counted));
-                }
-                !idle
+                !(slot.local.is_none() && slot.pending_sweep.is_none())
             });
             slots.prune_at = (slots.map.len() * 2).max(PRUNE_AT);
         }
@@ -580,13 +536,12 @@ impl FlockLease {
         lock(&self.slots).map.len()
     }
 
-    /// Takes `<stem>.lock` by `deadline`, and checks that the locked file is still the one at
-    /// that path (an operator or a tmp cleaner may have replaced it). `cached` is this id's
-    /// descriptor from an earlier transition, if any.
-    fn lock_stable(
+    /// Takes `<stem>.lock` by `deadline` (a deadline already past: one attempt, as the
+    /// lockstep harness's step makes it), and checks that the locked file is still the one at
+    /// that path (an operator or a tmp cleaner may have replaced it).
+    pub(crate) fn lock_stable(
         &self,
         path: &Path,
-        mut cached: Option<StableLock>,
         deadline: Option<Instant>,
         started: Instant,
     ) -> Result<StableLock, Error> {
@@ -595,10 +550,7 @@ impl FlockLease {
             waited: started.elapsed(),
         };
         loop {
-            let lock = match cached.take() {
-                Some(lock) => lock,
-                None => self.open_stable(path)?,
-            };
+            let lock = self.open_stable(path)?;
             let locked = self
                 .opener
                 .faults
@@ -607,8 +559,8 @@ impl FlockLease {
                     if lock.file.try_lock().is_ok() {
                         return Ok(true);
                     }
-                    // Busy: wait for it only while it is still the file at the path (a lock
-                    // kept from an earlier transition may have been replaced since).
+                    // Busy: wait for it only while it is still the file at the path (it may
+                    // have been replaced since it was opened).
                     if !self.still_at(path, &lock) {
                         return Ok(false);
                     }
@@ -619,15 +571,12 @@ impl FlockLease {
                 Ok(true) => {}
                 Ok(false) if !self.still_at(path, &lock) => {
                     // Replaced while we waited or before: lock the file at the path now.
-                    self.uncount(lock.counted);
                     if deadline.is_some_and(|d| Instant::now() >= d) {
                         return Err(timeout());
                     }
                     continue;
                 }
                 failed => {
-                    // Dropping the descriptor: it no longer counts against the cache.
-                    self.uncount(lock.counted);
                     failed?;
                     return Err(timeout());
                 }
@@ -648,11 +597,8 @@ impl FlockLease {
                 });
             match current {
                 Ok(true) => return Ok(lock),
-                Ok(false) => self.uncount(lock.counted),
-                Err(e) => {
-                    self.uncount(lock.counted);
-                    return Err(e);
-                }
+                Ok(false) => {}
+                Err(e) => return Err(e),
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(timeout());
@@ -666,34 +612,17 @@ impl FlockLease {
     }
 
     /// Runs `open` (a step whose only descriptor-making call is its open: retrying it after
-    /// that failed repeats nothing); if the process is out of descriptors, gives back the ones
-    /// this instance keeps only to save work and tries once more. So a call, a release above
+    /// that failed repeats nothing); if the process is out of descriptors, gives back the idle
+    /// inotify instances this instance keeps only to save work and tries once more. So a call, a release above
     /// all, never fails for want of a descriptor the instance could have closed.
     pub(crate) fn relieved<T>(
         &self,
         mut open: impl FnMut() -> Result<T, Error>,
     ) -> Result<T, Error> {
         match open() {
-            Err(Error::TooManyOpenFiles { .. }) if self.give_back() > 0 => open(),
+            Err(Error::TooManyOpenFiles { .. }) if self.watches.give_back() > 0 => open(),
             other => other,
         }
-    }
-
-    /// Closes every cached transition-lock descriptor of an id nobody is using right now, and
-    /// the idle inotify instances; returns how many descriptors it closed. Never waits: an id
-    /// in use (its state locked, this caller's own included) keeps its descriptor.
-    fn give_back(&self) -> usize {
-        let mut closed = self.watches.give_back();
-        let slots = lock(&self.slots);
-        for entry in slots.map.values() {
-            if let Ok(mut slot) = entry.state.try_lock()
-                && let Some(cached) = slot.lock.take()
-            {
-                self.uncount(cached.counted);
-                closed += 1;
-            }
-        }
-        closed
     }
 
     /// Opens (creating) `<stem>.lock` and notes which file it is.
@@ -710,15 +639,7 @@ impl FlockLease {
             file,
             dev: held.dev(),
             ino: held.ino(),
-            counted: false,
         })
-    }
-
-    /// A kept descriptor was closed: it no longer counts against [`LOCK_CACHE`].
-    fn uncount(&self, counted: bool) {
-        if counted {
-            self.cached_locks.fetch_sub(1, Relaxed);
-        }
     }
 }
 
@@ -837,7 +758,6 @@ impl FlockLeaseBuilder {
                 map: HashMap::new(),
                 prune_at: PRUNE_AT,
             }),
-            cached_locks: AtomicUsize::new(0),
             sweeps: Mutex::default(),
             opener: Opener {
                 owners,
@@ -851,28 +771,6 @@ impl FlockLeaseBuilder {
 }
 
 crate::driver::session_lease_via_transition!(FlockLease);
-
-/// Gives up a fenced section's transition lock when dropped (also while unwinding).
-struct UnlockOnDrop<'a> {
-    lease: &'a FlockLease,
-    entry: &'a SlotEntry,
-    stable: Option<StableLock>,
-}
-
-impl UnlockOnDrop<'_> {
-    fn release(&mut self) {
-        if let Some(stable) = self.stable.take() {
-            let kept = self.lease.keep_lock(stable, false);
-            lock(&self.entry.state).lock = kept;
-        }
-    }
-}
-
-impl Drop for UnlockOnDrop<'_> {
-    fn drop(&mut self) {
-        self.release();
-    }
-}
 
 /// The per-id entries and when to prune them next.
 #[derive(Debug)]
@@ -891,12 +789,10 @@ struct SlotEntry {
 
 /// An open `<stem>.lock` and the identity of the file it opened.
 #[derive(Debug)]
-struct StableLock {
+pub(crate) struct StableLock {
     file: File,
     dev: u64,
     ino: u64,
-    /// Whether it counts against [`LOCK_CACHE`].
-    counted: bool,
 }
 
 /// How often a waiter re-checks when the holder's liveness file is missing (it cannot wait on

@@ -4,13 +4,13 @@
 //!
 //! A stepper does what [`FlockLease`]'s calls do, but for the in-process turn on the id (the
 //! harness never runs two calls of one instance at once) and the wait for the transition
-//! lock: its [`Io::LockStable`] step is one attempt — open (creating) `<stem>.lock`, a
-//! non-blocking lock, the identity check, reopened while the file at the path changed — and
-//! answers [`Step::Blocked`] when another transition holds the lock.
+//! lock: its [`Io::LockStable`] step is the production lock loop with a deadline already
+//! past — one attempt: open (creating) `<stem>.lock`, a non-blocking lock, the identity check
+//! — and answers [`Step::Blocked`] when another transition holds the lock.
 
-use std::fs::TryLockError;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::tx::{FlockTx, PendingLive, TxState};
 use super::{FlockLease, SlotEntry, StableLock, lock};
@@ -71,12 +71,14 @@ impl Stepper {
         let entry = Arc::clone(&self.entry);
         let mut slot = lock(&entry.state);
         if self.run.peek() == Some(Io::LockStable) && self.lock.is_none() {
-            match lease.lock_stable_once(&entry.paths.lock, slot.lock.take()) {
-                Ok(Some(l)) => {
+            // The production lock loop, with a deadline already past: one attempt.
+            let now = Instant::now();
+            match lease.lock_stable(&entry.paths.lock, Some(now), now) {
+                Ok(l) => {
                     self.lock = Some(l);
                     self.st.carried_sweep = slot.pending_sweep.take();
                 }
-                Ok(None) => return Step::Blocked,
+                Err(Error::LockTimeout { .. }) => return Step::Blocked,
                 Err(e) => {
                     // Nothing was started: the run ends here, as the call would.
                     self.failed = true;
@@ -100,45 +102,5 @@ impl Stepper {
             lease.end_transition(&mut slot, lock, std::mem::take(&mut self.st));
         }
         step
-    }
-}
-
-impl FlockLease {
-    /// One attempt at `<stem>.lock`: `None` when another transition holds it.
-    fn lock_stable_once(
-        &self,
-        path: &Path,
-        mut cached: Option<StableLock>,
-    ) -> Result<Option<StableLock>, Error> {
-        // The file at the path can change between the open and the check only if another
-        // actor acts inside this step: a few reopenings settle it.
-        for _ in 0..4 {
-            let lock = match cached.take() {
-                Some(lock) => lock,
-                None => self.open_stable(path)?,
-            };
-            match lock.file.try_lock() {
-                Ok(()) => {}
-                // Busy, and still the file at the path: another transition holds it.
-                Err(TryLockError::WouldBlock) if self.still_at(path, &lock) => {
-                    self.uncount(lock.counted);
-                    return Ok(None);
-                }
-                // Busy, but replaced: whoever holds it holds a lock nobody else takes.
-                Err(TryLockError::WouldBlock) => {
-                    self.uncount(lock.counted);
-                    continue;
-                }
-                Err(TryLockError::Error(e)) => {
-                    self.uncount(lock.counted);
-                    return Err(Error::io("lock", path, e));
-                }
-            }
-            if self.still_at(path, &lock) {
-                return Ok(Some(lock));
-            }
-            self.uncount(lock.counted);
-        }
-        Ok(None)
     }
 }

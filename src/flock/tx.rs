@@ -19,8 +19,6 @@ use crate::record::{self, LiveTag, Record};
 #[derive(Debug, Default)]
 pub(super) struct Slot {
     pub(super) local: Option<LocalGen>,
-    /// This id's transition-lock descriptor, kept open (unlocked) between transitions.
-    pub(super) lock: Option<super::StableLock>,
     /// A sweep of generations below this token that a takeover left to this id's next
     /// transition here (see [`FlockTx::sweep`]).
     pub(super) pending_sweep: Option<u64>,
