@@ -84,21 +84,24 @@ pub enum Error {
         /// The file-system name (`"nfs"`, `"cifs"`, ...).
         fs: &'static str,
     },
-    /// The id's transition lock `<stem>.lock` stayed taken for the whole lock timeout: another
-    /// transition on this id is stuck (its process may be stopped or hung on a slow disk).
+    /// The id's transition lock stayed taken for the whole lock timeout: another transition on
+    /// this id is stuck (its process may be stopped, or hung on a slow disk or a lost reply).
     /// This is a failure, never contention: a held lease is [`Grant::Held`](crate::Grant).
+    /// The lock is `<stem>.lock` for flock ([`LockOf::File`]) and the id's lease row for
+    /// PostgreSQL ([`LockOf::Row`], the server's `lock_timeout`).
     ///
-    /// Remedy: find the process holding `<stem>.lock` (`fuser`, `lsof`) and resume or kill it;
-    /// a longer [`lock_timeout`](crate::FlockLeaseBuilder::lock_timeout) if transitions are
-    /// legitimately slow.
+    /// Remedy: find the process holding `<stem>.lock` (`fuser`, `lsof`), or the session
+    /// holding the row lock (`pg_locks`, `pg_stat_activity`), and resume or end it; a longer
+    /// lock timeout if transitions are legitimately slow.
     ///
     /// A [`Fence`](crate::Fence) reports its lock `<fence file>.lock` the same way: another
     /// admission or fenced write on it is stuck
     /// ([`FenceBuilder::lock_timeout`](crate::fence::FenceBuilder::lock_timeout)).
     LockTimeout {
-        /// The transition lock file, `<stem>.lock` (or a fence's `<fence file>.lock`).
-        path: PathBuf,
-        /// How long this call waited.
+        /// The lock waited for.
+        lock: LockOf,
+        /// How long this call waited (PostgreSQL, after a wait for a holder: the lock timeout,
+        /// which bounds that part alone).
         waited: Duration,
     },
     /// A lease file in a shared (sticky, world-writable) directory belongs to another user: it
@@ -138,7 +141,7 @@ pub enum Error {
     },
     /// This process has as many descriptors open as its limit allows (`EMFILE`; or the whole
     /// system, `ENFILE`), even after the instance gave back the descriptors it keeps only to
-    /// save work (cached transition locks, idle inotify instances). Nothing was changed.
+    /// save work (idle inotify instances). Nothing was changed.
     ///
     /// Remedy: each held lease keeps one descriptor open (its liveness lock), so a process
     /// holding many leases needs a higher limit: `ulimit -n`, `LimitNOFILE=` in a systemd
@@ -182,20 +185,6 @@ pub enum Error {
         id: Option<SessionId>,
         /// The driver's error (its SQLSTATE, if the server answered, is in its message).
         source: Box<dyn std::error::Error + Send + Sync>,
-    },
-    /// The lease row of `id` stayed locked by another transition for the whole lock timeout
-    /// (the server's `lock_timeout`): another process's transition on this id is stuck. A
-    /// failure, never contention.
-    ///
-    /// Remedy: find the session holding the row lock (`pg_locks`, `pg_stat_activity`) and end
-    /// it; a longer lock timeout if transitions are legitimately slow.
-    #[cfg(feature = "postgres")]
-    RowLockTimeout {
-        /// The session id.
-        id: SessionId,
-        /// How long this call waited for the row lock (after a wait for a holder, the lock
-        /// timeout, which bounds that part alone).
-        waited: Duration,
     },
     /// The lease row of `id` holds a value no lease can have (an expiry of `infinity`, or
     /// outside the years 0001–9999). Nothing was written.
@@ -339,6 +328,16 @@ pub enum ErrorKind {
     Exhausted,
 }
 
+/// Which lock an [`Error::LockTimeout`] waited for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LockOf {
+    /// A lock file: an id's `<stem>.lock` (flock), or a fence's `<fence file>.lock`.
+    File(PathBuf),
+    /// The lease row of this session id (PostgreSQL).
+    Row(SessionId),
+}
+
 impl Error {
     /// What kind of failure this is ([`ErrorKind`]).
     ///
@@ -373,8 +372,6 @@ impl Error {
             | Error::InvalidInput(_) => ErrorKind::InvalidInput,
             #[cfg(feature = "postgres")]
             Error::Database { .. } => ErrorKind::Io,
-            #[cfg(feature = "postgres")]
-            Error::RowLockTimeout { .. } => ErrorKind::LockTimeout,
             #[cfg(feature = "postgres")]
             Error::CorruptRow { .. } | Error::SchemaVersion { .. } => ErrorKind::Corrupt,
             #[cfg(feature = "postgres")]
@@ -416,11 +413,14 @@ impl Error {
             | Error::WorldWritable { path, .. }
             | Error::NotADirectory { path }
             | Error::NetworkFilesystem { path, .. }
-            | Error::LockTimeout { path, .. }
             | Error::ForeignOwner { path, .. }
             | Error::LiveLockBusy { path }
             | Error::TooManyOpenFiles { path, .. }
             | Error::LockReplaced { path } => Some(path),
+            Error::LockTimeout {
+                lock: LockOf::File(path),
+                ..
+            } => Some(path),
             _ => None,
         }
     }
@@ -511,11 +511,23 @@ impl fmt::Display for Error {
                 "lease directory {} is on a network file system ({fs}) where flock is unreliable",
                 path.display()
             ),
-            Error::LockTimeout { path, waited } => write!(
+            Error::LockTimeout {
+                lock: LockOf::File(path),
+                waited,
+            } => write!(
                 f,
                 "transition lock {} stayed taken for {:.3} s: the transition holding it (a \
                  lease's, or a fence's admission) is stuck (a stopped or hung process?)",
                 path.display(),
+                waited.as_secs_f64()
+            ),
+            Error::LockTimeout {
+                lock: LockOf::Row(id),
+                waited,
+            } => write!(
+                f,
+                "lease row of session {id} stayed locked for {:.3} s: another transition on \
+                 this id is stuck",
                 waited.as_secs_f64()
             ),
             Error::ForeignOwner { path, uid } => write!(
@@ -584,13 +596,6 @@ impl fmt::Display for Error {
                 }
                 Ok(())
             }
-            #[cfg(feature = "postgres")]
-            Error::RowLockTimeout { id, waited } => write!(
-                f,
-                "lease row of session {id} stayed locked for {:.3} s: another transition on \
-                 this id is stuck",
-                waited.as_secs_f64()
-            ),
             #[cfg(feature = "postgres")]
             Error::CorruptRow { id, reason } => {
                 write!(f, "corrupt lease row of session {id}: {reason}")
@@ -669,7 +674,7 @@ mod tests {
     #[test]
     fn kinds_carry_over_to_io_errors() {
         let stuck = Error::LockTimeout {
-            path: "/d/x.lock".into(),
+            lock: LockOf::File("/d/x.lock".into()),
             waited: Duration::from_secs(5),
         };
         assert_eq!(stuck.kind(), ErrorKind::LockTimeout);

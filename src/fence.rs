@@ -566,7 +566,7 @@ impl Fence {
                 }
                 (false, true) => {
                     return Err(Error::LockTimeout {
-                        path: self.lock_path.clone(),
+                        lock: crate::error::LockOf::File(self.lock_path.clone()),
                         waited: started.elapsed(),
                     });
                 }
@@ -576,7 +576,7 @@ impl Fence {
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(Error::LockTimeout {
-                    path: self.lock_path.clone(),
+                    lock: crate::error::LockOf::File(self.lock_path.clone()),
                     waited: started.elapsed(),
                 });
             }

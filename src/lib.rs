@@ -136,7 +136,7 @@ mod timestamp;
 // checker, the fuzz targets and the crate's own tests; no stability promise): the pure
 // transition function, its interpreter, the record codec, the judgement of a commit whose reply
 // was lost, the line of waiters' rule, the flock adapter's module (its
-// step seam, its descriptor cache), the byte-driven checks and the conformance suite every
+// step seam), the byte-driven checks and the conformance suite every
 // backend passes. Without the feature they are private and the documentation does not show
 // them.
 #[cfg(feature = "internals")]
@@ -186,7 +186,7 @@ mod fault;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 #[doc(inline)]
-pub use error::{Error, ErrorKind};
+pub use error::{Error, ErrorKind, LockOf};
 #[doc(inline)]
 pub use fence::{Admission, Fence};
 pub use flock::{AcquireWait, DEFAULT_LOCK_TIMEOUT, Durability, FlockLease, FlockLeaseBuilder};

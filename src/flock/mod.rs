@@ -402,7 +402,7 @@ impl FlockLease {
         let paths = &entry.paths;
         let Some(_turn) = entry.gate.enter(deadline) else {
             return Err(Error::LockTimeout {
-                path: paths.lock.clone(),
+                lock: crate::error::LockOf::File(paths.lock.clone()),
                 waited: started.elapsed(),
             });
         };
@@ -463,7 +463,7 @@ impl FlockLease {
         // In-process serialization of one id, bounded by this caller's own deadline.
         let Some(_turn) = entry.gate.enter(deadline) else {
             return Err(Error::LockTimeout {
-                path: paths.lock.clone(),
+                lock: crate::error::LockOf::File(paths.lock.clone()),
                 waited: started.elapsed(),
             });
         };
@@ -546,7 +546,7 @@ impl FlockLease {
         started: Instant,
     ) -> Result<StableLock, Error> {
         let timeout = || Error::LockTimeout {
-            path: path.to_owned(),
+            lock: crate::error::LockOf::File(path.to_owned()),
             waited: started.elapsed(),
         };
         loop {

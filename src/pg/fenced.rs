@@ -140,7 +140,7 @@ impl PgLease {
     /// **Cost:** two round trips more than the caller's statements (the row's share lock with
     /// the clock; the clock again, then `COMMIT`). Every transition on the id, this
     /// instance's own renew included, waits for the section (up to its `lock_timeout`, then
-    /// [`Error::RowLockTimeout`]): keep sections short, well below the lock timeout and the
+    /// [`Error::LockTimeout`]): keep sections short, well below the lock timeout and the
     /// lease's time left. A section left idle by a stopped client is ended by the server
     /// after the idle-in-transaction bound (see the [module documentation](super)).
     ///
@@ -213,8 +213,8 @@ impl PgLease {
         )
         .map_err(|e| {
             if e.is_lock_timeout() {
-                Error::RowLockTimeout {
-                    id: id.clone(),
+                Error::LockTimeout {
+                    lock: crate::error::LockOf::Row(id.clone()),
                     waited: inner.lock_timeout,
                 }
             } else {

@@ -345,8 +345,8 @@ impl PgLease {
         // This caller's own bound on waiting for its turn and the row, whoever queued first
         // (from when the turn is asked for: a wait for a holder is bounded on its own).
         let bound = |started: Instant| started.checked_add(inner.lock_timeout);
-        let timeout = |started: Instant| Error::RowLockTimeout {
-            id: id.clone(),
+        let timeout = |started: Instant| Error::LockTimeout {
+            lock: crate::error::LockOf::Row(id.clone()),
             waited: started.elapsed(),
         };
         let entry = inner.id_state(id);
@@ -589,7 +589,7 @@ impl PgLeaseBuilder {
     }
 
     /// How long a transition waits for a lease row locked by another transition before
-    /// [`Error::RowLockTimeout`] (default 5 s); enforced by the server (`lock_timeout`). A
+    /// [`Error::LockTimeout`] (default 5 s); enforced by the server (`lock_timeout`). A
     /// reply that has not come a third of the TTL (at least 1 s) after that is given up on (see
     /// the [module documentation](self)).
     pub fn lock_timeout(mut self, timeout: Duration) -> Self {

@@ -36,8 +36,8 @@ impl Inner {
         let started = Instant::now();
         let map = |e: Fail| {
             if e.is_lock_timeout() {
-                Error::RowLockTimeout {
-                    id: id.clone(),
+                Error::LockTimeout {
+                    lock: crate::error::LockOf::Row(id.clone()),
                     // After a wait for a holder, only the server's bound is known.
                     waited: match wait {
                         Some(_) => self.lock_timeout,

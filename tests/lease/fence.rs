@@ -465,7 +465,10 @@ fn a_lock_held_for_the_whole_lock_timeout_is_an_error_not_a_refusal() {
     let stuck = fs::File::open(dir.path().join("s.fence.lock")).unwrap();
     stuck.lock().unwrap();
     match fence.admit(2) {
-        Err(Error::LockTimeout { path, waited }) => {
+        Err(Error::LockTimeout {
+            lock: flocklease::LockOf::File(path),
+            waited,
+        }) => {
             assert_eq!(path, dir.path().join("s.fence.lock"));
             assert!(waited >= Duration::from_millis(50));
         }

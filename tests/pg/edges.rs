@@ -95,7 +95,7 @@ fn fresh() -> Option<(String, pg::Admin)> {
 /// A holder SIGSTOPped in the middle of its renew's transaction holds the lease row locked;
 /// the server ends that session within the idle-in-transaction bound (here 1 s: the lock
 /// timeout), so a rival's acquire is answered again — `Held`, since the stopped holder's
-/// liveness session is intact — instead of failing with `RowLockTimeout` until the holder
+/// liveness session is intact — instead of failing with `LockTimeout` until the holder
 /// runs again. (Without the bound, every attempt below timed out.)
 #[test]
 fn a_client_stopped_mid_transaction_does_not_keep_the_row_locked() {
@@ -127,7 +127,7 @@ fn a_client_stopped_mid_transaction_does_not_keep_the_row_locked() {
     let mut timeouts = 0;
     let answer = loop {
         match rival.acquire(&id("job"), &owner("rival")) {
-            Err(Error::RowLockTimeout { .. }) if timeouts < 20 => timeouts += 1,
+            Err(Error::LockTimeout { .. }) if timeouts < 20 => timeouts += 1,
             other => break other,
         }
     };

@@ -312,7 +312,7 @@ fn a_commit_whose_reply_is_lost_is_resolved_by_rereading_the_row() {
 
 /// The server stops answering just as a first acquire's `COMMIT` goes out (the hook SIGSTOPs
 /// that session's backend): the call fails with `Error::CommitUnknown` after the reply bound —
-/// never a hang, never `RowLockTimeout` from re-reading a row the stopped session still locks —
+/// never a hang, never `LockTimeout` from re-reading a row the stopped session still locks —
 /// and once the backend runs again the next acquire settles it with a new generation.
 #[test]
 fn a_commit_the_server_never_answers_is_unknown_and_the_next_call_settles_it() {
@@ -518,7 +518,7 @@ fn a_client_stopped_mid_acquire_is_ended_by_the_database_s_idle_transaction_time
         paused_rx
             .recv_timeout(Duration::from_secs(10))
             .expect("the acquire reached its commit");
-        // With the row lock kept by the stopped client, this ends in RowLockTimeout.
+        // With the row lock kept by the stopped client, this ends in LockTimeout.
         let got = b.acquire(&sid("paused"), &who("b")).unwrap();
         assert_eq!(got.lease().map(|l| l.token), Some(1));
         resume_tx.send(()).unwrap();
@@ -533,7 +533,7 @@ fn a_client_stopped_mid_acquire_is_ended_by_the_database_s_idle_transaction_time
 /// Two threads of one instance: B waits for the holder, and its next attempt's row lock comes
 /// right behind the wait's end; meanwhile A, which holds the id's in-process lock, asks for
 /// the row after B. B must give the row up (it tries the in-process lock only briefly, then
-/// rolls back and starts over in order), or A's acquire ends in `RowLockTimeout`. The fault
+/// rolls back and starts over in order), or A's acquire ends in `LockTimeout`. The fault
 /// hook orders the steps: at B's second attempt it lets the holder go, locks the row from an
 /// admin session (so that B queues for it) and starts A, whose own first round trip waits until
 /// B is queued; the admin session lets go once A is queued behind B.

@@ -44,7 +44,7 @@ fn a_takeover_waits_for_the_section_and_an_expired_section_commits_nothing() {
         .unwrap()
         .expect("committed");
     assert!(
-        matches!(during, Err(Error::RowLockTimeout { .. })),
+        matches!(during, Err(Error::LockTimeout { .. })),
         "{during:?}"
     );
     assert_eq!(

@@ -315,7 +315,7 @@ fn a_holder_host_that_vanishes_is_noticed_on_both_ends_before_the_expiry() {
 /// A holder whose host vanishes (its link goes down) in the middle of a renew's transaction,
 /// holding the lease row locked: the server ends that session (its idle-in-transaction bound,
 /// here 4 s: a third of the TTL), so a rival on this host is answered again instead of failing
-/// with `RowLockTimeout` until the far host's path comes back.
+/// with `LockTimeout` until the far host's path comes back.
 #[test]
 fn a_holder_host_that_vanishes_mid_transaction_does_not_keep_the_row_locked() {
     // Bound in this order so that they drop in the reverse one: the child, then the pair,
@@ -350,7 +350,7 @@ fn a_holder_host_that_vanishes_mid_transaction_does_not_keep_the_row_locked() {
     let answer = loop {
         match rival.acquire(&id("job"), &owner("near")) {
             // At most 40 of 500 ms: five times the bound.
-            Err(flocklease::Error::RowLockTimeout { .. }) if timeouts < 40 => timeouts += 1,
+            Err(flocklease::Error::LockTimeout { .. }) if timeouts < 40 => timeouts += 1,
             other => break other,
         }
     };

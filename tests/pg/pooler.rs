@@ -221,7 +221,7 @@ fn session_pooler_keeps_the_server_side_settings_the_row_lock_bound_included() {
         &[],
     );
     match leases.acquire(&id("job"), &owner("a")) {
-        Err(Error::RowLockTimeout { waited, .. }) => {
+        Err(Error::LockTimeout { waited, .. }) => {
             assert!(waited >= Duration::from_millis(300), "{waited:?}");
         }
         other => panic!("expected the row-lock bound, got {other:?}"),

@@ -357,7 +357,10 @@ fn a_stuck_row_lock_is_a_typed_timeout_and_does_not_delay_other_ids() {
     );
     let started = Instant::now();
     match leases.acquire(&id("stuck"), &owner("b")) {
-        Err(Error::RowLockTimeout { id: i, .. }) => assert_eq!(i, id("stuck")),
+        Err(Error::LockTimeout {
+            lock: flocklease::LockOf::Row(i),
+            ..
+        }) => assert_eq!(i, id("stuck")),
         other => panic!("expected a row lock timeout, got {other:?}"),
     }
     assert!(started.elapsed() >= Duration::from_millis(200));
