@@ -61,10 +61,18 @@ pub enum FaultPoint {
     /// Opening the id's line of waiting acquires, `<stem>.queue` (a failure leaves the wait
     /// unqueued: it is never the call's error).
     OpenQueue,
+    /// A [`Fence`](crate::Fence)'s guarded write renaming its temporary file over its target
+    /// (after the checks that it may land). Not reached by a lease transition.
+    CommitTarget,
+    /// A [`Fence`](crate::Fence) giving up its lock (closing the lock file): never fails, a
+    /// test's hook may only pause there. Not reached by a lease transition.
+    UnlockFence,
 }
 
 impl FaultPoint {
-    /// Every fault point, in the order a transition may reach them.
+    /// Every fault point of a lease transition, in the order a transition may reach them (a
+    /// fence's own, [`FaultPoint::CommitTarget`] and [`FaultPoint::UnlockFence`], are not
+    /// among them).
     pub const ALL: [FaultPoint; 23] = [
         FaultPoint::OpenStable,
         FaultPoint::LockStable,
@@ -132,6 +140,8 @@ impl FaultPoint {
             | FaultPoint::CreateTemp
             | FaultPoint::OpenWait
             | FaultPoint::OpenQueue => "open",
+            FaultPoint::UnlockFence => "unlock",
+            FaultPoint::CommitTarget => "rename",
             FaultPoint::LockStable | FaultPoint::LockProbe | FaultPoint::LockLive => "lock",
             FaultPoint::StatStable
             | FaultPoint::StatLive

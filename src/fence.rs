@@ -440,10 +440,15 @@ impl Fence {
     ) -> Result<Admission, Error> {
         let target = target.as_ref();
         let write = |lock: &Locked| {
-            write_atomically(target, bytes, || {
-                self.opener.faults.check(FaultPoint::Rename, target)?;
-                self.still_admits(token, lock)
-            })
+            write_atomically(
+                target,
+                bytes,
+                || {
+                    self.opener.faults.check(FaultPoint::Rename, target)?;
+                    self.still_admits(token, lock)
+                },
+                || self.opener.faults.check(FaultPoint::CommitTarget, target),
+            )
         };
         match self.locked(token, write)? {
             Ok((previous, written)) => match written? {
@@ -511,21 +516,43 @@ impl Fence {
         f: impl FnOnce(&Locked) -> T,
     ) -> Result<Result<(Option<u64>, T), u64>, Error> {
         let lock = self.lock()?;
+        let admitted = self.admitted(token, &lock);
+        let answer = match admitted {
+            Ok(Ok(previous)) => Ok(Ok((previous, f(&lock)))),
+            Ok(Err(highest)) => Ok(Err(highest)),
+            Err(e) => Err(e),
+        };
+        self.unlock(lock);
+        answer
+    }
+
+    /// Under `lock`: reads the fence file and decides on `token` ([`machine::fence_step`]),
+    /// recording it if it is greater. `Ok(Ok(previous))` when admitted, `Ok(Err(highest))`
+    /// when refused.
+    fn admitted(&self, token: u64, lock: &Locked) -> Result<Result<Option<u64>, u64>, Error> {
         let previous = self.highest()?;
         match machine::fence_step(previous, token) {
             FenceStep::Refuse { highest } => return Ok(Err(highest)),
             FenceStep::Admit {
                 record: Some(token),
             } => {
-                if let Err(highest) = self.store(token, previous, &lock)? {
+                if let Err(highest) = self.store(token, previous, lock)? {
                     return Ok(Err(highest));
                 }
             }
             FenceStep::Admit { record: None } => {}
         }
-        let value = f(&lock);
+        Ok(Ok(previous))
+    }
+
+    /// Gives up the lock (closing the lock file unlocks it).
+    fn unlock(&self, lock: Locked) {
+        // Never fails; a test's hook may pause here (the lockstep harness does).
+        let _ = self
+            .opener
+            .faults
+            .check(FaultPoint::UnlockFence, &self.lock_path);
         drop(lock);
-        Ok(Ok((previous, value)))
     }
 
     /// Opens (creating) the lock file and notes which file it is.
@@ -550,6 +577,9 @@ impl Fence {
         loop {
             let (file, meta) = self.open_lock()?;
             let (dev, ino) = (meta.dev(), meta.ino());
+            self.opener
+                .faults
+                .check(FaultPoint::LockStable, &self.lock_path)?;
             let taken = try_lock_until(&file, deadline)
                 .map_err(|e| Error::io("lock", &self.lock_path, e))?;
             let lock = Locked {
@@ -606,6 +636,9 @@ impl Fence {
 
     /// Whether `lock` is still the file at the lock's path.
     fn still_at(&self, lock: &Locked) -> Result<bool, Error> {
+        self.opener
+            .faults
+            .check(FaultPoint::StatStable, &self.lock_path)?;
         match fs::symlink_metadata(&self.lock_path) {
             Ok(m) => Ok((m.dev(), m.ino()) == (lock.dev, lock.ino)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
@@ -650,9 +683,14 @@ impl Fence {
                 Ok(Ok(()))
             })
             .and_then(|may| match may {
-                Ok(()) => fs::rename(&tmp, &self.path)
-                    .map(Ok)
-                    .map_err(|e| Error::io("rename", &self.path, e)),
+                Ok(()) => self
+                    .opener
+                    .faults
+                    .check(FaultPoint::Rename, &self.path)
+                    .and_then(|()| {
+                        fs::rename(&tmp, &self.path).map_err(|e| Error::io("rename", &self.path, e))
+                    })
+                    .map(Ok),
                 Err(now) => Ok(Err(now)),
             });
         let now = match renamed {
@@ -683,11 +721,13 @@ impl Fence {
 
 /// Writes `bytes` to `target` whole: a temporary file beside it, fsynced, renamed over it, the
 /// directory fsynced; `commit` is asked just before the rename whether the write may still
-/// land (`Ok(Err(highest))`: no; the temporary file is removed and nothing changes).
+/// land (`Ok(Err(highest))`: no; the temporary file is removed and nothing changes), and
+/// `renaming` (the fault seam) just before the rename itself.
 fn write_atomically(
     target: &Path,
     bytes: &[u8],
     commit: impl FnOnce() -> Result<Result<(), u64>, Error>,
+    renaming: impl FnOnce() -> Result<(), Error>,
 ) -> Result<Result<(), u64>, Error> {
     let not_a_file = || Error::NotAFile {
         path: target.to_owned(),
@@ -731,9 +771,9 @@ fn write_atomically(
         .and_then(|()| file.sync_all().map_err(|e| Error::io("fsync", &tmp, e)))
         .and_then(|()| commit())
         .and_then(|may| match may {
-            Ok(()) => fs::rename(&tmp, target)
-                .map(Ok)
-                .map_err(|e| Error::io("rename", target, e)),
+            Ok(()) => renaming()
+                .and_then(|()| fs::rename(&tmp, target).map_err(|e| Error::io("rename", target, e)))
+                .map(Ok),
             Err(highest) => Ok(Err(highest)),
         });
     match renamed {

@@ -4,7 +4,7 @@
 //!
 //! | actor | steps (one system call each) |
 //! | --- | --- |
-//! | `write_file(token)` | open (creating) `<fence>.lock` · `flock` it (waits while another holds that file) · check it is the file at the path (else unlock and start again) · read the fence file, decide by [`machine::fence_step`] (refused: unlock) · to record a greater token: check the lock is still the file at the path · check the fence file still holds what was read · rename the new fence file into place · before the target's rename: check the lock again · check the token is still admitted (the fence file re-read, the same rule) · rename the target into place · unlock |
+//! | `write_file(token)` | open (creating) `<fence>.lock` · `flock` it (waits while another holds that file) · check it is the file at the path (else unlock and start again) · read the fence file, decide by [`machine::fence_step`] (refused: unlock) · to record a greater token: check the lock is still the file at the path · check the fence file still holds what was read (read whatever the lock check found; both answers decide) · rename the new fence file into place · before the target's rename: check the lock again · check the token is still admitted (the fence file re-read, the same rule) · rename the target into place · unlock |
 //! | `with(token, f)` | the same up to the admission · `f`'s write lands · unlock |
 //! | cleaner | delete `<fence>.lock`, or move it aside (a rename, or a hard link and an unlink) and later put it back at its name: the same inode |
 //!
@@ -109,6 +109,9 @@ pub struct Writer {
     pub locked: bool,
     /// The fence file as it read it.
     pub read: Option<u64>,
+    /// Its last check of the lock passed (the adapter checks the lock, then reads the fence
+    /// file whatever the lock's answer, then decides on both).
+    pub lock_ok: bool,
     /// Ghost: its lock was removed since its last check passed, while in its window
     /// ([`ResourceModel`]'s `in_window`).
     pub exposed: bool,
@@ -240,6 +243,12 @@ impl ResourceModel {
         }
     }
 
+    /// At a check of the fence file: whether the lock check before it passed (always, when
+    /// the fence file is checked first: the lock check follows and decides). Consumed.
+    fn lock_ok(&self, w: &mut Writer) -> bool {
+        self.planted == Some(ResourcePlanted::FenceCheckedFirst) || std::mem::take(&mut w.lock_ok)
+    }
+
     fn step(&self, s: &mut ResourceState, i: usize) {
         let (token, how) = self.writers[i];
         let mut w = s.writers[i];
@@ -275,19 +284,31 @@ impl ResourceModel {
                 };
             }
             Pc::StoreLock | Pc::RecheckLock => {
-                if s.lock_at == w.lock {
+                let here = s.lock_at == w.lock;
+                if here {
                     w.exposed = false;
-                    w.pc = self.after_check(w.pc);
-                } else {
-                    w.pc = Pc::Unlock;
                 }
+                w.pc = if self.planted == Some(ResourcePlanted::FenceCheckedFirst) {
+                    // The second check: it decides alone.
+                    if here {
+                        self.after_check(w.pc)
+                    } else {
+                        Pc::Unlock
+                    }
+                } else {
+                    // The first check: the fence file is read whatever it found.
+                    w.lock_ok = here;
+                    self.after_check(w.pc)
+                };
             }
             Pc::StoreFence => {
-                if self.planted == Some(ResourcePlanted::StoreChecksLockOnly) || s.fence == w.read {
-                    w.pc = self.after_check(w.pc);
+                let same =
+                    self.planted == Some(ResourcePlanted::StoreChecksLockOnly) || s.fence == w.read;
+                w.pc = if same && self.lock_ok(&mut w) {
+                    self.after_check(w.pc)
                 } else {
-                    w.pc = Pc::Unlock;
-                }
+                    Pc::Unlock
+                };
             }
             Pc::StoreRename => {
                 s.window |= w.exposed;
@@ -305,9 +326,12 @@ impl ResourceModel {
             Pc::RecheckFence => {
                 if let FenceStep::Refuse { .. } = machine::fence_step(s.fence, token) {
                     s.refused_at_recheck = true;
+                    w.lock_ok = false;
                     w.pc = Pc::Unlock;
-                } else {
+                } else if self.lock_ok(&mut w) {
                     w.pc = self.after_check(w.pc);
+                } else {
+                    w.pc = Pc::Unlock;
                 }
             }
             Pc::Rename | Pc::Write => {
@@ -350,6 +374,7 @@ impl Model for ResourceModel {
                     lock: None,
                     locked: false,
                     read: None,
+                    lock_ok: false,
                     exposed: false,
                 };
                 self.writers.len()
@@ -483,7 +508,9 @@ mod tests {
     fn the_default_configuration_holds() {
         let checker = ResourceModel::default().checker();
         // Pinned: a change to the actors or the rule that moves it must say why.
-        assert_eq!(checker.unique_state_count(), 40_345);
+        // 53 433 since the adapter's read of the fence file after a failed lock check is a step
+        // of its own (it was folded into the lock check: 40 345), as the lockstep runs it.
+        assert_eq!(checker.unique_state_count(), 53_433);
         assert!(checker.discovery(NEVER_BACK).is_none());
         assert!(checker.discovery(NO_STALE_WRITE).is_none());
         assert!(checker.discovery(REFUSED_AT_RECHECK).is_some());

@@ -1,0 +1,330 @@
+//! Lockstep of a resource's own `Fence` (PROTOCOL §9.4) with its model (`check --config
+//! resource-fence`, `flocklease_model::resource`): each model writer is a real `Fence` on its
+//! own thread — `write_file(token, target, …)` or `with(token, write the target)` — whose fault
+//! seam is used only as a scheduler: the writer pauses before each step the model takes (open
+//! the lock, `flock` it, check it is the file at the path, read the fence file, rename a new
+//! fence file or the target, unlock), and goes on by one step when the model's writer does. The
+//! cleaner's deletions, moves aside and puts back are done on the real lock file. After every
+//! action the files are compared with the model's state: the fence file's token, the target's
+//! token, which lock file stands at the path, and where each writer is.
+//!
+//! Schedules: seeded random walks of the model (every action it allows, chosen at random). A
+//! divergence fails with the seed and the actions so far.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::HashMap;
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use flocklease::Fence;
+use flocklease::fault::{FaultHook, FaultPoint};
+use flocklease_model::resource::{
+    How, Pc, ResourceAction, ResourceModel, ResourcePlanted, ResourceState,
+};
+use stateright::Model;
+
+/// How many seeded random walks.
+const WALKS: u64 = 3_000;
+
+/// Where a real writer is paused (or that it returned).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum At {
+    /// Before the step this fault point names.
+    Point(FaultPoint),
+    /// `with`'s closure, before its write.
+    Write,
+    /// Returned.
+    Done,
+}
+
+/// The point a real writer pauses at before the model's step `pc`.
+fn expected(pc: Pc) -> At {
+    match pc {
+        Pc::Open => At::Point(FaultPoint::OpenStable),
+        Pc::Lock => At::Point(FaultPoint::LockStable),
+        Pc::StillAt | Pc::StoreLock | Pc::RecheckLock => At::Point(FaultPoint::StatStable),
+        Pc::Read | Pc::StoreFence | Pc::RecheckFence => At::Point(FaultPoint::OpenRecord),
+        Pc::StoreRename => At::Point(FaultPoint::Rename),
+        Pc::Write => At::Write,
+        Pc::Rename => At::Point(FaultPoint::CommitTarget),
+        Pc::Unlock => At::Point(FaultPoint::UnlockFence),
+        Pc::Done => At::Done,
+    }
+}
+
+/// One real writer: its thread, and the channel that lets it take its next step.
+struct Writer {
+    go: Sender<()>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// The real side of one walk.
+struct Real {
+    dir: tempfile::TempDir,
+    writers: Vec<Writer>,
+    /// Where each writer is paused.
+    at: Vec<At>,
+    reports: Receiver<(usize, At)>,
+    /// The model's lock inodes and the real ones.
+    inodes: HashMap<u8, u64>,
+}
+
+impl Real {
+    fn fence_path(&self) -> PathBuf {
+        self.dir.path().join("f")
+    }
+    fn lock_path(&self) -> PathBuf {
+        self.dir.path().join("f.lock")
+    }
+    fn aside_path(&self) -> PathBuf {
+        self.dir.path().join("aside")
+    }
+    fn target_path(&self) -> PathBuf {
+        self.dir.path().join("target")
+    }
+
+    fn start(m: &ResourceModel) -> Real {
+        let dir = tempfile::tempdir().unwrap();
+        let fence_path = dir.path().join("f");
+        let target = dir.path().join("target");
+        let (report, reports) = channel();
+        let mut writers = vec![];
+        for (i, &(token, how)) in m.writers.iter().enumerate() {
+            let (go, wait) = channel::<()>();
+            let wait = Arc::new(Mutex::new(wait));
+            let armed = Arc::new(AtomicBool::new(false));
+            let hook: FaultHook = {
+                let (report, wait, armed) = (report.clone(), Arc::clone(&wait), Arc::clone(&armed));
+                let fence_path = fence_path.clone();
+                Arc::new(move |point, path: &Path| {
+                    let step = match point {
+                        FaultPoint::OpenStable
+                        | FaultPoint::LockStable
+                        | FaultPoint::StatStable
+                        | FaultPoint::CommitTarget
+                        | FaultPoint::UnlockFence => true,
+                        FaultPoint::OpenRecord | FaultPoint::Rename => path == fence_path,
+                        _ => false,
+                    };
+                    if step && armed.load(Ordering::SeqCst) {
+                        pause(&report, &wait, i, At::Point(point));
+                    }
+                    None
+                })
+            };
+            let fence = Fence::builder(&fence_path).faults(hook).open().unwrap();
+            armed.store(true, Ordering::SeqCst);
+            let (report, target) = (report.clone(), target.clone());
+            let thread = std::thread::spawn(move || {
+                let bytes = format!("{token}\n");
+                match how {
+                    How::WriteFile => {
+                        let _ = fence.write_file(token, &target, bytes.as_bytes());
+                    }
+                    How::With => {
+                        let _ = fence.with(token, || {
+                            pause(&report, &wait, i, At::Write);
+                            fs::write(&target, bytes.as_bytes()).unwrap();
+                        });
+                    }
+                }
+                let _ = report.send((i, At::Done));
+            });
+            writers.push(Writer {
+                go,
+                thread: Some(thread),
+            });
+        }
+        let mut real = Real {
+            dir,
+            writers,
+            at: vec![At::Done; m.writers.len()],
+            reports,
+            inodes: HashMap::new(),
+        };
+        // Opening the fences created the lock file; the model starts without one.
+        fs::remove_file(real.lock_path()).unwrap();
+        for _ in 0..m.writers.len() {
+            let (i, at) = real.reports.recv().unwrap();
+            real.at[i] = at;
+        }
+        real
+    }
+
+    /// Lets writer `i` take one step and waits until it pauses again (or returns).
+    fn step(&mut self, i: usize) {
+        self.writers[i].go.send(()).unwrap();
+        let (j, at) = self.reports.recv().unwrap();
+        assert_eq!(i, j, "another writer moved");
+        self.at[i] = at;
+        if at == At::Done
+            && let Some(t) = self.writers[i].thread.take()
+        {
+            t.join().unwrap();
+        }
+    }
+
+    fn inode_at(&self, path: &Path) -> Option<u64> {
+        fs::symlink_metadata(path).ok().map(|m| m.ino())
+    }
+
+    fn token_in(path: &Path) -> Option<u64> {
+        let text = fs::read_to_string(path).ok()?;
+        Some(text.trim_end().parse().unwrap())
+    }
+
+    /// Compares the real files and writers with the model's state `s`.
+    fn compare(&mut self, s: &ResourceState) -> Result<(), String> {
+        // A lock file the model just created gets its real inode.
+        for (model, path) in [(s.lock_at, self.lock_path()), (s.aside, self.aside_path())] {
+            if let Some(k) = model
+                && !self.inodes.contains_key(&k)
+                && let Some(ino) = self.inode_at(&path)
+            {
+                self.inodes.insert(k, ino);
+            }
+        }
+        let model_at = |k: Option<u8>| k.map(|k| self.inodes.get(&k).copied());
+        let checks = [
+            (
+                "the lock file at its path",
+                format!("{:?}", model_at(s.lock_at).map(|i| i.unwrap_or(0))),
+                format!("{:?}", self.inode_at(&self.lock_path())),
+            ),
+            (
+                "the lock file aside",
+                format!("{:?}", model_at(s.aside).map(|i| i.unwrap_or(0))),
+                format!("{:?}", self.inode_at(&self.aside_path())),
+            ),
+            (
+                "the fence file's token",
+                format!("{:?}", s.fence),
+                format!("{:?}", Self::token_in(&self.fence_path())),
+            ),
+            (
+                "the target's token",
+                format!("{:?}", s.target),
+                format!("{:?}", Self::token_in(&self.target_path())),
+            ),
+            (
+                "where the writers are",
+                format!(
+                    "{:?}",
+                    s.writers.iter().map(|w| expected(w.pc)).collect::<Vec<_>>()
+                ),
+                format!("{:?}", self.at),
+            ),
+        ];
+        for (what, model, real) in checks {
+            if model != real {
+                return Err(format!("{what}: model {model}, real {real}"));
+            }
+        }
+        Ok(())
+    }
+
+    fn act(&mut self, a: ResourceAction) {
+        match a {
+            ResourceAction::Step(i) => self.step(i),
+            ResourceAction::DeleteLock => fs::remove_file(self.lock_path()).unwrap(),
+            ResourceAction::MoveAside => fs::rename(self.lock_path(), self.aside_path()).unwrap(),
+            ResourceAction::PutBack => fs::rename(self.aside_path(), self.lock_path()).unwrap(),
+        }
+    }
+
+    /// Lets every writer run to its end (after a divergence or at the end of a walk).
+    fn finish(mut self) {
+        for w in &mut self.writers {
+            while let Some(t) = w.thread.take() {
+                if t.is_finished() {
+                    t.join().unwrap();
+                } else {
+                    let _ = w.go.send(());
+                    w.thread = Some(t);
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+}
+
+/// A writer's pause: says where it is, and waits for its turn.
+fn pause(report: &Sender<(usize, At)>, wait: &Mutex<Receiver<()>>, i: usize, at: At) {
+    let _ = report.send((i, at));
+    let _ = wait.lock().unwrap().recv();
+}
+
+/// A seeded random walk of `m`, run in lockstep: the number of actions compared.
+fn walk(m: &ResourceModel, seed: u64) -> Result<usize, String> {
+    let mut rng = SplitMix(seed);
+    let mut s = m.init_states().remove(0);
+    let mut real = Real::start(m);
+    let mut done = vec![];
+    let result = (|| {
+        real.compare(&s)?;
+        loop {
+            let mut actions = vec![];
+            m.actions(&s, &mut actions);
+            if actions.is_empty() {
+                return Ok(done.len());
+            }
+            let a = actions.swap_remove(rng.below(actions.len()));
+            s = m
+                .next_state(&s, a)
+                .ok_or("the model cannot take its own action")?;
+            real.act(a);
+            done.push(a);
+            real.compare(&s)
+                .map_err(|e| format!("seed {seed}, after {done:?}: {e}"))?;
+        }
+    })();
+    real.finish();
+    result
+}
+
+#[test]
+fn the_real_fence_follows_its_model_step_by_step() {
+    let m = ResourceModel::default();
+    let mut steps = 0;
+    for seed in 0..WALKS {
+        steps += walk(&m, seed).unwrap_or_else(|e| panic!("{e}"));
+    }
+    eprintln!("fence lockstep: {WALKS} walks, {steps} actions compared, no divergence");
+}
+
+/// The lockstep can fail: a model with a planted mistake (the fence's store checking only its
+/// lock, as before issue 33) diverges from the real fence on some walk.
+#[test]
+fn a_planted_mistake_in_the_model_diverges_from_the_real_fence() {
+    let m = ResourceModel {
+        planted: Some(ResourcePlanted::StoreChecksLockOnly),
+        ..ResourceModel::default()
+    };
+    let diverged = (0..WALKS).any(|seed| walk(&m, seed).is_err());
+    assert!(
+        diverged,
+        "no walk told the planted model from the real fence"
+    );
+}
+
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
