@@ -1,10 +1,12 @@
-//! The library's tests of the flock and memory backends, one test binary grouped by area (one
-//! binary links the crate once). Children in a role re-run this binary filtered to their
-//! module's `child_entry` (`support::RoleChild`).
+//! The library's tests of the flock and memory backends that start no process, one test binary
+//! grouped by area (one binary links the crate once).
 //!
-//! Tests that read process-wide figures run in binaries of their own: `descriptors` (it lowers
-//! the descriptor limit), `waits` (it counts the process's descriptors and inotify marks),
-//! `fairness` (shares of grants), `chaos` and `soak` (long, timed).
+//! The tests that start child processes are in `tests/children` (and `tests/flock.rs`): a child forked by one test
+//! holds copies of every descriptor of the process until it execs, so a test here that checks
+//! a lock is free (`faults`, `tamper`) would see it taken now and then. Tests that read
+//! process-wide figures run in binaries of their own: `descriptors` (it lowers the descriptor
+//! limit), `waits` (it counts the process's descriptors and inotify marks), `fairness` (shares
+//! of grants), `chaos` and `soak` (long, timed).
 
 #![allow(clippy::unwrap_used)]
 
@@ -17,12 +19,8 @@ mod born_expired;
 mod conformance;
 mod corpus;
 mod faults;
-mod fence;
 mod fenced;
-mod flock;
 mod keepalive;
-mod processes;
 mod record_props;
 mod recovery;
-mod shared_dirs;
 mod tamper;

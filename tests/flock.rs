@@ -2,7 +2,9 @@
 //! PROTOCOL §1.3, §2.2, §4 and §6, and the file layout. Conformance cases live in
 //! `conformance.rs`.
 
-use crate::support;
+#![allow(clippy::unwrap_used)]
+
+mod support;
 
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::os::unix::fs::{PermissionsExt, symlink};
@@ -16,7 +18,7 @@ use flocklease::fault::FaultPoint;
 use flocklease::{Error, FlockLease, Grant, ManualClock, Record, record};
 use support::{RoleChild, files_ending, hear, id, open_manual, open_real, owner, role, tell};
 
-const ENTRY: &str = "flock::child_entry";
+const ENTRY: &str = "child_entry";
 
 /// Child roles. `hold DIR ID OWNER`: acquire, report, then obey `renew` / `release` lines until
 /// stdin closes, and exit without releasing. `spawn-and-hold DIR ID OWNER`: acquire, start a
