@@ -28,7 +28,7 @@ mod imp {
     use std::time::{Duration, Instant};
 
     use flocklease::pg::PgLease;
-    use flocklease::{Owner, SessionId, SessionLease};
+    use flocklease::{Owner, SessionId};
     use tokio_postgres::{Client, NoTls, Statement};
 
     use super::pg;

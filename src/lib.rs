@@ -125,7 +125,7 @@ pub mod status;
 pub mod supervise;
 
 mod clock;
-mod gate;
+mod front;
 mod keepalive;
 mod lease;
 mod memory;

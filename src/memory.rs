@@ -117,7 +117,17 @@ impl MemLease {
     }
 }
 
-crate::driver::session_lease_via_transition!(MemLease);
+impl crate::front::Backend for MemLease {
+    fn transition(&self, id: &SessionId, event: Event) -> Result<crate::machine::Outcome, Error> {
+        MemLease::transition(self, id, event)
+    }
+
+    fn lease_clock(&self) -> Arc<dyn Clock> {
+        Arc::clone(&self.clock)
+    }
+}
+
+crate::front::session_lease!(MemLease);
 
 impl Drop for MemLease {
     /// A crash, as the kernel sees it: every liveness lock of this instance is dropped; the

@@ -13,7 +13,7 @@ mod tls;
 use std::fs;
 
 use flocklease::pg::{PgLease, PgTls};
-use flocklease::{Error, Owner, SessionId, SessionLease};
+use flocklease::{Error, Owner, SessionId};
 
 use tls::{set_server_tls, setup};
 

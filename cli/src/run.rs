@@ -474,7 +474,6 @@ fn run_pg(
     owner: &Owner,
     channel: Option<Channel>,
 ) -> Result<u8, String> {
-    use flocklease::SessionLease as _;
     let leases = Arc::new(
         pg_builder(url, a.pg_ca.as_deref())?
             .ttl(a.ttl)

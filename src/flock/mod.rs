@@ -16,7 +16,6 @@
 //! This module only does file work; every decision comes from [`machine`]
 //! through [`driver::run`].
 
-use std::collections::HashMap;
 use std::fs::{self, File};
 use std::io;
 use std::os::unix::fs::MetadataExt;
@@ -41,7 +40,7 @@ mod step;
 mod tx;
 pub(crate) mod wait;
 
-use crate::gate::Gate;
+use crate::front::{Gate, Idle, Registry};
 use files::{Access, DEFAULT_FILE_MODE, Opener, Paths, read_bounded};
 use tx::{FlockTx, Slot, TxState};
 use wait::Cancel;
@@ -53,10 +52,6 @@ pub use tx::SWEEP_SHARE;
 
 /// The default bound on waiting for an id's transition lock: 5 seconds.
 pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The per-id state map is pruned of idle ids (no generation held, nobody inside) when it
-/// grows past this size, and then past twice the size left after pruning.
-const PRUNE_AT: usize = 1024;
 
 /// When the record is forced to stable storage.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -105,7 +100,7 @@ pub struct FlockLease {
     clock: Arc<dyn Clock>,
     lock_timeout: Duration,
     durability: Durability,
-    slots: Mutex<Slots>,
+    slots: Registry<SlotEntry>,
     opener: Opener,
     /// Inotify instances kept for waiting acquires.
     watches: wait::Watches,
@@ -498,42 +493,19 @@ impl FlockLease {
         drop(lock);
     }
 
-    /// This instance's entry for the id with file stem `stem`. Idle entries are pruned when
-    /// the map grows, so memory stays bounded by the ids in use, not every id ever seen.
+    /// This instance's entry for the id with file stem `stem`.
     fn slot(&self, stem: &str) -> Arc<SlotEntry> {
-        let mut slots = lock(&self.slots);
-        if let Some(entry) = slots.map.get(stem) {
-            return Arc::clone(entry);
-        }
-        if slots.map.len() >= slots.prune_at {
-            // Only the map refers to an entry with a strong count of one, and new references
-            // are made under the map's lock: nobody can be about to use a removed entry.
-            // Never waits for an entry's state (a caller holding one may be waiting for the
-            // map): an entry in use is not idle.
-            slots.map.retain(|_, entry| {
-                if Arc::strong_count(entry) != 1 || !entry.gate.is_free() {
-                    return true;
-                }
-                let Ok(slot) = entry.state.try_lock() else {
-                    return true;
-                };
-                !(slot.local.is_none() && slot.pending_sweep.is_none())
-            });
-            slots.prune_at = (slots.map.len() * 2).max(PRUNE_AT);
-        }
-        let entry = Arc::new(SlotEntry {
+        self.slots.entry(stem, || SlotEntry {
             paths: Paths::new(&self.dir, stem.to_owned()),
             gate: Gate::default(),
             state: Mutex::default(),
-        });
-        slots.map.insert(stem.to_owned(), Arc::clone(&entry));
-        entry
+        })
     }
 
     /// How many ids this instance keeps state for (for tests of the pruning).
     #[doc(hidden)]
     pub fn tracked_ids(&self) -> usize {
-        lock(&self.slots).map.len()
+        self.slots.len()
     }
 
     /// Takes `<stem>.lock` by `deadline` (a deadline already past: one attempt, as the
@@ -754,10 +726,7 @@ impl FlockLeaseBuilder {
             clock: self.clock,
             lock_timeout: self.lock_timeout,
             durability: self.durability,
-            slots: Mutex::new(Slots {
-                map: HashMap::new(),
-                prune_at: PRUNE_AT,
-            }),
+            slots: Registry::default(),
             sweeps: Mutex::default(),
             opener: Opener {
                 owners,
@@ -770,14 +739,17 @@ impl FlockLeaseBuilder {
     }
 }
 
-crate::driver::session_lease_via_transition!(FlockLease);
+impl crate::front::Backend for FlockLease {
+    fn transition(&self, id: &SessionId, event: Event) -> Result<Outcome, Error> {
+        FlockLease::transition(self, id, event)
+    }
 
-/// The per-id entries and when to prune them next.
-#[derive(Debug)]
-struct Slots {
-    map: HashMap<String, Arc<SlotEntry>>,
-    prune_at: usize,
+    fn lease_clock(&self) -> Arc<dyn Clock> {
+        Arc::clone(&self.clock)
+    }
 }
+
+crate::front::session_lease!(FlockLease);
 
 /// One id's cached paths, its in-process turn, and what this instance holds for it.
 #[derive(Debug)]
@@ -785,6 +757,16 @@ struct SlotEntry {
     paths: Paths,
     gate: Gate,
     state: Mutex<Slot>,
+}
+
+impl Idle for SlotEntry {
+    fn idle(&self) -> bool {
+        self.gate.is_free()
+            && self
+                .state
+                .try_lock()
+                .is_ok_and(|slot| slot.local.is_none() && slot.pending_sweep.is_none())
+    }
 }
 
 /// An open `<stem>.lock` and the identity of the file it opened.

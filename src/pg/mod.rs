@@ -134,7 +134,6 @@
 //! - The two-`int4` advisory-lock key space is shared with the database's other users:
 //!   do not take `(key, n)` locks with the keys of `flocklease_leases` elsewhere.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -160,7 +159,7 @@ mod sqltime;
 mod tls;
 mod tx;
 
-use crate::gate::Gate;
+use crate::front::{self, Gate, Idle, Registry};
 use conn::{Configs, Conn, HolderWait, OpenSessions, lock};
 use fault::Faults;
 #[cfg(feature = "fault-injection")]
@@ -187,9 +186,6 @@ pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a waiting acquire whose row lock was granted tries for the id's in-process lock
 /// (see `PgLease::transition`) before it starts over.
 const IN_PROCESS_HANDOFF: Duration = Duration::from_millis(2);
-
-/// The per-id state map is pruned of idle ids when it grows past this size.
-const PRUNE_AT: usize = 1024;
 
 /// Lease manager over a PostgreSQL database shared by cooperating processes on any number of
 /// hosts. See the [module documentation](self) for what differs from
@@ -313,8 +309,8 @@ impl PgLease {
                 owner: owner.clone(),
             };
             let (outcome, next) = self.transition(id, event, wait.take())?;
-            if let Grant::Granted(lease) = driver::grant(outcome, id, owner) {
-                return self.unexpired(Grant::Granted(lease));
+            if let Grant::Granted(lease) = front::grant(outcome, id, owner) {
+                return front::unexpired_on(self, Grant::Granted(lease));
             }
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
             if left == Some(Duration::ZERO) {
@@ -479,37 +475,26 @@ impl PgLease {
     }
 }
 
-impl PgLease {
-    /// One renew transition, as answered.
-    fn renew_once(&self, lease: &Lease) -> Result<Grant, Error> {
-        let event = Event::Renew {
-            owner: lease.owner.clone(),
-            token: lease.token,
-        };
-        let (outcome, _) = self.transition(&lease.session_id, event, None)?;
-        Ok(driver::grant(outcome, &lease.session_id, &lease.owner))
+front::lease_methods!(PgLease);
+
+impl front::Backend for PgLease {
+    fn transition(&self, id: &SessionId, event: Event) -> Result<Outcome, Error> {
+        PgLease::transition(self, id, event, None).map(|(outcome, _)| outcome)
     }
 
-    /// `first`, unless it is a grant that expired on [`PgLease::clock`] before it could be
-    /// returned: then renewed, or answered as lost (see [`SessionLease::clock`]).
-    fn unexpired(&self, first: Grant) -> Result<Grant, Error> {
-        let clock = self.clock();
-        driver::unexpired(first, || clock.now(), |l| self.renew_once(l))
+    /// [`PgLease::clock`]: the server's clock as estimated on this host.
+    fn lease_clock(&self) -> Arc<dyn Clock> {
+        PgLease::clock(self)
     }
 }
 
 impl SessionLease for PgLease {
     fn acquire(&self, id: &SessionId, owner: &Owner) -> Result<Grant, Error> {
-        let event = Event::Acquire {
-            owner: owner.clone(),
-        };
-        let first = driver::grant(self.transition(id, event, None)?.0, id, owner);
-        self.unexpired(first)
+        front::acquire(self, id, owner)
     }
 
     fn renew(&self, lease: &Lease) -> Result<Grant, Error> {
-        let first = self.renew_once(lease)?;
-        self.unexpired(first)
+        front::renew(self, lease)
     }
 
     /// [`PgLease::clock`]: the server's clock as estimated on this host.
@@ -518,11 +503,7 @@ impl SessionLease for PgLease {
     }
 
     fn release(&self, lease: &Lease) -> Result<(), Error> {
-        let event = Event::Release {
-            owner: lease.owner.clone(),
-            token: lease.token,
-        };
-        self.transition(&lease.session_id, event, None).map(drop)
+        front::release(self, lease)
     }
 
     /// Calls `notify` when the liveness connection of `lease`'s generation ends (at once if
@@ -553,7 +534,7 @@ impl Drop for PgLease {
     /// but before returning), then closes every connection.
     fn drop(&mut self) {
         let inner = &self.inner;
-        let ids: Vec<_> = lock(&inner.ids).map.values().cloned().collect();
+        let ids = inner.ids.entries();
         for entry in ids {
             if let Some(generation) = lock(&entry.state).local.take() {
                 generation.conn.ended.clear();
@@ -719,10 +700,7 @@ impl PgLeaseBuilder {
                 tx_pool,
                 live_pool,
                 open,
-                ids: Mutex::new(Ids {
-                    map: HashMap::new(),
-                    prune_at: PRUNE_AT,
-                }),
+                ids: Registry::default(),
             },
         })
     }
@@ -770,9 +748,10 @@ struct IdEntry {
     state: Mutex<IdState>,
 }
 
-struct Ids {
-    map: HashMap<SessionId, Arc<IdEntry>>,
-    prune_at: usize,
+impl Idle for IdEntry {
+    fn idle(&self) -> bool {
+        self.gate.is_free() && self.state.try_lock().is_ok_and(|s| s.local.is_none())
+    }
 }
 
 /// Everything but the public face, so the transaction can borrow it.
@@ -789,7 +768,7 @@ pub(crate) struct Inner {
     live_pool: Arc<Mutex<Vec<Conn>>>,
     /// The server sessions of every open connection, each a different one.
     open: Arc<OpenSessions>,
-    ids: Mutex<Ids>,
+    ids: Registry<IdEntry>,
 }
 
 impl Inner {
@@ -804,21 +783,7 @@ impl Inner {
     }
 
     fn id_state(&self, id: &SessionId) -> Arc<IdEntry> {
-        let mut ids = lock(&self.ids);
-        if let Some(entry) = ids.map.get(id) {
-            return Arc::clone(entry);
-        }
-        if ids.map.len() >= ids.prune_at {
-            ids.map.retain(|_, e| {
-                Arc::strong_count(e) > 1
-                    || !e.gate.is_free()
-                    || e.state.try_lock().map_or(true, |s| s.local.is_some())
-            });
-            ids.prune_at = (ids.map.len() * 2).max(PRUNE_AT);
-        }
-        let entry = Arc::new(IdEntry::default());
-        ids.map.insert(id.clone(), Arc::clone(&entry));
-        entry
+        self.ids.entry(id.as_str(), IdEntry::default)
     }
 }
 

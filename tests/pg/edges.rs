@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use flocklease::Error;
 use flocklease::pg::{PgLease, PgStep};
-use flocklease::{Error, SessionLease};
 use nix::sys::signal::{Signal, kill};
 use support::{RoleChild, hear, id, owner, role, tell, wait_stopped};
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use cluster::Node;
 use flocklease::pg::PgLease;
-use flocklease::{Error, Owner, SessionId, SessionLease};
+use flocklease::{Error, Owner, SessionId};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flocklease::pg::PgLease;
-use flocklease::{Error, Grant, ManualClock, SessionLease, Timestamp};
+use flocklease::{Error, Grant, ManualClock, Timestamp};
 use support::{id, owner};
 
 const TTL: Duration = Duration::from_secs(30);

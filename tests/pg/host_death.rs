@@ -23,7 +23,7 @@ use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
 use flocklease::pg::{PgLease, PgStep};
-use flocklease::{KeepAlive, SessionLease, Timestamp};
+use flocklease::{KeepAlive, Timestamp};
 use support::{RoleChild, hear, id, owner, role, tell};
 
 const ENTRY: &str = "host_death::child_entry";

@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
+use flocklease::Error;
 use flocklease::pg::PgLease;
-use flocklease::{Error, SessionLease};
 use pgbouncer::{Options, PgBouncer, PoolMode};
 use support::{RoleChild, hear, id, owner, role, tell};
 

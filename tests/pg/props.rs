@@ -13,9 +13,7 @@ use std::time::Duration;
 
 use flocklease::conformance::START;
 use flocklease::pg::PgLease;
-use flocklease::{
-    Error, Grant, Lease, ManualClock, MemLease, MemStore, Owner, SessionId, SessionLease,
-};
+use flocklease::{Error, Grant, Lease, ManualClock, MemLease, MemStore, Owner, SessionId};
 use proptest::prelude::*;
 
 const INSTANCES: usize = 3;

@@ -21,7 +21,7 @@ use std::sync::{Mutex, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
 use flocklease::pg::PgLease;
-use flocklease::{Lease, Owner, SessionId, SessionLease};
+use flocklease::{Lease, Owner, SessionId};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, NoTls, Row};
 

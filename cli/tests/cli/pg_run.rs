@@ -10,7 +10,7 @@ use crate::pg;
 use std::process::Command;
 
 use flocklease::pg::PgLease;
-use flocklease::{Owner, SessionId, SessionLease};
+use flocklease::{Owner, SessionId};
 
 fn flocklease(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_flocklease"))

@@ -1,0 +1,410 @@
+//! The front every backend shares, between the public calls and one transition: the per-id
+//! [`Registry`] of an instance, each id's in-process turn ([`Gate`], with each caller's own
+//! deadline), and the one [`SessionLease`] path — an acquire, renew or release as a machine
+//! event, its outcome as the caller's [`Grant`], never a grant already expired
+//! ([`unexpired`]). A backend gives the front one transition of an id and its clock
+//! ([`Backend`]); [`session_lease!`] and [`lease_methods!`] give it the trait and the same
+//! inherent `acquire`, `renew`, `release`, `acquire_guard` methods as every other backend.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
+
+use crate::clock::Clock;
+use crate::error::Error;
+use crate::lease::{Grant, Lease};
+use crate::machine::{self, Event, Outcome};
+use crate::name::{Owner, SessionId};
+use crate::timestamp::Timestamp;
+
+/// What a backend gives the front.
+pub(crate) trait Backend {
+    /// Runs one transition for `event` on `id` (the backend's registry entry, turn, lock,
+    /// run and end) and returns the machine's outcome.
+    fn transition(&self, id: &SessionId, event: Event) -> Result<Outcome, Error>;
+
+    /// The clock expiry is judged by as a call returns ([`unexpired`]).
+    fn lease_clock(&self) -> Arc<dyn Clock>;
+}
+
+/// [`SessionLease::acquire`](crate::SessionLease::acquire) for every backend.
+pub(crate) fn acquire<B: Backend + ?Sized>(
+    b: &B,
+    id: &SessionId,
+    owner: &Owner,
+) -> Result<Grant, Error> {
+    let event = Event::Acquire {
+        owner: owner.clone(),
+    };
+    let first = grant(b.transition(id, event)?, id, owner);
+    unexpired_on(b, first)
+}
+
+/// [`SessionLease::renew`](crate::SessionLease::renew) for every backend.
+pub(crate) fn renew<B: Backend + ?Sized>(b: &B, lease: &Lease) -> Result<Grant, Error> {
+    let first = renew_once(b, lease)?;
+    unexpired_on(b, first)
+}
+
+/// [`SessionLease::release`](crate::SessionLease::release) for every backend.
+pub(crate) fn release<B: Backend + ?Sized>(b: &B, lease: &Lease) -> Result<(), Error> {
+    let event = Event::Release {
+        owner: lease.owner.clone(),
+        token: lease.token,
+    };
+    b.transition(&lease.session_id, event).map(drop)
+}
+
+/// One renew transition, as answered.
+fn renew_once<B: Backend + ?Sized>(b: &B, lease: &Lease) -> Result<Grant, Error> {
+    let event = Event::Renew {
+        owner: lease.owner.clone(),
+        token: lease.token,
+    };
+    let outcome = b.transition(&lease.session_id, event)?;
+    Ok(grant(outcome, &lease.session_id, &lease.owner))
+}
+
+/// `first` as the caller gets it from `b`: never a grant already expired on `b`'s clock (see
+/// [`unexpired`]).
+pub(crate) fn unexpired_on<B: Backend + ?Sized>(b: &B, first: Grant) -> Result<Grant, Error> {
+    let clock = b.lease_clock();
+    unexpired(first, || clock.now(), |l| renew_once(b, l))
+}
+
+/// Turns an acquire or renew outcome into the caller's [`Grant`](Grant).
+pub(crate) fn grant(outcome: Outcome, id: &SessionId, owner: &Owner) -> Grant {
+    match outcome {
+        Outcome::Granted { token, expiry } => Grant::Granted(Lease {
+            session_id: id.clone(),
+            owner: owner.clone(),
+            token,
+            expiry,
+        }),
+        Outcome::Held => Grant::Held,
+        // The machine answers Released only to a release event.
+        Outcome::Released => unreachable!("acquire or renew answered Released"),
+    }
+}
+
+/// How many renews [`unexpired`] tries on a grant that keeps expiring before it is returned.
+const RECLAIMS: usize = 3;
+
+/// Never hands out a lease already expired: `first` (an acquire's or a renew's answer) is
+/// returned if it is not a grant, or if its expiry is still ahead of the backend's clock
+/// (`now`) as the call returns. A grant that expired before the call could return (a stopped
+/// or descheduled process between the commit and the return) is renewed with `renew` — which
+/// succeeds only if nobody took over meanwhile (the machine decides) — up to [`RECLAIMS`]
+/// times; a lease still expired after that (a TTL shorter than a call), or whose renew failed,
+/// is answered as lost: [`Grant::Held`](Grant::Held). Never an error: the first
+/// answer's commit happened (an error after a commit is never reported), and an expired
+/// lease is free for others whatever this instance still holds.
+pub(crate) fn unexpired(
+    first: Grant,
+    now: impl Fn() -> Timestamp,
+    mut renew: impl FnMut(&Lease) -> Result<Grant, Error>,
+) -> Result<Grant, Error> {
+    let mut grant = first;
+    for _ in 0..RECLAIMS {
+        match &grant {
+            Grant::Granted(lease) if machine::is_expired(lease.expiry, now()) => {
+                grant = renew(lease).unwrap_or(Grant::Held);
+            }
+            _ => return Ok(grant),
+        }
+    }
+    match grant {
+        Grant::Granted(lease) if machine::is_expired(lease.expiry, now()) => Ok(Grant::Held),
+        grant => Ok(grant),
+    }
+}
+
+/// Implements [`SessionLease`](crate::SessionLease) for a [`Backend`] through the front, and
+/// gives it the inherent methods of [`lease_methods!`].
+macro_rules! session_lease {
+    ($adapter:ty) => {
+        impl $crate::SessionLease for $adapter {
+            fn acquire(
+                &self,
+                id: &$crate::SessionId,
+                owner: &$crate::Owner,
+            ) -> Result<$crate::Grant, $crate::Error> {
+                $crate::front::acquire(self, id, owner)
+            }
+
+            fn renew(&self, lease: &$crate::Lease) -> Result<$crate::Grant, $crate::Error> {
+                $crate::front::renew(self, lease)
+            }
+
+            fn clock(&self) -> std::sync::Arc<dyn $crate::Clock> {
+                $crate::front::Backend::lease_clock(self)
+            }
+
+            fn release(&self, lease: &$crate::Lease) -> Result<(), $crate::Error> {
+                $crate::front::release(self, lease)
+            }
+        }
+
+        $crate::front::lease_methods!($adapter);
+    };
+}
+pub(crate) use session_lease;
+
+/// Gives a lease manager inherent `acquire`, `renew`, `release` and `acquire_guard` methods
+/// that call its [`SessionLease`](crate::SessionLease) implementation, so that callers of every
+/// backend need not import the trait.
+macro_rules! lease_methods {
+    ($adapter:ty) => {
+        impl $adapter {
+            /// [`SessionLease::acquire`](crate::SessionLease::acquire), callable without
+            /// importing the trait.
+            ///
+            /// # Errors
+            ///
+            /// As [`SessionLease::acquire`](crate::SessionLease::acquire).
+            pub fn acquire(
+                &self,
+                id: &$crate::SessionId,
+                owner: &$crate::Owner,
+            ) -> Result<$crate::Grant, $crate::Error> {
+                <Self as $crate::SessionLease>::acquire(self, id, owner)
+            }
+
+            /// [`SessionLease::renew`](crate::SessionLease::renew), callable without importing
+            /// the trait.
+            ///
+            /// # Errors
+            ///
+            /// As [`SessionLease::renew`](crate::SessionLease::renew).
+            pub fn renew(&self, lease: &$crate::Lease) -> Result<$crate::Grant, $crate::Error> {
+                <Self as $crate::SessionLease>::renew(self, lease)
+            }
+
+            /// [`SessionLease::release`](crate::SessionLease::release), callable without
+            /// importing the trait.
+            ///
+            /// # Errors
+            ///
+            /// As [`SessionLease::release`](crate::SessionLease::release).
+            pub fn release(&self, lease: &$crate::Lease) -> Result<(), $crate::Error> {
+                <Self as $crate::SessionLease>::release(self, lease)
+            }
+
+            /// [`SessionLease::acquire_guard`](crate::SessionLease::acquire_guard), callable
+            /// without importing the trait.
+            ///
+            /// # Errors
+            ///
+            /// As [`SessionLease::acquire`](crate::SessionLease::acquire).
+            pub fn acquire_guard(
+                &self,
+                id: &$crate::SessionId,
+            ) -> Result<Option<$crate::LeaseGuard<'_, Self>>, $crate::Error> {
+                <Self as $crate::SessionLease>::acquire_guard(self, id)
+            }
+        }
+    };
+}
+pub(crate) use lease_methods;
+
+/// The per-id entries of one instance: one per id in use, made on first use; idle ones are
+/// pruned when the map grows past [`PRUNE_AT`], then past twice the size left after pruning,
+/// so memory stays bounded by the ids in use, not every id ever seen.
+#[derive(Debug)]
+pub(crate) struct Registry<E> {
+    slots: Mutex<Slots<E>>,
+}
+
+#[derive(Debug)]
+struct Slots<E> {
+    map: HashMap<String, Arc<E>>,
+    prune_at: usize,
+}
+
+/// The size of a registry that first makes it prune its idle entries.
+pub(crate) const PRUNE_AT: usize = 1024;
+
+/// A registry entry that can tell whether it is idle (may be pruned).
+pub(crate) trait Idle {
+    /// Whether nobody is inside and nothing is held for the id. Never waits: an entry whose
+    /// state is locked is in use.
+    fn idle(&self) -> bool;
+}
+
+impl<E: Idle> Registry<E> {
+    /// The entry for `key`, made by `new` if there is none.
+    pub(crate) fn entry(&self, key: &str, new: impl FnOnce() -> E) -> Arc<E> {
+        let mut slots = lock(&self.slots);
+        if let Some(entry) = slots.map.get(key) {
+            return Arc::clone(entry);
+        }
+        if slots.map.len() >= slots.prune_at {
+            // Only the map refers to an entry with a strong count of one, and new references
+            // are made under the map's lock: nobody can be about to use a removed entry.
+            slots
+                .map
+                .retain(|_, entry| Arc::strong_count(entry) != 1 || !entry.idle());
+            slots.prune_at = (slots.map.len() * 2).max(PRUNE_AT);
+        }
+        let entry = Arc::new(new());
+        slots.map.insert(key.to_owned(), Arc::clone(&entry));
+        entry
+    }
+
+    /// How many ids have an entry.
+    pub(crate) fn len(&self) -> usize {
+        lock(&self.slots).map.len()
+    }
+
+    /// Every entry (for an instance's drop).
+    #[cfg(feature = "postgres")]
+    pub(crate) fn entries(&self) -> Vec<Arc<E>> {
+        lock(&self.slots).map.values().cloned().collect()
+    }
+}
+
+impl<E> Default for Registry<E> {
+    fn default() -> Self {
+        Registry {
+            slots: Mutex::new(Slots {
+                map: HashMap::new(),
+                prune_at: PRUNE_AT,
+            }),
+        }
+    }
+}
+
+/// One id's in-process turn: at most one caller of an instance runs a transition on an id.
+#[derive(Debug, Default)]
+pub(crate) struct Gate {
+    state: Mutex<GateState>,
+    free: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct GateState {
+    busy: bool,
+    /// Callers waiting for the turn: only then does leaving it wake anyone (a condition
+    /// variable's notify is a system call even with nobody waiting).
+    waiting: usize,
+}
+
+impl Gate {
+    /// Takes the turn, waiting until `deadline` at most (`None`: no limit). Returns `None` at
+    /// the deadline.
+    pub(crate) fn enter(&self, deadline: Option<Instant>) -> Option<Turn<'_>> {
+        let mut st = lock(&self.state);
+        while st.busy {
+            let left = match deadline {
+                None => None,
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return None;
+                    }
+                    Some(left)
+                }
+            };
+            st.waiting += 1;
+            st = match left {
+                None => self.free.wait(st).unwrap_or_else(PoisonError::into_inner),
+                Some(left) => {
+                    self.free
+                        .wait_timeout(st, left)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0
+                }
+            };
+            st.waiting -= 1;
+        }
+        st.busy = true;
+        Some(Turn { gate: self })
+    }
+
+    /// Whether nobody has the turn now (for pruning idle ids).
+    pub(crate) fn is_free(&self) -> bool {
+        self.state
+            .try_lock()
+            .is_ok_and(|st| !st.busy && st.waiting == 0)
+    }
+}
+
+/// A caller's turn on an id; dropping it (also on unwinding) lets the next caller in.
+pub(crate) struct Turn<'a> {
+    gate: &'a Gate,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        let mut st = lock(&self.gate.state);
+        st.busy = false;
+        if st.waiting > 0 {
+            self.gate.free.notify_one();
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Maps and plain fields updated in single steps: usable after a panic elsewhere.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unexpired;
+    use crate::{Grant, Lease, Owner, SessionId, Timestamp};
+    use std::cell::Cell;
+
+    fn lease(expiry_secs: i64) -> Lease {
+        Lease {
+            session_id: SessionId::new("s").unwrap(),
+            owner: Owner::new("a").unwrap(),
+            token: 7,
+            expiry: Timestamp::from_unix_secs(expiry_secs).unwrap(),
+        }
+    }
+
+    fn at(secs: i64) -> impl Fn() -> Timestamp {
+        move || Timestamp::from_unix_secs(secs).unwrap()
+    }
+
+    #[test]
+    fn an_unexpired_grant_or_a_held_answer_passes_through_without_a_renew() {
+        let renews = Cell::new(0);
+        let renew = |_: &Lease| {
+            renews.set(renews.get() + 1);
+            Ok(Grant::Held)
+        };
+        let g = unexpired(Grant::Granted(lease(101)), at(100), renew).unwrap();
+        assert_eq!(g, Grant::Granted(lease(101)));
+        assert_eq!(unexpired(Grant::Held, at(100), renew).unwrap(), Grant::Held);
+        assert_eq!(renews.get(), 0);
+    }
+
+    #[test]
+    fn an_expired_grant_is_renewed_or_answered_lost() {
+        // At the expiry is expired (PROTOCOL §5.1: expiry <= now).
+        let renewed = unexpired(Grant::Granted(lease(100)), at(100), |l| {
+            assert_eq!(l.token, 7);
+            Ok(Grant::Granted(lease(130)))
+        });
+        assert_eq!(renewed.unwrap(), Grant::Granted(lease(130)));
+        let taken = unexpired(Grant::Granted(lease(90)), at(100), |_| Ok(Grant::Held));
+        assert_eq!(taken.unwrap(), Grant::Held);
+        // A renew that keeps coming back expired: tried a few times, then lost.
+        let tries = Cell::new(0);
+        let never = unexpired(Grant::Granted(lease(90)), at(100), |_| {
+            tries.set(tries.get() + 1);
+            Ok(Grant::Granted(lease(95)))
+        });
+        assert_eq!(never.unwrap(), Grant::Held);
+        assert_eq!(tries.get(), super::RECLAIMS);
+        // A renew error: lost, not an error (the first answer's commit happened).
+        let failed = unexpired(Grant::Granted(lease(90)), at(100), |_| {
+            Err(crate::Error::TokenExhausted {
+                id: SessionId::new("s").unwrap(),
+            })
+        });
+        assert_eq!(failed.unwrap(), Grant::Held);
+    }
+}
