@@ -71,16 +71,17 @@ use std::ffi::OsString;
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
 use crate::fault::{FaultPoint, Faults};
 use crate::flock::DEFAULT_LOCK_TIMEOUT;
-use crate::flock::files::{Access, DEFAULT_FILE_MODE, Opener, open_dir, read_bounded};
+use crate::flock::files::{
+    Access, DEFAULT_FILE_MODE, HeldLock, Opener, lock_at_path, open_dir, read_bounded,
+};
 use crate::flock::live::fresh_tag;
-use crate::flock::wait::try_lock_until;
 use crate::machine::{self, FenceStep};
 use crate::record::DecodeError;
 
@@ -439,7 +440,7 @@ impl Fence {
         bytes: &[u8],
     ) -> Result<Admission, Error> {
         let target = target.as_ref();
-        let write = |lock: &Locked| {
+        let write = |lock: &HeldLock| {
             write_atomically(
                 target,
                 bytes,
@@ -500,20 +501,13 @@ impl Fence {
     }
 }
 
-/// The lock file, locked, and which file it is.
-struct Locked {
-    _file: File,
-    dev: u64,
-    ino: u64,
-}
-
 impl Fence {
     /// Under the lock: decides on `token` ([`machine::fence_step`]), records it if it is
     /// greater, and runs `f` if it is admitted. `Ok(Err(highest))` when refused.
     fn locked<T>(
         &self,
         token: u64,
-        f: impl FnOnce(&Locked) -> T,
+        f: impl FnOnce(&HeldLock) -> T,
     ) -> Result<Result<(Option<u64>, T), u64>, Error> {
         let lock = self.lock()?;
         let admitted = self.admitted(token, &lock);
@@ -529,7 +523,7 @@ impl Fence {
     /// Under `lock`: reads the fence file and decides on `token` ([`machine::fence_step`]),
     /// recording it if it is greater. `Ok(Ok(previous))` when admitted, `Ok(Err(highest))`
     /// when refused.
-    fn admitted(&self, token: u64, lock: &Locked) -> Result<Result<Option<u64>, u64>, Error> {
+    fn admitted(&self, token: u64, lock: &HeldLock) -> Result<Result<Option<u64>, u64>, Error> {
         let previous = self.highest()?;
         match machine::fence_step(previous, token) {
             FenceStep::Refuse { highest } => return Ok(Err(highest)),
@@ -546,7 +540,7 @@ impl Fence {
     }
 
     /// Gives up the lock (closing the lock file unlocks it).
-    fn unlock(&self, lock: Locked) {
+    fn unlock(&self, lock: HeldLock) {
         // Never fails; a test's hook may pause here (the lockstep harness does).
         let _ = self
             .opener
@@ -555,62 +549,27 @@ impl Fence {
         drop(lock);
     }
 
-    /// Opens (creating) the lock file and notes which file it is.
-    fn open_lock(&self) -> Result<(File, fs::Metadata), Error> {
-        let file = self.opener.open(&self.lock_path, Access::LockCreate)?;
-        let meta = file
-            .metadata()
-            .map_err(|e| Error::io("stat", &self.lock_path, e))?;
-        if !meta.is_file() {
-            return Err(Error::NotAFile {
-                path: self.lock_path.clone(),
-            });
-        }
-        Ok((file, meta))
+    /// Opens (creating) the lock file.
+    fn open_lock(&self) -> Result<HeldLock, Error> {
+        HeldLock::open(&self.lock_path, || {
+            self.opener.open(&self.lock_path, Access::LockCreate)
+        })
     }
 
     /// Takes the lock by the lock timeout, on the file that is at the lock's path once it is
-    /// taken (a tmp cleaner or an operator may have replaced it).
-    fn lock(&self) -> Result<Locked, Error> {
+    /// taken (a tmp cleaner or an operator may have replaced it): the adapter's own
+    /// [`lock_at_path`].
+    fn lock(&self) -> Result<HeldLock, Error> {
         let started = Instant::now();
+        let open = || self.opener.open(&self.lock_path, Access::LockCreate);
         let deadline = started.checked_add(self.lock_timeout);
-        loop {
-            let (file, meta) = self.open_lock()?;
-            let (dev, ino) = (meta.dev(), meta.ino());
-            self.opener
-                .faults
-                .check(FaultPoint::LockStable, &self.lock_path)?;
-            let taken = try_lock_until(&file, deadline)
-                .map_err(|e| Error::io("lock", &self.lock_path, e))?;
-            let lock = Locked {
-                _file: file,
-                dev,
-                ino,
-            };
-            let here = self.still_at(&lock)?;
-            match (taken, here) {
-                (true, true) => {
-                    // Age-based cleaners never choose a lock in use.
-                    crate::flock::keep_fresh(&lock._file, &meta);
-                    return Ok(lock);
-                }
-                (false, true) => {
-                    return Err(Error::LockTimeout {
-                        lock: crate::error::LockOf::File(self.lock_path.clone()),
-                        waited: started.elapsed(),
-                    });
-                }
-                // Replaced: the file at the path now is the lock everyone else takes. The
-                // next attempt's wait ends by the same deadline.
-                (_, false) => {}
-            }
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Err(Error::LockTimeout {
-                    lock: crate::error::LockOf::File(self.lock_path.clone()),
-                    waited: started.elapsed(),
-                });
-            }
-        }
+        lock_at_path(
+            &self.lock_path,
+            &self.opener.faults,
+            open,
+            deadline,
+            started,
+        )
     }
 
     /// At a guarded write's commit: whether `token` is still admitted (no greater token was
@@ -618,7 +577,7 @@ impl Fence {
     /// still the lock everyone takes. `Ok(Err(highest))` when a greater token was admitted
     /// meanwhile: the lock was deleted while this call held it, and another call took a new
     /// one. The write must not land then.
-    fn still_admits(&self, token: u64, lock: &Locked) -> Result<Result<(), u64>, Error> {
+    fn still_admits(&self, token: u64, lock: &HeldLock) -> Result<Result<(), u64>, Error> {
         // The lock first, the fence file last (as in `store`): a greater admission recorded
         // after the lock check is then seen, unless the lock was removed after that check,
         // which is the POSIX window.
@@ -635,15 +594,8 @@ impl Fence {
     }
 
     /// Whether `lock` is still the file at the lock's path.
-    fn still_at(&self, lock: &Locked) -> Result<bool, Error> {
-        self.opener
-            .faults
-            .check(FaultPoint::StatStable, &self.lock_path)?;
-        match fs::symlink_metadata(&self.lock_path) {
-            Ok(m) => Ok((m.dev(), m.ino()) == (lock.dev, lock.ino)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-            Err(e) => Err(Error::io("stat", &self.lock_path, e)),
-        }
+    fn still_at(&self, lock: &HeldLock) -> Result<bool, Error> {
+        Ok(lock.at(&self.lock_path, &self.opener.faults)?.is_some())
     }
 
     /// Replaces the fence file with `token`, durably, under `lock`, if the fence file still
@@ -654,7 +606,7 @@ impl Fence {
         &self,
         token: u64,
         read: Option<u64>,
-        lock: &Locked,
+        lock: &HeldLock,
     ) -> Result<Result<(), u64>, Error> {
         let mut name = self.path.file_name().unwrap_or_default().to_owned();
         name.push(format!(".{:016x}.tmp", fresh_tag().0));

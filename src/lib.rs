@@ -121,7 +121,8 @@ pub mod error;
 pub mod fence;
 #[cfg(feature = "postgres")]
 pub mod pg;
-pub mod status;
+// `status` lives beside the flock backend it reads.
+pub use flock::status;
 pub mod supervise;
 
 mod clock;

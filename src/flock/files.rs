@@ -6,8 +6,9 @@ use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::{self, Read};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
-use crate::error::Error;
+use crate::error::{Error, LockOf};
 use crate::fault::{FaultPoint, Faults};
 use crate::record::MAX_RECORD_BYTES;
 
@@ -391,6 +392,119 @@ pub(crate) fn create_dir(dir: &Path) -> Result<(), Error> {
 
 /// Reads a whole record file: one `read` for any record of normal size (a short read of a
 /// regular file means end of file), never more than the size limit plus one byte.
+/// An open lock file, locked, and which file it is (its device and inode): an id's
+/// `<stem>.lock`, or a fence's `<fence file>.lock`.
+#[derive(Debug)]
+pub(crate) struct HeldLock {
+    pub(crate) file: File,
+    pub(crate) dev: u64,
+    pub(crate) ino: u64,
+}
+
+impl HeldLock {
+    /// Opens (creating) the lock file at `path` with `open`, and notes which file it is.
+    pub(crate) fn open(
+        path: &Path,
+        open: impl FnOnce() -> Result<File, Error>,
+    ) -> Result<HeldLock, Error> {
+        let file = open()?;
+        let meta = file.metadata().map_err(|e| Error::io("stat", path, e))?;
+        if !meta.is_file() {
+            return Err(Error::NotAFile {
+                path: path.to_owned(),
+            });
+        }
+        Ok(HeldLock {
+            file,
+            dev: meta.dev(),
+            ino: meta.ino(),
+        })
+    }
+
+    /// Its status when it is the file at `path` now (`None`: deleted, or replaced by another
+    /// file), one stat of the path after `faults`' [`FaultPoint::StatStable`].
+    pub(crate) fn at(&self, path: &Path, faults: &Faults) -> Result<Option<fs::Metadata>, Error> {
+        faults.check(FaultPoint::StatStable, path)?;
+        match fs::symlink_metadata(path) {
+            Ok(m) if (m.dev(), m.ino()) == (self.dev, self.ino) => Ok(Some(m)),
+            Ok(_) => Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::io("stat", path, e)),
+        }
+    }
+
+    /// Whether it is still the file at `path` (a stat; a failed one answers no).
+    fn still_at(&self, path: &Path) -> bool {
+        fs::symlink_metadata(path).is_ok_and(|m| (m.dev(), m.ino()) == (self.dev, self.ino))
+    }
+}
+
+/// Locks the lock file at `path` by `deadline` (a deadline already past: one attempt, as the
+/// lockstep harness's step makes it), on the file that is at the path once it is locked: a
+/// cleaner or an operator may have deleted or replaced it meanwhile, and then the path is
+/// opened again (`open` opens it, creating it), within the same deadline. Waits only while
+/// the file it waits for is still the one at the path. A lock older than an hour is touched
+/// ([`keep_fresh`]). [`Error::LockTimeout`] at the deadline. The one "lock the file at this
+/// path" of the crate: the flock adapter's transition lock and a [`Fence`](crate::Fence)'s
+/// lock both take it here.
+pub(crate) fn lock_at_path(
+    path: &Path,
+    faults: &Faults,
+    open: impl Fn() -> Result<File, Error>,
+    deadline: Option<Instant>,
+    started: Instant,
+) -> Result<HeldLock, Error> {
+    let timeout = || Error::LockTimeout {
+        lock: LockOf::File(path.to_owned()),
+        waited: started.elapsed(),
+    };
+    let past = || deadline.is_some_and(|d| Instant::now() >= d);
+    loop {
+        let lock = HeldLock::open(path, &open)?;
+        faults.check(FaultPoint::LockStable, path)?;
+        let taken = match lock.file.try_lock() {
+            Ok(()) => true,
+            // Busy: wait for it only while it is still the file at the path.
+            Err(fs::TryLockError::WouldBlock) if lock.still_at(path) => {
+                super::wait::try_lock_until(&lock.file, deadline)
+                    .map_err(|e| Error::io("lock", path, e))?
+            }
+            Err(fs::TryLockError::WouldBlock) => false,
+            Err(fs::TryLockError::Error(e)) => return Err(Error::io("lock", path, e)),
+        };
+        if !taken {
+            // Still the file at the path: its holder kept it to the deadline.
+            if lock.still_at(path) || past() {
+                return Err(timeout());
+            }
+            continue;
+        }
+        if let Some(meta) = lock.at(path, faults)? {
+            keep_fresh(&lock.file, &meta);
+            return Ok(lock);
+        }
+        if past() {
+            return Err(timeout());
+        }
+    }
+}
+
+/// How old a lock file's modification time may grow before a transition touches it.
+const TOUCH_AFTER: Duration = Duration::from_secs(3600);
+
+/// Keeps tmp cleaners that age files by modification time (systemd-tmpfiles, tmpreaper: days)
+/// from ever choosing a lock in use: a lock older than [`TOUCH_AFTER`] is touched when locked.
+/// Best effort (a failure only leaves the lock's age as it was).
+fn keep_fresh(file: &File, meta: &fs::Metadata) {
+    let now = std::time::SystemTime::now();
+    let old = meta
+        .modified()
+        .is_ok_and(|m| now.duration_since(m).is_ok_and(|age| age > TOUCH_AFTER));
+    if old {
+        let _ = file.set_modified(now);
+    }
+}
+
 pub(crate) fn read_bounded(mut file: &File) -> io::Result<Vec<u8>> {
     let mut buf = vec![0u8; 4096];
     let mut len = 0;

@@ -16,9 +16,8 @@
 //! This module only does file work; every decision comes from [`machine`]
 //! through [`driver::run`].
 
-use std::fs::{self, File};
+use std::fs::File;
 use std::io;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -26,7 +25,7 @@ use std::time::{Duration, Instant};
 use crate::clock::{Clock, SystemClock};
 use crate::driver;
 use crate::error::Error;
-use crate::fault::{FaultPoint, Faults};
+use crate::fault::Faults;
 use crate::lease::{DEFAULT_TTL, Grant, Lease};
 use crate::machine::{self, Event, Outcome};
 use crate::name::{Owner, SessionId};
@@ -35,13 +34,14 @@ use crate::record::{self, LiveTag, Record};
 pub(crate) mod files;
 pub(crate) mod live;
 mod queue;
+pub mod status;
 #[cfg(feature = "fault-injection")]
 mod step;
 mod tx;
 pub(crate) mod wait;
 
 use crate::front::{Gate, Idle, Registry};
-use files::{Access, DEFAULT_FILE_MODE, Opener, Paths, read_bounded};
+use files::{Access, DEFAULT_FILE_MODE, HeldLock, Opener, Paths, read_bounded};
 use tx::{FlockTx, Slot, TxState};
 use wait::Cancel;
 
@@ -486,7 +486,7 @@ impl FlockLease {
     /// After a run: the carried listing waits for the next transition if the run did not get
     /// to it (the driver ends every run by releasing the lock, which runs it); the transition
     /// lock's descriptor is closed, which unlocks it if the run did not.
-    fn end_transition(&self, slot: &mut Slot, lock: StableLock, mut st: TxState) {
+    fn end_transition(&self, slot: &mut Slot, lock: HeldLock, mut st: TxState) {
         if let Some(below) = st.carried_sweep.take() {
             slot.keep_sweep(below);
         }
@@ -508,85 +508,23 @@ impl FlockLease {
         self.slots.len()
     }
 
-    /// Takes `<stem>.lock` by `deadline` (a deadline already past: one attempt, as the
-    /// lockstep harness's step makes it), and checks that the locked file is still the one at
-    /// that path (an operator or a tmp cleaner may have replaced it).
+    /// Takes `<stem>.lock` by `deadline` ([`files::lock_at_path`]; a deadline already past:
+    /// one attempt, as the lockstep harness's step makes it).
     pub(crate) fn lock_stable(
         &self,
         path: &Path,
         deadline: Option<Instant>,
         started: Instant,
-    ) -> Result<StableLock, Error> {
-        let timeout = || Error::LockTimeout {
-            lock: crate::error::LockOf::File(path.to_owned()),
-            waited: started.elapsed(),
-        };
-        loop {
-            let lock = self.open_stable(path)?;
-            let locked = self
-                .opener
-                .faults
-                .check(FaultPoint::LockStable, path)
-                .and_then(|()| {
-                    if lock.file.try_lock().is_ok() {
-                        return Ok(true);
-                    }
-                    // Busy: wait for it only while it is still the file at the path (it may
-                    // have been replaced since it was opened).
-                    if !self.still_at(path, &lock) {
-                        return Ok(false);
-                    }
-                    wait::try_lock_until(&lock.file, deadline)
-                        .map_err(|e| Error::io("lock", path, e))
-                });
-            match locked {
-                Ok(true) => {}
-                Ok(false) if !self.still_at(path, &lock) => {
-                    // Replaced while we waited or before: lock the file at the path now.
-                    if deadline.is_some_and(|d| Instant::now() >= d) {
-                        return Err(timeout());
-                    }
-                    continue;
-                }
-                failed => {
-                    failed?;
-                    return Err(timeout());
-                }
-            }
-            let current = self
-                .opener
-                .faults
-                .check(FaultPoint::StatStable, path)
-                .and_then(|()| match fs::symlink_metadata(path) {
-                    Ok(now) if now.dev() == lock.dev && now.ino() == lock.ino => {
-                        keep_fresh(&lock.file, &now);
-                        Ok(true)
-                    }
-                    Ok(_) => Ok(false),
-                    // Removed while we waited: lock whatever is created there now.
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-                    Err(e) => Err(Error::io("stat", path, e)),
-                });
-            match current {
-                Ok(true) => return Ok(lock),
-                Ok(false) => {}
-                Err(e) => return Err(e),
-            }
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Err(timeout());
-            }
-        }
-    }
-
-    /// Whether `lock` is still the file at `path` (a stat of the path).
-    fn still_at(&self, path: &Path, lock: &StableLock) -> bool {
-        fs::symlink_metadata(path).is_ok_and(|m| m.dev() == lock.dev && m.ino() == lock.ino)
+    ) -> Result<HeldLock, Error> {
+        let open = || self.relieved(|| self.opener.open(path, Access::LockCreate));
+        files::lock_at_path(path, &self.opener.faults, open, deadline, started)
     }
 
     /// Runs `open` (a step whose only descriptor-making call is its open: retrying it after
     /// that failed repeats nothing); if the process is out of descriptors, gives back the idle
-    /// inotify instances this instance keeps only to save work and tries once more. So a call, a release above
-    /// all, never fails for want of a descriptor the instance could have closed.
+    /// inotify instances this instance keeps only to save work and tries once more. So a
+    /// call, a release above all, never fails for want of a descriptor the instance could
+    /// have closed.
     pub(crate) fn relieved<T>(
         &self,
         mut open: impl FnMut() -> Result<T, Error>,
@@ -595,23 +533,6 @@ impl FlockLease {
             Err(Error::TooManyOpenFiles { .. }) if self.watches.give_back() > 0 => open(),
             other => other,
         }
-    }
-
-    /// Opens (creating) `<stem>.lock` and notes which file it is.
-    fn open_stable(&self, path: &Path) -> Result<StableLock, Error> {
-        let file = self.relieved(|| self.opener.open(path, Access::LockCreate))?;
-        self.opener.faults.check(FaultPoint::StatStable, path)?;
-        let held = file.metadata().map_err(|e| Error::io("stat", path, e))?;
-        if !held.is_file() {
-            return Err(Error::NotAFile {
-                path: path.to_owned(),
-            });
-        }
-        Ok(StableLock {
-            file,
-            dev: held.dev(),
-            ino: held.ino(),
-        })
     }
 }
 
@@ -769,33 +690,9 @@ impl Idle for SlotEntry {
     }
 }
 
-/// An open `<stem>.lock` and the identity of the file it opened.
-#[derive(Debug)]
-pub(crate) struct StableLock {
-    file: File,
-    dev: u64,
-    ino: u64,
-}
-
 /// How often a waiter re-checks when the holder's liveness file is missing (it cannot wait on
 /// a lock that has no file).
 const MISSING_POLL: Duration = Duration::from_millis(10);
-
-/// How old `<stem>.lock`'s modification time may grow before a transition touches it.
-const TOUCH_AFTER: Duration = Duration::from_secs(3600);
-
-/// Keeps tmp cleaners that age files by modification time (systemd-tmpfiles, tmpreaper: days)
-/// from ever choosing a lock in use: a lock older than [`TOUCH_AFTER`] is touched when locked.
-/// Best effort (a failure only leaves the lock's age as it was).
-pub(crate) fn keep_fresh(file: &File, meta: &fs::Metadata) {
-    let now = std::time::SystemTime::now();
-    let old = meta
-        .modified()
-        .is_ok_and(|m| now.duration_since(m).is_ok_and(|age| age > TOUCH_AFTER));
-    if old {
-        let _ = file.set_modified(now);
-    }
-}
 
 fn next_pause(pause: Duration) -> Duration {
     (pause * 2).clamp(Duration::from_micros(50), MISSING_POLL)

@@ -12,8 +12,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::files::HeldLock;
 use super::tx::{FlockTx, PendingLive, TxState};
-use super::{FlockLease, SlotEntry, StableLock, lock};
+use super::{FlockLease, SlotEntry, lock};
 use crate::driver::{Io, Run, Step};
 use crate::error::Error;
 use crate::machine::Event;
@@ -28,7 +29,7 @@ pub struct Stepper {
     id: SessionId,
     entry: Arc<SlotEntry>,
     run: Run<PendingLive>,
-    lock: Option<StableLock>,
+    lock: Option<HeldLock>,
     st: TxState,
     /// The first step failed before the run started.
     failed: bool,
