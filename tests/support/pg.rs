@@ -329,7 +329,7 @@ bin=$1; dir=$2; port=$3
   || { cat "$dir/initdb.log" >&2; exit 1; }
 [ -z "$5" ] || echo "$5" >>"$dir/data/pg_hba.conf"
 "$bin/postgres" -D "$dir/data" -c listen_addresses="127.0.0.1${4:+,$4}" -p "$port" -k "$dir" \
-  -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300 \
+  -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=600 \
   -c log_line_prefix= 2>&1 &
 pid=$!
 echo "@@pid $pid"

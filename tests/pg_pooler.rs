@@ -4,9 +4,14 @@
 //! session-mode pooler keeps leases working, crash takeover included. Synchronisation is on
 //! protocol lines from children and on server state read with SQL, never on sleeps.
 
-use crate::pg;
-use crate::pgbouncer;
-use crate::support;
+#![cfg(feature = "postgres")]
+#![allow(clippy::unwrap_used)]
+
+#[path = "support/pg.rs"]
+mod pg;
+#[path = "support/pgbouncer.rs"]
+mod pgbouncer;
+mod support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
@@ -17,7 +22,7 @@ use flocklease::pg::PgLease;
 use pgbouncer::{Options, PgBouncer, PoolMode};
 use support::{RoleChild, hear, id, owner, role, tell};
 
-const ENTRY: &str = "pooler::child_entry";
+const ENTRY: &str = "child_entry";
 
 /// The holder role: `URL ID OWNER`. Acquires, says `token N`, then waits for stdin to close.
 #[test]
