@@ -24,6 +24,7 @@ use std::thread::JoinHandle;
 
 use flocklease::Fence;
 use flocklease::fault::{FaultHook, FaultPoint};
+use flocklease_model::report::SplitMix;
 use flocklease_model::resource::{
     How, Pc, ResourceAction, ResourceModel, ResourcePlanted, ResourceState,
 };
@@ -262,7 +263,7 @@ fn pause(report: &Sender<(usize, At)>, wait: &Mutex<Receiver<()>>, i: usize, at:
 
 /// A seeded random walk of `m`, run in lockstep: the number of actions compared.
 fn walk(m: &ResourceModel, seed: u64) -> Result<usize, String> {
-    let mut rng = SplitMix(seed);
+    let mut rng = SplitMix::new(seed);
     let mut s = m.init_states().remove(0);
     let mut real = Real::start(m);
     let mut done = vec![];
@@ -311,20 +312,4 @@ fn a_planted_mistake_in_the_model_diverges_from_the_real_fence() {
         diverged,
         "no walk told the planted model from the real fence"
     );
-}
-
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
 }

@@ -32,6 +32,7 @@ use flocklease::flock::Stepper;
 use flocklease::machine::Outcome;
 use flocklease::record::{self, LiveTag};
 use flocklease::{Durability, FlockLease, ManualClock};
+use flocklease_model::report::SplitMix;
 use flocklease_model::{
     Action, Change, LeaseModel, LockAt, Locker, Plant, Planted, Said, State, Tamper, Target, What,
     at, report, session, ticks,
@@ -259,7 +260,7 @@ fn regressions() {
 
 /// A seeded random walk of the model, run in lockstep. Returns the steps compared.
 fn walk(m: &LeaseModel, seed: u64) -> Result<usize, String> {
-    let mut rng = SplitMix(seed);
+    let mut rng = SplitMix::new(seed);
     let mut real = Real::new(m);
     let mut s = m.initial();
     let mut done = vec![];
@@ -762,22 +763,5 @@ fn clear(path: &Path) {
         Ok(m) if m.is_dir() => fs::remove_dir(path).unwrap(),
         Ok(_) => fs::remove_file(path).unwrap(),
         Err(_) => {}
-    }
-}
-
-/// A small seeded generator (SplitMix64), so every walk is replayable from its seed.
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
     }
 }

@@ -34,6 +34,7 @@ use std::time::Duration;
 
 use flocklease::pg::PgLease;
 use flocklease::{Error, Grant, Lease, ManualClock, SessionId, SessionLease};
+use flocklease_model::report::SplitMix;
 use flocklease_model::{
     Action, Cut, Kind, LeaseModel, LeaseView, Planted, Said, Scenario, State, at, ticks,
 };
@@ -115,7 +116,7 @@ fn a_model_without_the_relock_diverges() {
 type Done = Vec<(Action, Option<Scenario>)>;
 
 fn walk(m: &LeaseModel, url: &str, admin: &pg::Admin, seed: u64) -> Result<Done, String> {
-    let mut rng = SplitMix(seed);
+    let mut rng = SplitMix::new(seed);
     let id = SessionId::new(format!("walk{seed}")).unwrap();
     let mut real = Real::new(m, url, id);
     let mut s = m.initial();
@@ -367,21 +368,4 @@ struct View {
     record: Option<(String, u64, i64)>,
     /// Sessions holding each generation's advisory lock.
     locks: BTreeMap<u64, i64>,
-}
-
-/// A small deterministic generator (SplitMix64), so a seed replays its walk.
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
 }
