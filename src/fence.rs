@@ -611,50 +611,40 @@ impl Fence {
         let mut name = self.path.file_name().unwrap_or_default().to_owned();
         name.push(format!(".{:016x}.tmp", fresh_tag().0));
         let tmp = self.dir.join(name);
-        let mut file = self.opener.open(&tmp, Access::Temp)?;
-        let renamed = file
-            .write_all(encode(token).as_bytes())
-            .map_err(|e| Error::io("write", &tmp, e))
-            .and_then(|()| file.sync_data().map_err(|e| Error::io("fsync", &tmp, e)))
-            .and_then(|()| {
-                // Recorded only under the lock everyone else takes, and only over the value
-                // decided on: both checked again here, the lock first and the fence file
-                // last, one system call before the rename. (In the other order, the lock
-                // moved aside, another call's whole store on a new lock, and the lock put
-                // back could all fall between the two checks.)
-                let here = self.still_at(lock)?;
-                let now = self.highest()?;
-                if now != read {
-                    return Ok(Err(now));
-                }
-                if !here {
-                    return Err(Error::LockReplaced {
-                        path: self.lock_path.clone(),
-                    });
-                }
-                Ok(Ok(()))
-            })
-            .and_then(|may| match may {
-                Ok(()) => self
-                    .opener
-                    .faults
-                    .check(FaultPoint::Rename, &self.path)
-                    .and_then(|()| {
-                        fs::rename(&tmp, &self.path).map_err(|e| Error::io("rename", &self.path, e))
-                    })
-                    .map(Ok),
-                Err(now) => Ok(Err(now)),
-            });
-        let now = match renamed {
-            Ok(Ok(())) => None,
-            Ok(Err(now)) => Some(now),
-            Err(e) => {
-                let _ = fs::remove_file(&tmp);
-                return Err(e);
+        let file = self.opener.open(&tmp, Access::Temp)?;
+        // Recorded only under the lock everyone else takes, and only over the value decided
+        // on: both checked again just before the rename, the lock first and the fence file
+        // last. (In the other order, the lock moved aside, another call's whole store on a
+        // new lock, and the lock put back could all fall between the two checks.)
+        let may_land = || {
+            let here = self.still_at(lock)?;
+            let now = self.highest()?;
+            if now != read {
+                return Ok(Err(now));
             }
+            if !here {
+                return Err(Error::LockReplaced {
+                    path: self.lock_path.clone(),
+                });
+            }
+            Ok(Ok(()))
         };
-        if let Some(now) = now {
-            let _ = fs::remove_file(&tmp);
+        let renaming = || self.opener.faults.check(FaultPoint::Rename, &self.path);
+        let sync_dir = || {
+            self.dir_file
+                .sync_all()
+                .map_err(|e| Error::io("fsync", &self.dir, e))
+        };
+        let stored = replace_whole(
+            &tmp,
+            file,
+            &self.path,
+            encode(token).as_bytes(),
+            may_land,
+            renaming,
+            sync_dir,
+        )?;
+        if let Err(now) = stored {
             // Changed since the read: decided again on what is there now. Still admitted
             // means the lock was not the one everyone takes: retry.
             return match machine::fence_step(now, token) {
@@ -664,10 +654,7 @@ impl Fence {
                 }),
             };
         }
-        self.dir_file
-            .sync_all()
-            .map_err(|e| Error::io("fsync", &self.dir, e))
-            .map(Ok)
+        Ok(Ok(()))
     }
 }
 
@@ -704,45 +691,60 @@ fn write_atomically(
     tmp_name.push(name);
     tmp_name.push(format!(".{:016x}.tmp", fresh_tag().0));
     let tmp = dir.join(tmp_name);
-    let mut file = OpenOptions::new()
+    let file = OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o666)
         .custom_flags(nix::libc::O_NOFOLLOW)
         .open(&tmp)
         .map_err(|e| Error::io("create", &tmp, e))?;
-    let renamed = file
-        .write_all(bytes)
-        .map_err(|e| Error::io("write", &tmp, e))
-        .and_then(|()| match mode {
-            Some(mode) => file
-                .set_permissions(fs::Permissions::from_mode(mode))
-                .map_err(|e| Error::io("chmod", &tmp, e)),
-            None => Ok(()),
-        })
-        .and_then(|()| file.sync_all().map_err(|e| Error::io("fsync", &tmp, e)))
-        .and_then(|()| commit())
-        .and_then(|may| match may {
-            Ok(()) => renaming()
-                .and_then(|()| fs::rename(&tmp, target).map_err(|e| Error::io("rename", target, e)))
-                .map(Ok),
-            Err(highest) => Ok(Err(highest)),
-        });
-    match renamed {
-        Ok(Ok(())) => {}
-        Ok(Err(highest)) => {
+    if let Some(mode) = mode {
+        // A replaced file keeps its permission bits.
+        if let Err(e) = file.set_permissions(fs::Permissions::from_mode(mode)) {
             let _ = fs::remove_file(&tmp);
-            return Ok(Err(highest));
-        }
-        Err(e) => {
-            let _ = fs::remove_file(&tmp);
-            return Err(e);
+            return Err(Error::io("chmod", &tmp, e));
         }
     }
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| Error::io("fsync", dir, e))
-        .map(Ok)
+    let sync_dir = || {
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| Error::io("fsync", dir, e))
+    };
+    replace_whole(&tmp, file, target, bytes, commit, renaming, sync_dir)
+}
+
+/// The fence's one atomic replace (of its fence file, and of a guarded write's target): `bytes`
+/// into the new temporary file `tmp` (open as `file`), fsynced; `may_land` asked just before
+/// the rename (`Ok(Err(r))`: it may not, and nothing changes); `renaming` (the fault seam);
+/// the rename over `target`; then `sync_dir`. The temporary file is removed on a failure or a
+/// refusal before the rename.
+fn replace_whole<R>(
+    tmp: &Path,
+    mut file: File,
+    target: &Path,
+    bytes: &[u8],
+    may_land: impl FnOnce() -> Result<Result<(), R>, Error>,
+    renaming: impl FnOnce() -> Result<(), Error>,
+    sync_dir: impl FnOnce() -> Result<(), Error>,
+) -> Result<Result<(), R>, Error> {
+    let renamed = file
+        .write_all(bytes)
+        .map_err(|e| Error::io("write", tmp, e))
+        .and_then(|()| file.sync_all().map_err(|e| Error::io("fsync", tmp, e)))
+        .and_then(|()| may_land())
+        .and_then(|may| match may {
+            Ok(()) => renaming()
+                .and_then(|()| fs::rename(tmp, target).map_err(|e| Error::io("rename", target, e)))
+                .map(Ok),
+            Err(refused) => Ok(Err(refused)),
+        });
+    match renamed {
+        Ok(Ok(())) => sync_dir().map(Ok),
+        other => {
+            let _ = fs::remove_file(tmp);
+            other
+        }
+    }
 }
 
 /// The fence file's content for `token`.
