@@ -344,8 +344,9 @@ impl Drop for Turn<'_> {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Maps and plain fields updated in single steps: usable after a panic elsewhere.
+/// Locks `m`, also after a panic of another thread that held it: the crate's maps, slots,
+/// pools and flags are changed in single steps, so what a panic left is usable data.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::clock::Clock;
@@ -55,9 +55,7 @@ impl MemStore {
     }
 
     fn lock(&self) -> MutexGuard<'_, StoreState> {
-        // A panic in another instance cannot leave the maps half-updated in a way that matters
-        // more than losing the store, so carry on with the data.
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::front::lock(&self.inner)
     }
 }
 

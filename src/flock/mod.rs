@@ -19,7 +19,7 @@
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::clock::{Clock, SystemClock};
@@ -698,10 +698,7 @@ fn next_pause(pause: Duration) -> Duration {
     (pause * 2).clamp(Duration::from_micros(50), MISSING_POLL)
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Maps and slots are updated in single steps: usable after a panic elsewhere.
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
+use crate::front::lock;
 
 impl FlockLease {
     /// [`FlockLease::acquire_wait`] as a [`Future`], for async code: the

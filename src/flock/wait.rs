@@ -22,8 +22,8 @@ use std::io::{self, PipeReader, PipeWriter};
 use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -405,7 +405,4 @@ pub(super) fn deadline_after(timeout: Duration) -> Option<Instant> {
     Instant::now().checked_add(timeout)
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A flag updated in single assignments: usable after a panic elsewhere.
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
+use crate::front::lock;

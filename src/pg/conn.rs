@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::mem;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::runtime::Runtime;
@@ -1002,10 +1002,7 @@ impl ServerBounds {
     }
 }
 
-pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Pools and per-id states are changed in single steps: usable after a panic elsewhere.
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
+pub(super) use crate::front::lock;
 
 #[cfg(test)]
 mod tests {
