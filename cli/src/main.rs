@@ -95,13 +95,28 @@ enum Cmd {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
-    /// Internal: stops the job of a `run` that died.
-    #[command(name = "__watchdog", hide = true)]
-    Watchdog(watchdog::WatchdogArgs),
+}
+
+/// The internal watchdog's command line (`flocklease __watchdog …`, started by `run` only),
+/// parsed apart from [`Cli`] so that no help text, manual page or shell completion offers it.
+#[derive(Parser)]
+#[command(name = "flocklease __watchdog")]
+struct WatchdogCli {
+    #[command(flatten)]
+    args: watchdog::WatchdogArgs,
 }
 
 fn main() -> ExitCode {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|a| a == "__watchdog") {
+        return match WatchdogCli::try_parse_from(&args[1..]) {
+            Ok(w) => ExitCode::from(watchdog::main(&w.args)),
+            Err(e) => {
+                let _ = e.print();
+                ExitCode::from(EXIT_USAGE)
+            }
+        };
+    }
     if let Some(hint) = flock_form(&args) {
         eprintln!("flocklease: {hint}");
         return ExitCode::from(EXIT_USAGE);
@@ -123,7 +138,6 @@ fn main() -> ExitCode {
             clap_complete::generate(shell, &mut Cli::command(), "flocklease", &mut script);
             print_all(&script)
         }
-        Cmd::Watchdog(args) => watchdog::main(&args),
     })
 }
 

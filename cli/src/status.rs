@@ -84,6 +84,8 @@ fn status(a: &StatusArgs) -> Result<u8, String> {
             false => {
                 let mut out = Rows::new(false, now);
                 rows.iter().cloned().for_each(|r| out.push(r));
+                // A broken record's error is said once, on stderr below the table.
+                out.drop_notes();
                 out.finish();
             }
         }
@@ -227,6 +229,13 @@ impl Rows {
                 }
                 table.push(table_line(&r, *now));
             }
+        }
+    }
+
+    /// Forgets the notes of the rows pushed so far (their errors are said elsewhere).
+    fn drop_notes(&mut self) {
+        if let Rows::Text { table, .. } = self {
+            table.notes.clear();
         }
     }
 

@@ -346,8 +346,14 @@ fn the_man_page_and_the_completion_scripts_come_from_the_arguments() {
     assert_eq!(unknown.status.code(), Some(64), "{unknown:?}");
     let bash = stdout(&run(&["completions", "bash"]));
     assert!(bash.contains("_flocklease()") && bash.contains("--trust-foreign-owners"));
-    assert!(stdout(&run(&["completions", "zsh"])).contains("#compdef flocklease"));
-    assert!(stdout(&run(&["completions", "fish"])).contains("complete -c flocklease"));
+    let zsh = stdout(&run(&["completions", "zsh"]));
+    assert!(zsh.contains("#compdef flocklease"));
+    let fish = stdout(&run(&["completions", "fish"]));
+    assert!(fish.contains("complete -c flocklease"));
+    // The internal watchdog (started by `run` only) is offered nowhere.
+    for text in [&bash, &zsh, &fish, &page] {
+        assert!(!text.contains("__watchdog"), "{text}");
+    }
 }
 
 /// flock(1)'s habits get a hint, as bad usage (64): `flocklease FILE COMMAND` says how the

@@ -220,6 +220,24 @@ fn status_id_answers_0_when_held_1_when_free_and_70_when_broken() {
         "{}",
         describe(&out)
     );
+    // A broken record's error is said once, on stderr (it was also printed below the table).
+    for args in [&["--id", "corrupt"][..], &["--id", "corrupt", "-q"]] {
+        let out = status(d, args);
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            said.matches("corrupt lease record").count(),
+            1,
+            "{args:?}: {said}"
+        );
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("corrupt lease record"),
+            "{args:?}: {said}"
+        );
+    }
     let rows = json_rows(&status(d, &["--json"]));
     let row = row_of(&rows, "exhausted");
     assert_eq!(row["state"], "exhausted");
