@@ -307,7 +307,8 @@ fn run(a: RunArgs) -> Result<u8, String> {
             })?
     };
     // Best effort: without it, `status` shows the stem only.
-    let _ = flocklease::status::write_id(&dir, &id);
+    let mode = a.file_mode.unwrap_or(0o600);
+    let _ = flocklease::status::write_id(&dir, &id, mode);
     let live = || leases.liveness_fd(&lease).map_err(|e| crate::describe(&e));
     let clock = leases.clock();
     hold(

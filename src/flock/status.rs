@@ -29,7 +29,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
@@ -178,14 +178,16 @@ fn opener(dir: &Path) -> Result<Opener, Error> {
 /// Records `id` in its sidecar `<dir>/<stem>.id` unless it already says so. Call it while
 /// holding the lease, so that one writer at a time touches the file.
 ///
-/// The file is opened without following links or blocking, created with mode 0600, and
-/// written only if it is a regular file. A torn or stale sidecar is harmless: readers check
-/// that its content hashes to its stem.
+/// The file is opened without following links or blocking, created with `mode` (the lease
+/// files' mode, [`FlockLeaseBuilder::file_mode`](crate::FlockLeaseBuilder::file_mode): 0o600
+/// by default, 0o660 in a directory shared by a group), applied whatever the umask to a file
+/// this process owns, and written only if it is a regular file. A torn or stale sidecar is
+/// harmless: readers check that its content hashes to its stem.
 ///
 /// # Errors
 ///
 /// [`Error::Symlink`], [`Error::NotAFile`] or [`Error::Io`] naming the sidecar.
-pub fn write_id(dir: &Path, id: &SessionId) -> Result<(), Error> {
+pub fn write_id(dir: &Path, id: &SessionId, mode: u32) -> Result<(), Error> {
     if read_id(dir, id.stem()).as_deref() == Some(id.as_str()) {
         return Ok(());
     }
@@ -195,9 +197,15 @@ pub fn write_id(dir: &Path, id: &SessionId) -> Result<(), Error> {
             .write(true)
             .create(true)
             .truncate(true)
-            .mode(0o600),
+            .mode(mode),
         &path,
     )?;
+    let meta = file.metadata().map_err(|e| Error::io("stat", &path, e))?;
+    // The umask may have narrowed a group mode: widen our own file to it.
+    if meta.permissions().mode() & 0o777 != mode && meta.uid() == nix::unistd::geteuid().as_raw() {
+        file.set_permissions(fs::Permissions::from_mode(mode))
+            .map_err(|e| Error::io("chmod", &path, e))?;
+    }
     file.write_all(id.as_str().as_bytes())
         .map_err(|e| Error::io("write", &path, e))
 }
@@ -402,7 +410,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let id = SessionId::new("nightly/eu").unwrap();
         assert_eq!(read_id(dir.path(), id.stem()), None);
-        write_id(dir.path(), &id).unwrap();
+        write_id(dir.path(), &id, 0o600).unwrap();
         assert_eq!(
             read_id(dir.path(), id.stem()).as_deref(),
             Some("nightly/eu")
@@ -411,7 +419,7 @@ mod tests {
         std::fs::write(id_path(dir.path(), id.stem()), "other").unwrap();
         assert_eq!(read_id(dir.path(), id.stem()), None);
         // Rewritten when wrong.
-        write_id(dir.path(), &id).unwrap();
+        write_id(dir.path(), &id, 0o600).unwrap();
         assert_eq!(
             read_id(dir.path(), id.stem()).as_deref(),
             Some("nightly/eu")
@@ -427,7 +435,7 @@ mod tests {
         std::os::unix::fs::symlink(&target, id_path(dir.path(), id.stem())).unwrap();
         assert_eq!(read_id(dir.path(), id.stem()), None);
         assert!(matches!(
-            write_id(dir.path(), &id),
+            write_id(dir.path(), &id, 0o600),
             Err(Error::Symlink { .. })
         ));
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "job");

@@ -393,3 +393,37 @@ fn flock_habits_get_a_hint_and_bad_ids_are_usage_errors() {
         "{control:?}"
     );
 }
+
+/// `run --file-mode 660` (a directory shared by a group): every file it creates gets the mode
+/// whatever the umask — the lock, the record and the id's sidecar, which `status` of the
+/// group's other users reads (it was created 0600 whatever the option).
+#[test]
+fn file_mode_applies_to_every_file_run_creates_the_id_sidecar_included() {
+    use std::os::unix::fs::PermissionsExt;
+    let s = Scene::new();
+    let out = Command::new(BIN)
+        .current_dir(s.tmp.path())
+        .args([
+            "run",
+            "--dir",
+            "leases",
+            "--id",
+            "shared",
+            "--file-mode",
+            "660",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&s.leases).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().into_string().unwrap();
+        let mode = entry.metadata().unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o660, "{name}: {mode:o}");
+        seen += usize::from(name.ends_with(".id") || name.ends_with(".lock"));
+    }
+    assert_eq!(seen, 2, "the lock and the sidecar");
+}
