@@ -391,12 +391,17 @@ impl Error {
 /// (the `flocklease::Error` is the io::Error's inner error).
 impl From<Error> for io::Error {
     fn from(e: Error) -> io::Error {
-        let kind = match (e.io_kind(), e.kind()) {
-            (Some(kind), _) => kind,
-            (None, ErrorKind::LockTimeout) => io::ErrorKind::TimedOut,
-            (None, ErrorKind::Corrupt) => io::ErrorKind::InvalidData,
-            (None, ErrorKind::InvalidInput) => io::ErrorKind::InvalidInput,
-            (None, _) => io::ErrorKind::Other,
+        let kind = match (&e, e.io_kind(), e.kind()) {
+            (_, Some(kind), _) => kind,
+            // A file or directory others could have planted or written: refused.
+            (Error::ForeignOwner { .. } | Error::WorldWritable { .. }, ..) => {
+                io::ErrorKind::PermissionDenied
+            }
+            (Error::NotADirectory { .. }, ..) => io::ErrorKind::NotADirectory,
+            (_, None, ErrorKind::LockTimeout) => io::ErrorKind::TimedOut,
+            (_, None, ErrorKind::Corrupt) => io::ErrorKind::InvalidData,
+            (_, None, ErrorKind::InvalidInput) => io::ErrorKind::InvalidInput,
+            (_, None, _) => io::ErrorKind::Other,
         };
         io::Error::new(kind, e)
     }
@@ -696,5 +701,18 @@ mod tests {
             path: "/d/x.lock".into(),
         };
         assert_eq!(replaced.kind(), ErrorKind::Retry);
+        // Refused files and directories keep a kind std callers match on.
+        let planted = Error::ForeignOwner {
+            path: "/d/x.lock".into(),
+            uid: 1000,
+        };
+        assert_eq!(
+            io::Error::from(planted).kind(),
+            io::ErrorKind::PermissionDenied
+        );
+        let file = Error::NotADirectory {
+            path: "/d/x".into(),
+        };
+        assert_eq!(io::Error::from(file).kind(), io::ErrorKind::NotADirectory);
     }
 }

@@ -262,7 +262,9 @@ struct Table<const N: usize> {
     widths: [usize; N],
     /// More than [`SORTED`] lines came: streaming.
     streaming: bool,
+    /// At most [`SORTED`] notes are kept; the rest are counted.
     notes: Vec<String>,
+    notes_left: usize,
 }
 
 /// Table lines sorted and aligned together (about 1 MiB); beyond, lines are streamed.
@@ -279,6 +281,7 @@ impl<const N: usize> Table<N> {
             widths: [0; N],
             streaming: false,
             notes: vec![],
+            notes_left: 0,
         }
     }
 
@@ -293,9 +296,14 @@ impl<const N: usize> Table<N> {
         }
     }
 
-    /// A line printed below the table.
+    /// A line printed below the table (the first [`SORTED`]; the rest are counted, so memory
+    /// stays bounded however many records are broken).
     fn note(&mut self, note: String) {
-        self.notes.push(note);
+        if self.notes.len() < SORTED {
+            self.notes.push(note);
+        } else {
+            self.notes_left += 1;
+        }
     }
 
     fn flush_batch(&mut self) {
@@ -335,6 +343,14 @@ impl<const N: usize> Table<N> {
             for note in std::mem::take(&mut self.notes) {
                 let _ = writeln!(self.out, "{note}");
             }
+        }
+        if self.notes_left > 0 {
+            let _ = writeln!(
+                self.out,
+                "... and {} more broken records (`flocklease status --json` gives each one's \
+                 error)",
+                self.notes_left
+            );
         }
         let _ = self.out.flush();
     }

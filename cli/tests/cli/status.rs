@@ -423,3 +423,38 @@ fn status_finds_the_directory_in_flocklease_dir() {
         describe(&elsewhere)
     );
 }
+
+/// The notes below the table are bounded like the table (memory stays flat however many
+/// records are broken): the first 4096, then a count of the rest.
+#[test]
+fn notes_of_broken_records_are_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let n = 4096 + 5;
+    for i in 0..n {
+        std::fs::write(record_path(d, &format!("broken-{i}")), b"{").unwrap();
+    }
+    // Standard output to a file: a pipe would fill before the end.
+    let printed = tempfile::NamedTempFile::new().unwrap();
+    let child = std::process::Command::new(BIN)
+        .args(["status", "--dir"])
+        .arg(d)
+        .stdin(std::process::Stdio::null())
+        .stdout(printed.reopen().unwrap())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = output_of(child);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let text = std::fs::read_to_string(printed.path()).unwrap();
+    let notes = text
+        .lines()
+        .filter(|l| l.contains(": corrupt lease record"))
+        .count();
+    assert_eq!(notes, 4096, "notes kept");
+    assert!(
+        text.contains("... and 5 more broken records"),
+        "{}",
+        text.lines().last().unwrap_or_default()
+    );
+}
