@@ -546,7 +546,8 @@ impl Fence {
             .opener
             .faults
             .check(FaultPoint::UnlockFence, &self.lock_path);
-        drop(lock);
+        // Explicitly, not only by closing: a process forked meanwhile keeps a copy.
+        let _ = lock.file.unlock();
     }
 
     /// Opens (creating) the lock file.

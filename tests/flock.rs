@@ -691,3 +691,53 @@ fn descriptors_stay_bounded_with_many_ids() {
         "descriptors not closed with the instance"
     );
 }
+
+/// A fenced section whose closure forks (a daemonizing helper, without exec) leaves a copy of
+/// every descriptor in the child, the transition lock's included. The section gives the lock
+/// up by an explicit unlock, not only by closing its descriptor: the holder's next renew and a
+/// rival's acquire still get the lock while the child lives.
+#[test]
+#[allow(unsafe_code)]
+fn a_fenced_section_that_forks_does_not_leave_the_transition_lock_taken() {
+    use nix::sys::wait::waitpid;
+    use nix::unistd::{ForkResult, fork, pipe, read};
+    use std::os::fd::AsRawFd;
+    let dir = tempfile::tempdir().unwrap();
+    let leases = FlockLease::builder(dir.path())
+        .lock_timeout(Duration::from_millis(300))
+        .open()
+        .unwrap();
+    let lease = leases
+        .acquire(&id("s"), &owner("a"))
+        .unwrap()
+        .lease()
+        .unwrap();
+    let (r, w) = pipe().unwrap();
+    let child = leases
+        .fenced(&lease, || {
+            // SAFETY: the child only reads from a pipe and exits, both async-signal-safe.
+            match unsafe { fork() }.unwrap() {
+                ForkResult::Child => {
+                    // Its own copy of the write end closed, so the parent's close ends it.
+                    let _ = nix::unistd::close(w.as_raw_fd());
+                    let mut byte = [0u8; 1];
+                    let _ = read(&r, &mut byte);
+                    unsafe { nix::libc::_exit(0) }
+                }
+                ForkResult::Parent { child } => child,
+            }
+        })
+        .unwrap()
+        .expect("the section ran");
+    // The child lives on, holding copies of the descriptors.
+    let renewed = leases.renew(&lease);
+    let rival = FlockLease::builder(dir.path())
+        .lock_timeout(Duration::from_millis(300))
+        .open()
+        .unwrap()
+        .acquire(&id("s"), &owner("b"));
+    drop(w);
+    waitpid(child, None).unwrap();
+    assert!(matches!(renewed, Ok(Grant::Granted(_))), "{renewed:?}");
+    assert!(matches!(rival, Ok(Grant::Held)), "{rival:?}");
+}

@@ -402,7 +402,7 @@ impl FlockLease {
             });
         };
         let slot = lock(&entry.state);
-        let stable = self.lock_stable(&paths.lock, deadline, started)?;
+        let stable = Unlocking(self.lock_stable(&paths.lock, deadline, started)?);
         let checked = self.peek_record(&paths.record).map(|record| {
             let held_here = slot
                 .local
@@ -420,7 +420,7 @@ impl FlockLease {
         // transition of this id can run meanwhile, here or anywhere), but not under the
         // instance's state of the id: `f` may call `liveness_fd`, and other threads' waits
         // look at the state, without waiting for the section. The lock is given up whatever
-        // `f` does, a panic included (its descriptor is closed while unwinding).
+        // `f` does, a panic included, by an explicit unlock (`Unlocking`).
         match checked {
             Ok(true) => {
                 drop(slot);
@@ -428,7 +428,6 @@ impl FlockLease {
                 drop(stable);
                 Ok(Some(out))
             }
-            // Closing the descriptor unlocks.
             Ok(false) => Ok(None),
             Err(e) => Err(e),
         }
@@ -490,7 +489,11 @@ impl FlockLease {
         if let Some(below) = st.carried_sweep.take() {
             slot.keep_sweep(below);
         }
-        drop(lock);
+        // Unlocked explicitly, not only by closing: a copy of the descriptor in a process
+        // forked meanwhile (without exec) must not keep the lock.
+        if !st.unlocked {
+            let _ = lock.file.unlock();
+        }
     }
 
     /// This instance's entry for the id with file stem `stem`.
@@ -671,6 +674,17 @@ impl crate::front::Backend for FlockLease {
 }
 
 crate::front::session_lease!(FlockLease);
+
+/// A transition lock given up by an explicit unlock when dropped (also while unwinding): a
+/// copy of its descriptor in a process forked meanwhile (a fenced section's closure may fork)
+/// must not keep it locked, as closing alone would.
+struct Unlocking(HeldLock);
+
+impl Drop for Unlocking {
+    fn drop(&mut self) {
+        let _ = self.0.file.unlock();
+    }
+}
 
 /// One id's cached paths, its in-process turn, and what this instance holds for it.
 #[derive(Debug)]

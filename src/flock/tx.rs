@@ -185,9 +185,10 @@ impl FlockTx<'_> {
             Err(e) => Err(Error::io("stat", path, e)),
         };
         let lock_at = id(lock)?;
+        // The record is looked at only under the lock (the lock's answer is the one reported).
         let record_at = match self.st.seen_record {
-            Some(_) => id(&self.paths.record)?,
-            None => None,
+            Some(_) if lock_at == Some(self.stable_id) => id(&self.paths.record)?,
+            _ => None,
         };
         let read = self.st.seen_record.as_ref().map(Option::as_ref);
         machine::commit_check(&self.stable_id, lock_at.as_ref(), read, record_at.as_ref())
