@@ -47,14 +47,14 @@ plant b-dead-holder-takeover-reuses-token $m \
   'Some(Liveness::Dead) => takeover(input, owner, rec.token, true)' \
   'Some(Liveness::Dead) => takeover(input, owner, rec.token - 1, true)'
 plant c-adopt-before-commit $d \
-  '        if plan.commit.is_some() {\n            steps.extend' \
-  '        if plan.prepare.iter().any(|p| matches!(p, Prepare::LockLive { .. })) {\n            steps.push(Io::Adopt);\n        }\n        if false {\n            steps.push(Io::Adopt);\n        }\n        if plan.commit.is_some() {\n            steps.extend'
+  '            .map(Io::Commit)\n            .collect();' \
+  '            .flat_map(|s| match s {\n                CommitStep::WriteTemp if plan.prepare.iter().any(|p| matches!(p, Prepare::LockLive { .. })) => vec![Io::Adopt, Io::Commit(s)],\n                _ => vec![Io::Commit(s)],\n            })\n            .collect();'
 plant d-commit-before-locking-new-generation $d \
-  '        for i in 0..plan.prepare.len() {\n            steps.push(Io::Prepare(index(i)));\n        }\n        if plan.commit.is_some() {\n            steps.extend([Io::WriteTemp, Io::SyncTemp, Io::Rename]);\n            if plan.sync_dir != DirSync::No {\n                steps.push(Io::SyncDir);\n            }\n        }\n' \
-  '        if plan.commit.is_some() {\n            steps.extend([Io::WriteTemp, Io::SyncTemp, Io::Rename]);\n            if plan.sync_dir != DirSync::No {\n                steps.push(Io::SyncDir);\n            }\n        }\n        for i in 0..plan.prepare.len() {\n            steps.push(Io::Prepare(index(i)));\n        }\n'
+  '        steps.push(CommitStep::Point);\n' \
+  '        steps.push(CommitStep::Point);\n        steps.rotate_left(usize::from(!plan.prepare.is_empty()));\n'
 plant e-unlock-before-rename $d \
-  '            steps.extend([Io::WriteTemp, Io::SyncTemp, Io::Rename]);' \
-  '            steps.extend([Io::WriteTemp, Io::SyncTemp, Io::UnlockStable, Io::Rename]);'
+  '            .map(Io::Commit)\n            .collect();' \
+  '            .flat_map(|s| match s {\n                CommitStep::Point => vec![Io::Unlock, Io::Commit(s)],\n                _ => vec![Io::Commit(s)],\n            })\n            .collect();'
 
 config=${CONFIG:-default}
 status=0

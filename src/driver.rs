@@ -1,16 +1,16 @@
 //! The one interpreter of a [`Plan`], shared by every backend and by the
 //! model checker.
 //!
-//! A backend implements [`Transaction`] — the primitive I/O steps on one id's state — and
-//! [`Run`] does the rest: it takes the transition lock, reads, asks the machine, probes when
-//! asked, prepares, writes the temporary record, syncs it, renames it, syncs the directory,
-//! cleans up, adopts the new generation and unlocks, in that order. No backend decides
-//! anything about expiry, tokens or owners, and none chooses the order of its own steps.
+//! A backend implements [`Transaction`] — one transition on one id, in the protocol's terms:
+//! begin under the id's lock, probe, the commit's steps (exactly one of them the commit
+//! point), undo, cleanup, adopt, end — and [`Run`] does the rest: it asks the machine, and
+//! calls the steps in the one order [`Run::schedule`] gives. No backend decides anything about
+//! expiry, tokens or owners, and none chooses the order of its own steps; a backend only says
+//! at which [`Grain`] another actor can come between two of them.
 //!
-//! [`Run`] performs **one I/O step per call** of [`Run::next`], so a model checker can
-//! interleave the steps of several processes and crash a process between any two of them;
-//! [`run`] simply calls it until the transition is done, which is what the adapters do.
-//! The order of the steps is [`Run::schedule`]: one list, read by every caller.
+//! [`Run`] performs **one step per call** of [`Run::next`], so a model checker can interleave
+//! the steps of several processes and crash a process between any two of them; [`run`]
+//! simply calls it until the transition is done, which is what the adapters do.
 
 use std::time::Duration;
 
@@ -22,42 +22,113 @@ use crate::name::SessionId;
 use crate::record::Record;
 use crate::timestamp::Timestamp;
 
-/// The primitive steps of one transition on one id.
+/// Where another actor can come between two steps of a backend's transition: what one step
+/// of [`Run`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Grain {
+    /// One system call per step (the flock backend, and memory, which mirrors it): the lock
+    /// and the read are two steps; the commit is the new generation's liveness file, the
+    /// temporary record, its fsync, the rename (the commit point) and the directory's fsync;
+    /// every cleanup is a step; the transition lock is released last.
+    SystemCall,
+    /// One statement per step (PostgreSQL): the lock and the read are one step (`SELECT … FOR
+    /// UPDATE`); the commit is one step (the new generation's advisory lock, the `UPDATE` and
+    /// the `COMMIT`, which ends the transaction and so releases the row lock); only the
+    /// cleanups that touch the server are steps (closing a generation; no files are left to
+    /// delete or sweep); a transition that commits nothing ends with a step of its own.
+    Statement,
+}
+
+/// One step of a plan's commit, as [`commit_steps`] lists them for a [`Grain`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CommitStep {
+    /// [`Prepare::LockLive`]: the new generation's liveness lock, taken before the commit
+    /// point (at [`Grain::Statement`] the commit point takes it).
+    LockLive,
+    /// [`Prepare::EnsureLive`]: the local generation's liveness lock checked, and taken again
+    /// if it was lost.
+    EnsureLive,
+    /// The temporary record written ([`Grain::SystemCall`]).
+    WriteTemp,
+    /// The temporary record's fsync ([`Grain::SystemCall`], durable directories).
+    SyncTemp,
+    /// The commit point: the rename over the record, or the statement that commits. Before
+    /// it nothing is visible to anyone else; after it the record is the plan's.
+    Point,
+    /// The directory's fsync after the rename ([`Grain::SystemCall`], when the plan asks:
+    /// [`DirSync`]).
+    SyncDir,
+}
+
+/// The commit's steps of `plan` at `grain`, in order; exactly one is [`CommitStep::Point`]
+/// when the plan commits a record.
+pub fn commit_steps(grain: Grain, plan: &Plan) -> Vec<CommitStep> {
+    let mut steps = Vec::new();
+    for p in &plan.prepare {
+        match p {
+            // At statement grain the commit statement takes the lock itself.
+            Prepare::LockLive { .. } if grain == Grain::Statement && plan.commit.is_some() => {}
+            Prepare::LockLive { .. } => steps.push(CommitStep::LockLive),
+            Prepare::EnsureLive { .. } => steps.push(CommitStep::EnsureLive),
+        }
+    }
+    if plan.commit.is_some() {
+        if grain == Grain::SystemCall {
+            steps.extend([CommitStep::WriteTemp, CommitStep::SyncTemp]);
+        }
+        steps.push(CommitStep::Point);
+        if grain == Grain::SystemCall && plan.sync_dir != DirSync::No {
+            steps.push(CommitStep::SyncDir);
+        }
+    }
+    steps
+}
+
+/// What a transition reads when it begins, under the id's lock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Begun {
+    /// The backend's clock, read once per transition.
+    pub now: Timestamp,
+    /// The record (`None` when there is none).
+    pub record: Option<Record>,
+    /// The generation this instance holds for the id.
+    pub local: Option<Local>,
+}
+
+/// One transition on one id, as a backend carries it out: the steps [`Run`] calls.
 ///
-/// [`Run`] calls them in its [order](Run::schedule). Failures of the steps that return
-/// `Result` abort the transition; the others are cleanup after a commit and must not fail (a
-/// backend logs or ignores what it cannot do there).
+/// Failures of the steps that return `Result` abort the transition ([`Transaction::undo`]
+/// then runs); the others are cleanup after the commit and must not fail (a backend logs or
+/// ignores what it cannot do there).
 pub trait Transaction {
     /// A liveness lock taken for a new generation, not yet adopted.
     type Pending;
 
-    /// Takes the id's transition lock without blocking: `Ok(false)` when another transition
-    /// holds it (the run then waits at this step). An adapter that takes the lock itself
-    /// before the run, with its own bounded wait, keeps this default.
+    /// The grain of this backend's steps (the [`Run`] driving it must be made with the same).
+    fn grain(&self) -> Grain;
+
+    /// Takes the id's lock without blocking: `Ok(false)` when another transition holds it
+    /// (the run then waits at this step). An adapter that takes the lock itself before the
+    /// run, with its own bounded wait, keeps this default.
     ///
     /// # Errors
     ///
     /// I/O failure.
-    fn lock_stable(&mut self) -> Result<bool, Error> {
+    fn lock(&mut self) -> Result<bool, Error> {
         Ok(true)
     }
 
-    /// Releases the id's transition lock. The default does nothing (an adapter whose lock is
-    /// a scope, such as a mutex guard, releases it when the run's caller returns).
-    fn unlock_stable(&mut self) {}
+    /// Releases the id's lock. The default does nothing (an adapter whose lock is a scope,
+    /// such as a mutex guard or a transaction its caller ends, releases it when the run's
+    /// caller returns).
+    fn unlock(&mut self) {}
 
-    /// The current wall-clock time, read once per transition, under the transition lock.
-    fn now(&self) -> Timestamp;
-
-    /// Reads the record (`None` when there is none).
+    /// Begins under the lock: the clock, the record, and this instance's generation.
     ///
     /// # Errors
     ///
     /// I/O failure, or [`Error::Corrupt`].
-    fn read(&mut self) -> Result<Option<Record>, Error>;
-
-    /// The generation this instance holds for the id.
-    fn local(&self) -> Option<Local>;
+    fn begin(&mut self) -> Result<Begun, Error>;
 
     /// Probes generation `token`'s liveness lock without creating its file or blocking.
     ///
@@ -66,73 +137,28 @@ pub trait Transaction {
     /// I/O failure other than "no such file".
     fn probe(&mut self, token: u64) -> Result<Liveness, Error>;
 
-    /// Creates and locks generation `token`'s liveness lock ([`Prepare::LockLive`]).
+    /// Performs one of the commit's steps, as [`commit_steps`] lists them for this backend's
+    /// grain. The step that takes a new generation's liveness lock ([`CommitStep::LockLive`],
+    /// or at [`Grain::Statement`] the commit point of a plan that locks one) returns it.
     ///
     /// # Errors
     ///
-    /// I/O failure, or the lock is unexpectedly held.
-    fn lock_live(&mut self, token: u64) -> Result<Self::Pending, Error>;
+    /// I/O failure, or a liveness lock unexpectedly held. A failure of the commit point
+    /// leaves the old record standing (PostgreSQL: unless the commit's outcome is unknown and
+    /// found committed, which is then no failure).
+    fn commit_step(
+        &mut self,
+        step: CommitStep,
+        plan: &Plan,
+    ) -> Result<Option<Self::Pending>, Error>;
 
-    /// Releases a liveness lock taken by [`Transaction::lock_live`] that will not be adopted
-    /// (a later step failed). Its file stays.
-    fn abandon(&mut self, pending: Self::Pending);
+    /// After a failed step: leaves nothing behind — releases `pending` (a new generation's
+    /// lock, never adopted; its file stays) and removes what this transition created for a
+    /// commit that did not happen.
+    fn undo(&mut self, pending: Option<Self::Pending>);
 
-    /// Checks the local generation's liveness file is in place, restoring it if not
-    /// ([`Prepare::EnsureLive`]).
-    ///
-    /// # Errors
-    ///
-    /// I/O failure.
-    fn ensure_live(&mut self, token: u64) -> Result<(), Error>;
-
-    /// Creates the temporary record file (replacing any leftover) and writes `record` to it.
-    ///
-    /// # Errors
-    ///
-    /// I/O failure; the driver then calls [`Transaction::discard_temp`].
-    fn write_temp(&mut self, record: &Record) -> Result<(), Error>;
-
-    /// Makes the temporary file's contents durable (a backend or a mode without fsync
-    /// returns `Ok`).
-    ///
-    /// # Errors
-    ///
-    /// I/O failure; the driver then calls [`Transaction::discard_temp`].
-    fn sync_temp(&mut self) -> Result<(), Error>;
-
-    /// Renames the temporary file over the record: the commit.
-    ///
-    /// # Errors
-    ///
-    /// I/O failure; the old record then stands, and the driver calls
-    /// [`Transaction::discard_temp`].
-    fn rename(&mut self) -> Result<(), Error>;
-
-    /// Removes the temporary file this transition created, after a failure before the
-    /// commit.
-    fn discard_temp(&mut self);
-
-    /// Makes the last commit durable (the directory sync after the rename); called when the
-    /// plan asks for it ([`DirSync`]). A backend without such a step returns `Ok`.
-    ///
-    /// # Errors
-    ///
-    /// I/O failure: the committed record is visible but may not survive power loss.
-    fn sync_dir(&mut self) -> Result<(), Error>;
-
-    /// Closes and forgets the local generation `token` (nothing if another is held).
-    fn close_local(&mut self, token: u64);
-
-    /// Deletes generation `token`'s liveness file, if present.
-    fn delete_live(&mut self, token: u64);
-
-    /// Deletes liveness files of generations below `below` and leftover temporary files:
-    /// cleanup after the commit, best effort. An adapter may delete the dead generation's
-    /// (`below - 1`) at once and leave the rest to its next transition on the id, still under
-    /// the transition lock and within the bound [`machine::deferred_sweep_below`] gives for the
-    /// record that transition reads (the flock adapter does, so a takeover never lists the
-    /// directory).
-    fn sweep(&mut self, below: u64);
+    /// One cleanup step after the commit, best effort.
+    fn cleanup(&mut self, step: &Cleanup);
 
     /// Makes `pending` the local generation `local`.
     fn adopt(&mut self, pending: Self::Pending, local: Local);
@@ -150,15 +176,15 @@ pub trait Transaction {
 ///
 /// # Panics
 ///
-/// If the transaction's [`Transaction::lock_stable`] keeps answering "busy": an adapter that
-/// calls `run` holds the transition lock already (the default answers `Ok(true)`).
+/// If the transaction's [`Transaction::lock`] keeps answering "busy": an adapter that calls
+/// `run` holds the lock already (the default answers `Ok(true)`).
 pub fn run<T: Transaction>(
     tx: &mut T,
     id: &SessionId,
     ttl: Duration,
     event: Event,
 ) -> Result<Outcome, Error> {
-    let mut run = Run::new(event, ttl);
+    let mut run = Run::new(tx.grain(), event, ttl);
     loop {
         match run.next(tx, id) {
             Step::Done(result) => return result,
@@ -174,52 +200,45 @@ pub fn run<T: Transaction>(
 pub enum Step {
     /// One step done; call again.
     Continue,
-    /// The transition lock is held by another transition; nothing was done.
+    /// The id's lock is held by another transition; nothing was done.
     Blocked,
     /// The transition is over (the lock is released): its result.
     Done(Result<Outcome, Error>),
 }
 
-/// One I/O step of a transition, as [`Run::schedule`] orders them.
+/// One step of a transition, as [`Run::schedule`] orders them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Io {
-    /// [`Transaction::lock_stable`].
-    LockStable,
-    /// [`Transaction::now`], [`Transaction::read`] and [`Transaction::local`], then the
-    /// machine's decision.
-    Read,
-    /// [`Transaction::probe`] of the generation the machine named
-    /// ([`Decision::Probe`]), then the machine's decision.
+    /// [`Transaction::lock`] ([`Grain::SystemCall`]; at [`Grain::Statement`] the lock is
+    /// part of [`Io::Begin`]).
+    Lock,
+    /// [`Transaction::begin`], then the machine's decision.
+    Begin,
+    /// [`Transaction::probe`] of the generation the machine named ([`Decision::Probe`]),
+    /// then the machine's decision.
     Probe {
         /// The generation to probe.
         token: u64,
     },
-    /// The plan's preparation step of this index ([`Transaction::lock_live`] or
-    /// [`Transaction::ensure_live`]).
-    Prepare(u8),
-    /// [`Transaction::write_temp`].
-    WriteTemp,
-    /// [`Transaction::sync_temp`].
-    SyncTemp,
-    /// [`Transaction::rename`]: the commit.
-    Rename,
-    /// [`Transaction::sync_dir`].
-    SyncDir,
-    /// The plan's cleanup step of this index.
+    /// [`Transaction::commit_step`].
+    Commit(CommitStep),
+    /// The plan's cleanup step of this index ([`Transaction::cleanup`]).
     Cleanup(u8),
     /// [`Transaction::adopt`] of the new generation.
     Adopt,
-    /// [`Transaction::unlock_stable`].
-    UnlockStable,
+    /// [`Transaction::unlock`] ([`Grain::Statement`]: only when nothing was committed; the
+    /// commit released the lock).
+    Unlock,
 }
 
-/// One transition in progress: the driver's state between two I/O steps.
+/// One transition in progress: the driver's state between two steps.
 ///
 /// `P` is the transaction's [`Transaction::Pending`]. A run is plain data (a model checker
 /// keeps one per process in its state); dropping it mid-way is what a crash does to the
 /// process's memory — the backend's files and locks are the backend's business.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Run<P> {
+    grain: Grain,
     event: Event,
     ttl: Duration,
     /// The machine's input, once read.
@@ -229,22 +248,26 @@ pub struct Run<P> {
     schedule: Vec<Io>,
     /// The index in `schedule` of the next step.
     at: usize,
-    /// Whether this run holds the transition lock.
+    /// Whether this run holds the id's lock.
     locked: bool,
-    /// Whether the record was renamed into place.
+    /// Whether the record was committed.
     committed: bool,
     pending: Option<(P, Local)>,
 }
 
 impl<P> Run<P> {
-    /// A transition for `event` with lease time-to-live `ttl`, not started.
-    pub fn new(event: Event, ttl: Duration) -> Run<P> {
+    /// A transition at `grain` for `event` with lease time-to-live `ttl`, not started.
+    pub fn new(grain: Grain, event: Event, ttl: Duration) -> Run<P> {
         Run {
+            grain,
             event,
             ttl,
             input: None,
             plan: None,
-            schedule: vec![Io::LockStable, Io::Read],
+            schedule: match grain {
+                Grain::SystemCall => vec![Io::Lock, Io::Begin],
+                Grain::Statement => vec![Io::Begin],
+            },
             at: 0,
             locked: false,
             committed: false,
@@ -263,18 +286,21 @@ impl<P> Run<P> {
         self.schedule.get(self.at).copied()
     }
 
+    /// Whether the next step takes the id's lock (and so waits while another run holds it).
+    pub fn next_locks(&self) -> bool {
+        !self.locked && matches!(self.peek(), Some(Io::Lock | Io::Begin))
+    }
+
     /// Whether the next step can fail (a fault injected there is seen by the driver).
     pub fn next_can_fail(&self) -> bool {
         match self.peek() {
-            Some(Io::Read | Io::Probe { .. } | Io::Prepare(_) | Io::WriteTemp | Io::SyncTemp) => {
-                true
-            }
-            Some(Io::Rename) => true,
+            Some(Io::Begin | Io::Probe { .. }) => true,
             // A best-effort sync's failure is ignored: as good as no failure.
-            Some(Io::SyncDir) => self
+            Some(Io::Commit(CommitStep::SyncDir)) => self
                 .plan
                 .as_ref()
                 .is_some_and(|p| p.sync_dir == DirSync::Required),
+            Some(Io::Commit(_)) => true,
             _ => false,
         }
     }
@@ -284,12 +310,12 @@ impl<P> Run<P> {
         self.plan.as_ref()
     }
 
-    /// Whether this run holds the transition lock.
+    /// Whether this run holds the id's lock.
     pub fn holds_lock(&self) -> bool {
         self.locked
     }
 
-    /// Whether the record has been renamed into place.
+    /// Whether the record has been committed.
     pub fn committed(&self) -> bool {
         self.committed
     }
@@ -299,45 +325,41 @@ impl<P> Run<P> {
         self.pending.as_ref().map(|(_, l)| l)
     }
 
-    /// The order of a plan's I/O steps after the decision — the one list every backend and
-    /// the model follow: the new generation's liveness lock before the commit, the commit
-    /// (temporary file, its fsync, the rename, the directory fsync), the cleanup, the new
-    /// generation adopted, and only then the transition lock released.
-    pub fn schedule(plan: &Plan) -> Vec<Io> {
-        let mut steps = Vec::new();
-        for i in 0..plan.prepare.len() {
-            steps.push(Io::Prepare(index(i)));
-        }
-        if plan.commit.is_some() {
-            steps.extend([Io::WriteTemp, Io::SyncTemp, Io::Rename]);
-            if plan.sync_dir != DirSync::No {
-                steps.push(Io::SyncDir);
+    /// The order of a plan's steps after the decision — the one list every backend and the
+    /// model follow: the commit's steps ([`commit_steps`]: a new generation's liveness lock
+    /// before the commit point), the cleanup, the new generation adopted, and only then the
+    /// lock released (at [`Grain::Statement`] a commit releases it).
+    pub fn schedule(grain: Grain, plan: &Plan) -> Vec<Io> {
+        let mut steps: Vec<Io> = commit_steps(grain, plan)
+            .into_iter()
+            .map(Io::Commit)
+            .collect();
+        for (i, c) in plan.cleanup.iter().enumerate() {
+            // No files at statement grain: nothing to delete or sweep.
+            if grain == Grain::SystemCall || matches!(c, Cleanup::CloseLocal { .. }) {
+                steps.push(Io::Cleanup(index(i)));
             }
         }
-        for i in 0..plan.cleanup.len() {
-            steps.push(Io::Cleanup(index(i)));
-        }
-        if plan
-            .prepare
-            .iter()
-            .any(|p| matches!(p, Prepare::LockLive { .. }))
-        {
+        if plan.new_generation().is_some() {
             steps.push(Io::Adopt);
         }
-        steps.push(Io::UnlockStable);
+        if grain == Grain::SystemCall || plan.commit.is_none() {
+            steps.push(Io::Unlock);
+        }
         steps
     }
 
-    /// Performs the next I/O step through `tx` (`id` names the id in errors).
+    /// Performs the next step through `tx` (`id` names the id in errors).
     ///
-    /// A failing step ends the run in the same call: the driver abandons a new generation's
-    /// lock, removes the temporary file if the failure came before the commit, releases the
-    /// transition lock and returns [`Step::Done`] with the error.
+    /// A failing step ends the run in the same call: the driver undoes what the transition
+    /// prepared ([`Transaction::undo`]), releases the lock and returns [`Step::Done`] with the
+    /// error.
     ///
     /// # Panics
     ///
     /// When called again after [`Step::Done`].
     pub fn next<T: Transaction<Pending = P>>(&mut self, tx: &mut T, id: &SessionId) -> Step {
+        debug_assert_eq!(tx.grain(), self.grain, "a run of another grain");
         let io = self.peek().expect("Run::next called after Done");
         match self.perform(io, tx, id) {
             Ok(true) => {}
@@ -348,12 +370,11 @@ impl<P> Run<P> {
         if self.at < self.schedule.len() {
             return Step::Continue;
         }
-        // The last step was the unlock.
         let plan = self.plan.as_ref().expect("a finished run has a plan");
         Step::Done(Ok(plan.outcome))
     }
 
-    /// Performs `io`; `Ok(false)`: the transition lock is busy.
+    /// Performs `io`; `Ok(false)`: the lock is busy.
     fn perform<T: Transaction<Pending = P>>(
         &mut self,
         io: Io,
@@ -361,76 +382,86 @@ impl<P> Run<P> {
         id: &SessionId,
     ) -> Result<bool, Error> {
         match io {
-            Io::LockStable => {
-                if !tx.lock_stable()? {
+            Io::Lock => {
+                if !tx.lock()? {
                     return Ok(false);
                 }
                 self.locked = true;
             }
-            Io::Read => {
-                let now = tx.now();
-                let record = tx.read()?;
+            Io::Begin => {
+                if !self.locked {
+                    if !tx.lock()? {
+                        return Ok(false);
+                    }
+                    self.locked = true;
+                }
+                let begun = tx.begin()?;
                 self.input = Some(Input {
-                    record,
+                    record: begun.record,
                     liveness: None,
-                    local: tx.local(),
-                    now,
+                    local: begun.local,
+                    now: begun.now,
                     ttl: self.ttl,
                     event: self.event.clone(),
                 });
                 self.decide(id)?;
             }
             Io::Probe { token } => {
-                let input = self.input.as_mut().expect("probe after read");
+                let input = self.input.as_mut().expect("probe after begin");
                 // The machine asks at most once: with liveness known it always plans.
                 assert!(input.liveness.is_none(), "machine asked to probe twice");
                 input.liveness = Some(tx.probe(token)?);
                 self.decide(id)?;
             }
-            Io::Prepare(i) => match self.plan().map(|p| p.prepare[usize::from(i)].clone()) {
-                Some(Prepare::LockLive { token, owner }) => {
-                    let lock = tx.lock_live(token)?;
-                    self.pending = Some((lock, Local { token, owner }));
+            Io::Commit(step) => {
+                let plan = self
+                    .plan
+                    .as_ref()
+                    .expect("a commit step after the decision");
+                // A new generation's liveness lock (its step, or the commit point that takes
+                // it) must not fail after the commit: only the directory sync can, and then
+                // `fail` releases it.
+                let sync = (step == CommitStep::SyncDir).then_some(plan.sync_dir);
+                let locked = plan.new_generation();
+                let result = tx.commit_step(step, plan);
+                let taken = match (sync, result) {
+                    // A new token that might not survive power loss must not be used: fail;
+                    // the failure abandons the new generation's lock, so the visible record
+                    // names a dead generation that the next acquire replaces at once.
+                    (Some(DirSync::Required), r) => r?,
+                    // A tombstone keeps the token: committed is enough, the sync is a bonus.
+                    (Some(_), _) => None,
+                    (None, r) => r?,
+                };
+                if let (Some(lock), Some(local)) = (taken, locked) {
+                    self.pending = Some((lock, local));
                 }
-                Some(Prepare::EnsureLive { token }) => tx.ensure_live(token)?,
-                None => unreachable!("a preparation step without a plan"),
-            },
-            Io::WriteTemp => {
-                let plan = self.plan.as_ref().expect("a write after the decision");
-                tx.write_temp(plan.commit.as_ref().expect("a write with a record"))?;
-            }
-            Io::SyncTemp => tx.sync_temp()?,
-            Io::Rename => {
-                tx.rename()?;
-                // Committed: from here on nothing is reported but the outcome (or a required
-                // directory sync's failure).
-                self.committed = true;
-            }
-            Io::SyncDir => match self.plan.as_ref().map(|p| p.sync_dir) {
-                // A new token that might not survive power loss must not be used: fail; the
-                // failure abandons the new generation's lock, so the visible record names a
-                // dead generation that the next acquire replaces at once.
-                Some(DirSync::Required) => tx.sync_dir()?,
-                // A tombstone keeps the token: committed is enough, the sync is a bonus.
-                Some(DirSync::BestEffort) => {
-                    let _ = tx.sync_dir();
+                if step == CommitStep::Point {
+                    // Committed: from here on nothing is reported but the outcome (or a
+                    // required directory sync's failure).
+                    self.committed = true;
+                    if self.grain == Grain::Statement {
+                        // The `COMMIT` ended the transaction, and its lock with it.
+                        self.locked = false;
+                        tx.unlock();
+                    }
                 }
-                Some(DirSync::No) | None => {}
-            },
-            Io::Cleanup(i) => match self.plan().map(|p| p.cleanup[usize::from(i)].clone()) {
-                Some(Cleanup::CloseLocal { token }) => tx.close_local(token),
-                Some(Cleanup::DeleteLive { token }) => tx.delete_live(token),
-                Some(Cleanup::Sweep { below }) => tx.sweep(below),
-                None => unreachable!("a cleanup step without a plan"),
-            },
+            }
+            Io::Cleanup(i) => {
+                let plan = self
+                    .plan
+                    .as_ref()
+                    .expect("a cleanup step after the decision");
+                tx.cleanup(&plan.cleanup[usize::from(i)]);
+            }
             Io::Adopt => {
                 if let Some((lock, local)) = self.pending.take() {
                     tx.adopt(lock, local);
                 }
             }
-            Io::UnlockStable => {
+            Io::Unlock => {
                 if self.locked {
-                    tx.unlock_stable();
+                    tx.unlock();
                     self.locked = false;
                 }
             }
@@ -444,24 +475,21 @@ impl<P> Run<P> {
         match machine::step(input).map_err(|e| step_error(e, id))? {
             Decision::Probe { token } => self.schedule.push(Io::Probe { token }),
             Decision::Plan(plan) => {
-                self.schedule.extend(Run::<P>::schedule(&plan));
+                self.schedule.extend(Run::<P>::schedule(self.grain, &plan));
                 self.plan = Some(plan);
             }
         }
         Ok(())
     }
 
-    /// Ends the run after step `at` failed with `e`: drops what it prepared, releases the
-    /// transition lock, and returns `e`.
+    /// Ends the run after a step failed with `e`: undoes what it prepared, releases the lock,
+    /// and returns `e`.
     fn fail<T: Transaction<Pending = P>>(&mut self, e: Error, tx: &mut T) -> Error {
-        if let Some((lock, _)) = self.pending.take() {
-            tx.abandon(lock);
-        }
-        if matches!(self.peek(), Some(Io::WriteTemp | Io::SyncTemp | Io::Rename)) {
-            tx.discard_temp();
+        if self.plan.is_some() {
+            tx.undo(self.pending.take().map(|(lock, _)| lock));
         }
         if self.locked {
-            tx.unlock_stable();
+            tx.unlock();
             self.locked = false;
         }
         self.at = self.schedule.len();

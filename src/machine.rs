@@ -124,6 +124,28 @@ pub struct Plan {
     pub outcome: Outcome,
 }
 
+impl Plan {
+    /// The generation the plan's preparation locks or checks ([`Prepare::LockLive`] or
+    /// [`Prepare::EnsureLive`]), if it has one.
+    pub fn prepared_token(&self) -> Option<u64> {
+        self.prepare.first().map(|p| match p {
+            Prepare::LockLive { token, .. } | Prepare::EnsureLive { token } => *token,
+        })
+    }
+
+    /// The new generation the plan locks ([`Prepare::LockLive`]), if any: this instance's
+    /// local generation once the plan commits.
+    pub fn new_generation(&self) -> Option<Local> {
+        self.prepare.iter().find_map(|p| match p {
+            Prepare::LockLive { token, owner } => Some(Local {
+                token: *token,
+                owner: owner.clone(),
+            }),
+            Prepare::EnsureLive { .. } => None,
+        })
+    }
+}
+
 /// Whether the directory is synced after the commit's rename, so the new record survives
 /// power loss.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -10,10 +10,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::clock::Clock;
-use crate::driver::{self, Transaction};
+use crate::driver::{self, Begun, CommitStep, Grain, Transaction};
 use crate::error::Error;
 use crate::lease::DEFAULT_TTL;
-use crate::machine::{Event, Liveness, Local};
+use crate::machine::{Cleanup, Event, Liveness, Local, Plan};
 use crate::name::SessionId;
 use crate::record::Record;
 
@@ -154,25 +154,37 @@ impl MemTx<'_> {
     fn key(&self, token: u64) -> (SessionId, u64) {
         (self.id.clone(), token)
     }
+
+    /// Unlocks generation `token`'s liveness lock if this instance holds it.
+    fn release_live(&mut self, token: u64) {
+        let instance = self.instance;
+        if let Some(holder) = self.state.live.get_mut(&self.key(token))
+            && *holder == Some(instance)
+        {
+            *holder = None;
+        }
+    }
 }
 
 impl Transaction for MemTx<'_> {
     type Pending = u64;
 
-    fn now(&self) -> crate::Timestamp {
-        self.now
+    fn grain(&self) -> Grain {
+        // The store mirrors the flock backend's files, step for step.
+        Grain::SystemCall
     }
 
-    fn read(&mut self) -> Result<Option<Record>, Error> {
-        Ok(self.state.records.get(self.id).cloned())
-    }
-
-    fn local(&self) -> Option<Local> {
-        self.state
-            .local
-            .get(&self.instance)
-            .and_then(|m| m.get(self.id))
-            .cloned()
+    fn begin(&mut self) -> Result<Begun, Error> {
+        Ok(Begun {
+            now: self.now,
+            record: self.state.records.get(self.id).cloned(),
+            local: self
+                .state
+                .local
+                .get(&self.instance)
+                .and_then(|m| m.get(self.id))
+                .cloned(),
+        })
     }
 
     fn probe(&mut self, token: u64) -> Result<Liveness, Error> {
@@ -183,82 +195,64 @@ impl Transaction for MemTx<'_> {
         })
     }
 
-    fn lock_live(&mut self, token: u64) -> Result<u64, Error> {
-        let key = self.key(token);
-        let slot = self.state.live.entry(key).or_insert(None);
-        if slot.is_some() {
-            // Only possible when the record was moved back under a live holder.
-            return Err(Error::LiveLockBusy {
-                path: format!("<memory>/{}.{token}.live", self.id.stem()).into(),
-            });
+    fn commit_step(&mut self, step: CommitStep, plan: &Plan) -> Result<Option<u64>, Error> {
+        let token = plan.prepared_token();
+        match (step, token) {
+            (CommitStep::LockLive, Some(token)) => {
+                let slot = self.state.live.entry(self.key(token)).or_insert(None);
+                if slot.is_some() {
+                    // Only possible when the record was moved back under a live holder.
+                    return Err(Error::LiveLockBusy {
+                        path: format!("<memory>/{}.{token}.live", self.id.stem()).into(),
+                    });
+                }
+                *slot = Some(self.instance);
+                return Ok(Some(token));
+            }
+            (CommitStep::EnsureLive, Some(token)) => {
+                let key = self.key(token);
+                self.state.live.insert(key, Some(self.instance));
+            }
+            (CommitStep::WriteTemp, _) => self.temp = plan.commit.clone(),
+            (CommitStep::Point, _) => {
+                if let Some(record) = self.temp.take() {
+                    self.state.records.insert(self.id.clone(), record);
+                }
+            }
+            // Memory has no power loss to survive.
+            (CommitStep::SyncTemp | CommitStep::SyncDir, _) => {}
+            _ => unreachable!("a commit step its plan does not list"),
         }
-        *slot = Some(self.instance);
-        Ok(token)
+        Ok(None)
     }
 
-    fn abandon(&mut self, token: u64) {
-        let instance = self.instance;
-        if let Some(holder) = self.state.live.get_mut(&self.key(token))
-            && *holder == Some(instance)
-        {
-            *holder = None;
+    fn undo(&mut self, pending: Option<u64>) {
+        if let Some(token) = pending {
+            self.release_live(token);
         }
-    }
-
-    fn ensure_live(&mut self, token: u64) -> Result<(), Error> {
-        let key = self.key(token);
-        self.state.live.insert(key, Some(self.instance));
-        Ok(())
-    }
-
-    fn write_temp(&mut self, record: &Record) -> Result<(), Error> {
-        self.temp = Some(record.clone());
-        Ok(())
-    }
-
-    fn sync_temp(&mut self) -> Result<(), Error> {
-        Ok(())
-    }
-
-    fn rename(&mut self) -> Result<(), Error> {
-        if let Some(record) = self.temp.take() {
-            self.state.records.insert(self.id.clone(), record);
-        }
-        Ok(())
-    }
-
-    fn discard_temp(&mut self) {
         self.temp = None;
     }
 
-    fn sync_dir(&mut self) -> Result<(), Error> {
-        // Memory has no power loss to survive.
-        Ok(())
-    }
-
-    fn close_local(&mut self, token: u64) {
-        let Some(mine) = self.state.local.get_mut(&self.instance) else {
-            return;
-        };
-        if mine.get(self.id).is_some_and(|l| l.token == token) {
-            mine.remove(self.id);
-            let instance = self.instance;
-            if let Some(holder) = self.state.live.get_mut(&self.key(token))
-                && *holder == Some(instance)
-            {
-                *holder = None;
+    fn cleanup(&mut self, step: &Cleanup) {
+        match *step {
+            Cleanup::CloseLocal { token } => {
+                let Some(mine) = self.state.local.get_mut(&self.instance) else {
+                    return;
+                };
+                if mine.get(self.id).is_some_and(|l| l.token == token) {
+                    mine.remove(self.id);
+                    self.release_live(token);
+                }
+            }
+            Cleanup::DeleteLive { token } => {
+                let key = self.key(token);
+                self.state.live.remove(&key);
+            }
+            Cleanup::Sweep { below } => {
+                let id = self.id;
+                self.state.live.retain(|(i, t), _| i != id || *t >= below);
             }
         }
-    }
-
-    fn delete_live(&mut self, token: u64) {
-        let key = self.key(token);
-        self.state.live.remove(&key);
-    }
-
-    fn sweep(&mut self, below: u64) {
-        let id = self.id;
-        self.state.live.retain(|(i, t), _| i != id || *t >= below);
     }
 
     fn adopt(&mut self, token: u64, local: Local) {

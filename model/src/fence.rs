@@ -265,7 +265,7 @@ impl LeaseModel {
             ghost: Ghost::default(),
         };
         use flocklease::driver::Transaction;
-        match tx.lock_stable() {
+        match tx.lock() {
             Ok(true) => Some(true),
             Ok(false) => None,
             Err(_) => Some(false),

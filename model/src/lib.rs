@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 use std::time::Duration;
 
-use flocklease::driver::{Io, Run, Step};
+use flocklease::driver::{CommitStep, Grain, Io, Run, Step};
 use flocklease::machine::{Event, Local, Outcome};
 use flocklease::{Error, Owner, Record, SessionId, Timestamp};
 use stateright::{Model, Property};
@@ -914,7 +914,7 @@ impl LeaseModel {
     ///
     /// What the interpreter reports (token exhausted, a busy liveness lock).
     pub fn apply(&self, state: &mut State, p: usize, event: Event) -> Result<Outcome, Error> {
-        let mut run = Run::new(event, self.ttl());
+        let mut run = Run::new(self.grain(), event, self.ttl());
         let mut ghost = Ghost::default();
         state.procs[p].carried = state.procs[p].sweep.take();
         loop {
@@ -937,6 +937,14 @@ impl LeaseModel {
     /// Process `p` crashes: its locks vanish, it forgets everything.
     pub fn crash(&self, state: &mut State, p: usize) {
         crash(state, p);
+    }
+
+    /// The grain of this configuration's backend: what one of its steps is.
+    pub fn grain(&self) -> Grain {
+        match self.backend {
+            Backend::Flock => Grain::SystemCall,
+            Backend::Postgres => Grain::Statement,
+        }
     }
 
     fn ttl(&self) -> Duration {
@@ -1009,7 +1017,7 @@ impl LeaseModel {
         s.procs[p].call = Some(Call {
             kind,
             view,
-            run: Run::new(self.event(p, kind, view), self.ttl()),
+            run: Run::new(self.grain(), self.event(p, kind, view), self.ttl()),
             ghost: Ghost::default(),
         });
         self.step(&s, p, false)
@@ -1069,10 +1077,10 @@ impl LeaseModel {
     /// Whether process `p` can take the next step of its call (or start one).
     fn can_step(s: &State, p: usize, run: Option<&Run<u64>>) -> bool {
         let lock_free = s.lock_free_for(p);
-        match run.map(Run::peek) {
-            None | Some(Some(Io::LockStable)) => lock_free,
-            Some(Some(_)) => true,
-            Some(None) => false,
+        match run {
+            None => lock_free,
+            Some(r) if r.next_locks() => lock_free,
+            Some(r) => r.peek().is_some(),
         }
     }
 }
@@ -1281,11 +1289,22 @@ impl Model for LeaseModel {
             Action::Call(p, kind) => {
                 format!("p{p} calls {} (lock the transition lock)", kind.label())
             }
+            Action::Step(p, Io::Begin) if self.backend == Backend::Postgres => {
+                format!("p{p} locks the row and reads it (SELECT ... FOR UPDATE)")
+            }
+            Action::Step(p, Io::Commit(CommitStep::Point)) if self.backend == Backend::Postgres => {
+                format!("p{p} commits (its new generation's lock, UPDATE, COMMIT)")
+            }
+            Action::Step(p, Io::Unlock) if self.backend == Backend::Postgres => {
+                format!("p{p} ends its transaction (nothing to commit)")
+            }
             Action::Step(p, io) => format!("p{p} {}", io_label(*io)),
-            Action::Fail(p, Io::Rename) if self.backend == Backend::Postgres => format!(
-                "p{p} commits (COMMIT), and its reply is LOST before the standby confirmed it \
+            Action::Fail(p, Io::Commit(CommitStep::Point)) if self.backend == Backend::Postgres => {
+                format!(
+                    "p{p} commits (COMMIT), and its reply is LOST before the standby confirmed it \
                  (the adapter ends its session and re-reads the row)"
-            ),
+                )
+            }
             Action::Fail(p, io) => format!("p{p} {} FAILS (injected I/O error)", io_label(*io)),
             Action::Crash(p) => format!("p{p} crashes"),
             Action::Tick => "tick".into(),
@@ -1743,17 +1762,24 @@ impl Kind {
 /// An I/O step as a few words.
 pub fn io_label(io: Io) -> String {
     match io {
-        Io::LockStable => "locks the transition lock".into(),
-        Io::Read => "reads the record".into(),
+        Io::Lock => "locks the transition lock".into(),
+        Io::Begin => "reads the record".into(),
         Io::Probe { token } => format!("probes generation {token}"),
-        Io::Prepare(i) => format!("prepares (step {i}: lock or check its liveness file)"),
-        Io::WriteTemp => "writes the temporary file".into(),
-        Io::SyncTemp => "fsyncs the temporary file".into(),
-        Io::Rename => "renames it over the record (commit)".into(),
-        Io::SyncDir => "fsyncs the directory".into(),
+        Io::Commit(CommitStep::LockLive) => {
+            "publishes its new generation's liveness file, locked".into()
+        }
+        Io::Commit(CommitStep::EnsureLive) => {
+            "checks its liveness file (restores it if lost)".into()
+        }
+        Io::Commit(CommitStep::WriteTemp) => "writes the temporary file".into(),
+        Io::Commit(CommitStep::SyncTemp) => "fsyncs the temporary file".into(),
+        Io::Commit(CommitStep::Point) => {
+            "commits (renames the temporary file over the record)".into()
+        }
+        Io::Commit(CommitStep::SyncDir) => "fsyncs the directory".into(),
         Io::Cleanup(i) => format!("cleans up (step {i})"),
         Io::Adopt => "adopts the new generation".into(),
-        Io::UnlockStable => "unlocks the transition lock".into(),
+        Io::Unlock => "unlocks the transition lock".into(),
     }
 }
 

@@ -1,29 +1,29 @@
-//! [`ModelTx`]: the model's interpretation of the driver's primitive steps, over [`State`].
+//! [`ModelTx`]: the model's interpretation of the driver's steps, over [`State`].
 //!
 //! It gives each step the meaning `FlockLease` gives it on files, primitive by primitive, and
 //! nothing more: when a step runs, what a failure drops and when the record counts as
 //! committed are the driver's ([`flocklease::driver::Run`]) rules, not this file's.
 //!
-//! | step | contract (what another actor can observe) |
+//! | step ([`flocklease::driver::Io`]) | contract (what another actor can observe) |
 //! | --- | --- |
-//! | `lock_stable` | open (creating) `<stem>.lock`, lock it, check it is still the file at the path, retrying until it is: one step, since an actor acting between those calls only makes the adapter retry |
-//! | `read` | the committed record or an error (a planted file is corrupt or not a file) |
-//! | `probe` | the generation's own file (the tag the record names) locked: live; unlocked: dead; anything else: unknown |
-//! | `lock_live`, `ensure_live` | **publish**: the generation's file appears already locked under its name, or nothing changes there (its temporary name is unique: no actor can reach it by name) |
-//! | `ensure_live` (PostgreSQL) | nothing while the holder counts its liveness connection live; once it has seen it end, **re-lock**: one statement, `pg_try_advisory_lock` on a fresh connection, which fails if any session holds the lock (the old one, not yet ended on the server) |
-//! | `write_temp`, `sync_temp` | this transition's own temporary record |
-//! | `rename` | **commit**: only if the lock held is still the file at `<stem>.lock` (the check and the rename are one step: see the README for the one-system-call window) |
-//! | `sync_dir` | the visible record becomes the durable one |
-//! | cleanup | closes, unlinks; the takeover's directory listing runs at the next transition's unlock |
+//! | `Lock` | open (creating) `<stem>.lock`, lock it, check it is still the file at the path, retrying until it is: one step, since an actor acting between those calls only makes the adapter retry |
+//! | `Begin` | the committed record or an error (a planted file is corrupt or not a file); PostgreSQL: the row lock and the read, one statement |
+//! | `Probe` | the generation's own file (the tag the record names) locked: live; unlocked: dead; anything else: unknown |
+//! | `Commit(LockLive)`, `Commit(EnsureLive)` | **publish**: the generation's file appears already locked under its name, or nothing changes there (its temporary name is unique: no actor can reach it by name) |
+//! | `Commit(EnsureLive)` (PostgreSQL) | nothing while the holder counts its liveness connection live; once it has seen it end, **re-lock**: one statement, `pg_try_advisory_lock` on a fresh connection, which fails if any session holds the lock (the old one, not yet ended on the server) |
+//! | `Commit(WriteTemp)`, `Commit(SyncTemp)` | this transition's own temporary record |
+//! | `Commit(Point)` | **commit**: only if the lock held is still the file at `<stem>.lock` (the check and the rename are one step: see the README for the one-system-call window); PostgreSQL: one statement, the new generation's advisory lock, the `UPDATE` and the `COMMIT`, which releases the row lock |
+//! | `Commit(SyncDir)` | the visible record becomes the durable one |
+//! | `Cleanup` | closes, unlinks; the takeover's directory listing runs at the next transition's unlock (PostgreSQL: closing a generation only) |
 //!
 //! Besides, it notes (in [`Ghost`]) what the properties need to know about the call.
 
 use std::io;
 
 use flocklease::commit::{self, Reread, Verdict};
-use flocklease::driver::Transaction;
-use flocklease::machine::{self, AtName, Liveness, Local};
-use flocklease::{Error, Record, Timestamp};
+use flocklease::driver::{Begun, CommitStep, Grain, Transaction};
+use flocklease::machine::{self, AtName, Cleanup, Liveness, Local, Plan};
+use flocklease::{Error, Record};
 
 use crate::props::{self, names};
 use crate::{Backend, LiveFile, LockAt, Locker, Planted, State, Temp, What, at, session};
@@ -325,7 +325,14 @@ impl ModelTx<'_> {
 impl Transaction for ModelTx<'_> {
     type Pending = u64;
 
-    fn lock_stable(&mut self) -> Result<bool, Error> {
+    fn grain(&self) -> Grain {
+        match self.backend {
+            Backend::Flock => Grain::SystemCall,
+            Backend::Postgres => Grain::Statement,
+        }
+    }
+
+    fn lock(&mut self) -> Result<bool, Error> {
         let inode = match self.state.lock_at {
             LockAt::NotAFile => {
                 return Err(Error::NotAFile {
@@ -353,43 +360,19 @@ impl Transaction for ModelTx<'_> {
         Ok(true)
     }
 
-    fn unlock_stable(&mut self) {
+    fn unlock(&mut self) {
         self.run_carried_sweep();
         self.state.procs[self.p].stable = None;
     }
 
-    fn now(&self) -> Timestamp {
-        at(self.state.now)
-    }
-
-    fn read(&mut self) -> Result<Option<Record>, Error> {
-        self.fault("read")?;
-        if self.state.record_bad.is_some() {
-            return Err(Error::NotAFile {
-                path: "model.lease.json".into(),
-            });
-        }
-        let record = self.state.record.clone();
-        let holder = record.as_ref().and_then(|r| {
-            match self.state.live.get(&r.token).and_then(|f| f.holder) {
-                Some(Locker::Proc(q)) => Some(q),
-                _ => None,
-            }
-        });
-        self.ghost.seen = Some(Seen {
-            record: record.clone(),
-            now: self.state.now,
-            local: self.local(),
-            holder,
-            tag: self.state.record_tag,
-        });
-        Ok(record)
-    }
-
-    fn local(&self) -> Option<Local> {
-        // PostgreSQL too: a generation whose liveness connection ended stays held here until
-        // a renew locks it again or a transition closes it.
-        self.state.procs[self.p].local.clone()
+    fn begin(&mut self) -> Result<Begun, Error> {
+        Ok(Begun {
+            now: at(self.state.now),
+            record: self.read()?,
+            // PostgreSQL too: a generation whose liveness connection ended stays held here
+            // until a renew locks it again or a transition closes it.
+            local: self.state.procs[self.p].local.clone(),
+        })
     }
 
     fn probe(&mut self, token: u64) -> Result<Liveness, Error> {
@@ -443,6 +426,94 @@ impl Transaction for ModelTx<'_> {
         Ok(liveness)
     }
 
+    fn commit_step(&mut self, step: CommitStep, plan: &Plan) -> Result<Option<u64>, Error> {
+        let token = plan.prepared_token();
+        match (step, &plan.commit) {
+            (CommitStep::LockLive, _) => {
+                return self
+                    .lock_live(token.expect("a planned generation"))
+                    .map(Some);
+            }
+            (CommitStep::EnsureLive, _) => {
+                self.ensure_live(token.expect("a planned generation"))?
+            }
+            (CommitStep::WriteTemp, Some(record)) => self.write_temp(record)?,
+            (CommitStep::SyncTemp, _) => self.sync_temp()?,
+            (CommitStep::Point, Some(record)) if self.backend == Backend::Postgres => {
+                // One statement: the new generation's advisory lock (if planned), the UPDATE
+                // and the COMMIT. An injected fault is the `COMMIT`'s reply lost, after the
+                // commit.
+                let reply_lost = self.fault && !self.fired;
+                self.fired |= reply_lost;
+                let live = plan.new_generation().map(|g| g.token);
+                let pending = live.map(|t| self.lock_live(t)).transpose()?;
+                let committed = self
+                    .write_temp(record)
+                    .and_then(|()| self.rename(reply_lost));
+                if let Err(e) = committed {
+                    // The statement failed after its lock was granted: the adapter ends the
+                    // session (it never pools it), and the lock goes with it.
+                    if let Some(t) = pending {
+                        self.unlock(t);
+                    }
+                    return Err(e);
+                }
+                return Ok(pending);
+            }
+            (CommitStep::Point, _) => self.rename(false)?,
+            (CommitStep::SyncDir, _) => self.sync_dir()?,
+            _ => unreachable!("a commit step its plan does not list"),
+        }
+        Ok(None)
+    }
+
+    fn undo(&mut self, pending: Option<u64>) {
+        if let Some(token) = pending {
+            self.unlock(token);
+        }
+        self.state.temps[self.p] = None;
+    }
+
+    fn cleanup(&mut self, step: &Cleanup) {
+        match *step {
+            Cleanup::CloseLocal { token } => self.close_local(token),
+            Cleanup::DeleteLive { token } => self.delete_live(token),
+            Cleanup::Sweep { below } => self.sweep(below),
+        }
+    }
+
+    fn adopt(&mut self, token: u64, local: Local) {
+        debug_assert_eq!(token, local.token);
+        self.state.procs[self.p].local = Some(local);
+    }
+}
+
+/// The steps' meanings, one model step each (or part of one, at statement grain).
+impl ModelTx<'_> {
+    fn read(&mut self) -> Result<Option<Record>, Error> {
+        self.fault("read")?;
+        if self.state.record_bad.is_some() {
+            return Err(Error::NotAFile {
+                path: "model.lease.json".into(),
+            });
+        }
+        let record = self.state.record.clone();
+        let holder = record.as_ref().and_then(|r| {
+            match self.state.live.get(&r.token).and_then(|f| f.holder) {
+                Some(Locker::Proc(q)) => Some(q),
+                _ => None,
+            }
+        });
+        self.ghost.seen = Some(Seen {
+            record: record.clone(),
+            now: self.state.now,
+            local: self.state.procs[self.p].local.clone(),
+            holder,
+            tag: self.state.record_tag,
+        });
+        Ok(record)
+    }
+
     fn lock_live(&mut self, token: u64) -> Result<u64, Error> {
         self.fault("lock")?;
         // A live holder at the name of the generation about to be granted: refused.
@@ -458,10 +529,6 @@ impl Transaction for ModelTx<'_> {
         }
         self.publish(token)?;
         Ok(token)
-    }
-
-    fn abandon(&mut self, token: u64) {
-        self.unlock(token);
     }
 
     fn ensure_live(&mut self, token: u64) -> Result<(), Error> {
@@ -532,12 +599,9 @@ impl Transaction for ModelTx<'_> {
         Ok(())
     }
 
-    fn rename(&mut self) -> Result<(), Error> {
-        // PostgreSQL: an injected fault is the `COMMIT`'s reply lost, after the commit.
-        let reply_lost = self.backend == Backend::Postgres && self.fault && !self.fired;
-        if reply_lost {
-            self.fired = true;
-        }
+    /// The commit point's rename (PostgreSQL: the UPDATE and the COMMIT; `reply_lost`: the
+    /// injected fault, the `COMMIT`'s reply lost after the commit).
+    fn rename(&mut self, reply_lost: bool) -> Result<(), Error> {
         self.fault("rename")?;
         // The commit check, the adapter's own (`machine::commit_check`): the commit only
         // under the lock everyone else takes, and (flock) over the record this call read.
@@ -629,10 +693,6 @@ impl Transaction for ModelTx<'_> {
         Ok(())
     }
 
-    fn discard_temp(&mut self) {
-        self.state.temps[self.p] = None;
-    }
-
     fn sync_dir(&mut self) -> Result<(), Error> {
         // PostgreSQL: the commit's reply came with the rename (the `COMMIT`).
         if !self.durable || self.backend == Backend::Postgres {
@@ -678,11 +738,6 @@ impl Transaction for ModelTx<'_> {
             self.remove_file(dead);
         }
         self.state.procs[self.p].keep_sweep(below);
-    }
-
-    fn adopt(&mut self, token: u64, local: Local) {
-        debug_assert_eq!(token, local.token);
-        self.state.procs[self.p].local = Some(local);
     }
 }
 

@@ -150,20 +150,21 @@ fn regressions() {
     use Change::*;
     use Plant::*;
     use Target::*;
-    use flocklease::driver::Io::*;
+    use flocklease::driver::CommitStep::*;
+    use flocklease::driver::Io::{Adopt, Begin, Commit, Probe, Unlock};
     use flocklease_model::Kind::*;
     let m = model();
     // Process 0 acquired the lease: every step of its fresh acquire.
     let acquired = vec![
         (Call(0, Acquire), 0),
-        (Step(0, Read), 0),
-        (Step(0, Prepare(0)), 0),
-        (Step(0, WriteTemp), 0),
-        (Step(0, SyncTemp), 0),
-        (Step(0, Rename), 0),
-        (Step(0, SyncDir), 0),
+        (Step(0, Begin), 0),
+        (Step(0, Commit(LockLive)), 0),
+        (Step(0, Commit(WriteTemp)), 0),
+        (Step(0, Commit(SyncTemp)), 0),
+        (Step(0, Commit(Point)), 0),
+        (Step(0, Commit(SyncDir)), 0),
         (Step(0, Adopt), 0),
-        (Step(0, UnlockStable), 0),
+        (Step(0, Unlock), 0),
     ];
     for schedule in [
         // A deleted liveness file restored by a renew: until the renew commits, the new file
@@ -173,11 +174,11 @@ fn regressions() {
             vec![
                 (Tamper(Live, Delete), 0),
                 (Call(0, Renew), 0),
-                (Step(0, Read), 0),
-                (Step(0, Prepare(0)), 0),
-                (Step(0, WriteTemp), 0),
-                (Step(0, SyncTemp), 0),
-                (Step(0, Rename), 0),
+                (Step(0, Begin), 0),
+                (Step(0, Commit(EnsureLive)), 0),
+                (Step(0, Commit(WriteTemp)), 0),
+                (Step(0, Commit(SyncTemp)), 0),
+                (Step(0, Commit(Point)), 0),
             ],
         ]
         .concat(),
@@ -189,17 +190,17 @@ fn regressions() {
             vec![
                 (Tamper(Live, MoveAside), 0),
                 (Call(0, Renew), 0),
-                (Step(0, Read), 0),
-                (Step(0, Prepare(0)), 0),
-                (Step(0, WriteTemp), 0),
-                (Step(0, SyncTemp), 0),
-                (Step(0, Rename), 0),
-                (Step(0, UnlockStable), 0),
+                (Step(0, Begin), 0),
+                (Step(0, Commit(EnsureLive)), 0),
+                (Step(0, Commit(WriteTemp)), 0),
+                (Step(0, Commit(SyncTemp)), 0),
+                (Step(0, Commit(Point)), 0),
+                (Step(0, Unlock), 0),
                 (Tamper(Live, PutBack), 0),
                 (Call(1, Acquire), 0),
-                (Step(1, Read), 0),
+                (Step(1, Begin), 0),
                 (Step(1, Probe { token: 1 }), 0),
-                (Step(1, UnlockStable), 0),
+                (Step(1, Unlock), 0),
             ],
         ]
         .concat(),
@@ -210,12 +211,12 @@ fn regressions() {
             acquired.clone(),
             vec![
                 (Call(0, Renew), 0),
-                (Step(0, Read), 0),
-                (Step(0, Prepare(0)), 0),
-                (Step(0, WriteTemp), 0),
-                (Step(0, SyncTemp), 0),
+                (Step(0, Begin), 0),
+                (Step(0, Commit(EnsureLive)), 0),
+                (Step(0, Commit(WriteTemp)), 0),
+                (Step(0, Commit(SyncTemp)), 0),
                 (Tamper(Record, Replace(Plain)), 0),
-                (Step(0, Rename), 0),
+                (Step(0, Commit(Point)), 0),
                 (Call(1, Acquire), 0),
             ],
         ]
@@ -228,12 +229,12 @@ fn regressions() {
             vec![
                 (Tamper(Live, Delete), 0),
                 (Call(0, Renew), 0),
-                (Step(0, Read), 0),
-                (Fail(0, Prepare(0)), 1),
+                (Step(0, Begin), 0),
+                (Fail(0, Commit(EnsureLive)), 1),
                 (Call(1, Acquire), 0),
-                (Step(1, Read), 0),
+                (Step(1, Begin), 0),
                 (Step(1, Probe { token: 1 }), 0),
-                (Step(1, UnlockStable), 0),
+                (Step(1, Unlock), 0),
             ],
         ]
         .concat(),
@@ -245,8 +246,8 @@ fn regressions() {
                 (Tamper(Live, Replace(Dir)), 0),
                 (ObserverLock, 0),
                 (Call(0, Renew), 0),
-                (Step(0, Read), 0),
-                (Step(0, Prepare(0)), 0),
+                (Step(0, Begin), 0),
+                (Step(0, Commit(EnsureLive)), 0),
                 (ObserverUnlock, 0),
                 (Tamper(Lock, Replace(Fifo)), 0),
                 (Call(1, Acquire), 0),

@@ -3,14 +3,14 @@
 //! call before each step, and each step's calls are held to the contract the model gives it
 //! (`model/src/tx.rs`):
 //!
-//! - `LockStable`: a non-blocking exclusive `flock` of `<stem>.lock`, then a stat of its path;
+//! - `Lock`: a non-blocking exclusive `flock` of `<stem>.lock`, then a stat of its path;
 //! - `Probe`: a shared non-blocking `flock` of the generation's file, opened without
 //!   `O_CREAT`, after reading its tag;
-//! - `Prepare` (publish): the file created exclusively under a unique temporary name, the tag
+//! - `Prepare` (`LockLive`, `EnsureLive`: publish): the file created exclusively under a unique temporary name, the tag
 //!   written, an exclusive `flock`, and only then the rename to the generation's name; never an
 //!   open of the generation's name with `O_CREAT`;
 //! - `SyncTemp`: an `fdatasync` of the temporary record;
-//! - `Rename` (commit): a stat of `<stem>.lock` and one of the record before the rename over
+//! - `Point` (the commit point): a stat of `<stem>.lock` and one of the record before the rename over
 //!   the record;
 //! - `SyncDir`: an `fsync` of the lease directory's descriptor.
 //!
@@ -25,7 +25,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use flocklease::driver::{Io, Step};
+use flocklease::driver::{CommitStep, Io, Step};
 use flocklease::machine::Event;
 use flocklease::{Durability, FlockLease, ManualClock, Timestamp};
 use flocklease_model::{owner, session};
@@ -86,7 +86,8 @@ fn run(lease: &FlockLease, call: &str, event: Event) -> flocklease::machine::Out
 fn label(io: Io) -> String {
     match io {
         Io::Probe { .. } => "Probe".into(),
-        Io::Prepare(_) => "Prepare".into(),
+        Io::Commit(CommitStep::LockLive | CommitStep::EnsureLive) => "Prepare".into(),
+        Io::Commit(step) => format!("{step:?}"),
         Io::Cleanup(_) => "Cleanup".into(),
         other => format!("{other:?}"),
     }
@@ -144,7 +145,7 @@ fn each_step_makes_the_system_calls_the_model_assumes() {
             .unwrap_or_else(|| panic!("no step {name} in the trace"))
     };
     for call in ["a-acquire", "a-renew", "b-acquire"] {
-        let lock = get(&format!("{call}/LockStable"));
+        let lock = get(&format!("{call}/Lock"));
         assert_order(
             lock,
             &[
@@ -178,7 +179,7 @@ fn each_step_makes_the_system_calls_the_model_assumes() {
             &[r"fdatasync\([0-9]+\) *= 0"],
             &format!("{call}: fdatasync"),
         );
-        let rename = get(&format!("{call}/Rename"));
+        let rename = get(&format!("{call}/Point"));
         assert_order(
             rename,
             &[

@@ -4,7 +4,7 @@
 //!
 //! A stepper does what [`FlockLease`]'s calls do, but for the in-process turn on the id (the
 //! harness never runs two calls of one instance at once) and the wait for the transition
-//! lock: its [`Io::LockStable`] step is the production lock loop with a deadline already
+//! lock: its [`Io::Lock`] step is the production lock loop with a deadline already
 //! past — one attempt: open (creating) `<stem>.lock`, a non-blocking lock, the identity check
 //! — and answers [`Step::Blocked`] when another transition holds the lock.
 
@@ -15,7 +15,7 @@ use std::time::Instant;
 use super::files::HeldLock;
 use super::tx::{FlockTx, PendingLive, TxState};
 use super::{FlockLease, SlotEntry, lock};
-use crate::driver::{Io, Run, Step};
+use crate::driver::{Grain, Io, Run, Step};
 use crate::error::Error;
 use crate::machine::Event;
 use crate::name::SessionId;
@@ -41,7 +41,7 @@ impl FlockLease {
         Stepper {
             id: id.clone(),
             entry: self.slot(id.stem()),
-            run: Run::new(event, self.ttl),
+            run: Run::new(Grain::SystemCall, event, self.ttl),
             lock: None,
             st: TxState::default(),
             failed: false,
@@ -71,7 +71,7 @@ impl Stepper {
     pub fn next(&mut self, lease: &FlockLease) -> Step {
         let entry = Arc::clone(&self.entry);
         let mut slot = lock(&entry.state);
-        if self.run.peek() == Some(Io::LockStable) && self.lock.is_none() {
+        if self.run.peek() == Some(Io::Lock) && self.lock.is_none() {
             // The production lock loop, with a deadline already past: one attempt.
             let now = Instant::now();
             match lease.lock_stable(&entry.paths.lock, Some(now), now) {

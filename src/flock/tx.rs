@@ -9,10 +9,10 @@ use std::os::unix::fs::MetadataExt;
 use super::files::{Access, Paths, read_bounded};
 use super::live::{self, Found, Published};
 use super::{Durability, FlockLease};
-use crate::driver::Transaction;
+use crate::driver::{Begun, CommitStep, Grain, Transaction};
 use crate::error::Error;
 use crate::fault::FaultPoint;
-use crate::machine::{self, Liveness, Local};
+use crate::machine::{self, Cleanup, Liveness, Local, Plan};
 use crate::record::{self, LiveTag, Record};
 
 /// What this instance holds for one id.
@@ -380,16 +380,83 @@ fn candidate(rest: &[u8]) -> bool {
 impl Transaction for FlockTx<'_> {
     type Pending = PendingLive;
 
-    fn unlock_stable(&mut self) {
+    fn grain(&self) -> Grain {
+        Grain::SystemCall
+    }
+
+    fn unlock(&mut self) {
         self.run_carried_sweep();
         // If this fails, the adapter closes the descriptor, which releases the lock too.
         self.st.unlocked = self.stable.unlock().is_ok();
     }
 
-    fn now(&self) -> crate::Timestamp {
-        self.lease.clock.now()
+    fn begin(&mut self) -> Result<Begun, Error> {
+        Ok(Begun {
+            now: self.lease.clock.now(),
+            record: self.read()?,
+            local: self.slot.local.as_ref().map(|g| g.local.clone()),
+        })
     }
 
+    fn probe(&mut self, token: u64) -> Result<Liveness, Error> {
+        let path = self.paths.live(token);
+        let mut opened = self.open(&path, Access::Probe);
+        if matches!(opened, Err(Error::TooManyOpenFiles { .. })) && self.st.seen_file.is_some() {
+            // At the descriptor limit, as in `write_temp`: the record read makes room.
+            self.st.seen_file = None;
+            opened = self.open(&path, Access::Probe);
+        }
+        let found = live::identify(opened, &path, self.st.seen_tag)?;
+        if matches!(found, Found::Own(_)) {
+            self.check(FaultPoint::LockProbe, &path)?;
+        }
+        Ok(live::probe(found, &path)?.liveness)
+    }
+
+    fn commit_step(&mut self, step: CommitStep, plan: &Plan) -> Result<Option<PendingLive>, Error> {
+        let token = plan.prepared_token();
+        match (step, token, &plan.commit) {
+            (CommitStep::LockLive, Some(token), _) => return self.lock_live(token).map(Some),
+            (CommitStep::EnsureLive, Some(token), _) => self.ensure_live(token)?,
+            (CommitStep::WriteTemp, _, Some(record)) => self.write_temp(record)?,
+            (CommitStep::SyncTemp, ..) => self.sync_temp()?,
+            (CommitStep::Point, ..) => self.rename()?,
+            (CommitStep::SyncDir, ..) => self.sync_dir()?,
+            _ => unreachable!("a commit step its plan does not list"),
+        }
+        Ok(None)
+    }
+
+    fn undo(&mut self, pending: Option<PendingLive>) {
+        // Closing the descriptor releases a new generation's lock; its file stays (see
+        // `PendingLive`).
+        drop(pending);
+        // Only a file this transition created: a refused foreign file is not ours to remove.
+        if let Some((_, path)) = self.st.temp.take() {
+            let _ = fs::remove_file(path);
+        }
+    }
+
+    fn cleanup(&mut self, step: &Cleanup) {
+        match *step {
+            Cleanup::CloseLocal { token } => self.close_local(token),
+            Cleanup::DeleteLive { token } => self.delete_live(token),
+            Cleanup::Sweep { below } => self.sweep(below),
+        }
+    }
+
+    fn adopt(&mut self, pending: PendingLive, local: Local) {
+        self.slot.local = Some(LocalGen {
+            local,
+            committed: None,
+            live: pending.0,
+        });
+    }
+}
+
+/// The flock backend's steps, one system call (or a few that no other actor can come
+/// between) each.
+impl FlockTx<'_> {
     fn read(&mut self) -> Result<Option<Record>, Error> {
         let path = &self.paths.record;
         let file = match self.open(path, Access::Read) {
@@ -425,36 +492,12 @@ impl Transaction for FlockTx<'_> {
         Ok(Some(record))
     }
 
-    fn local(&self) -> Option<Local> {
-        self.slot.local.as_ref().map(|g| g.local.clone())
-    }
-
-    fn probe(&mut self, token: u64) -> Result<Liveness, Error> {
-        let path = self.paths.live(token);
-        let mut opened = self.open(&path, Access::Probe);
-        if matches!(opened, Err(Error::TooManyOpenFiles { .. })) && self.st.seen_file.is_some() {
-            // At the descriptor limit, as in `write_temp`: the record read makes room.
-            self.st.seen_file = None;
-            opened = self.open(&path, Access::Probe);
-        }
-        let found = live::identify(opened, &path, self.st.seen_tag)?;
-        if matches!(found, Found::Own(_)) {
-            self.check(FaultPoint::LockProbe, &path)?;
-        }
-        Ok(live::probe(found, &path)?.liveness)
-    }
-
     fn lock_live(&mut self, token: u64) -> Result<PendingLive, Error> {
         // A live holder of the generation about to be granted (the record was moved back
         // under it) keeps its file: the publish refuses to replace a locked file. A symbolic
         // link planted at the name is refused too, as everywhere in the directory.
         let published = self.publish(token, live::fresh_tag(), live::Over::NotHeld)?;
         Ok(PendingLive(published))
-    }
-
-    fn abandon(&mut self, pending: PendingLive) {
-        // Closing the descriptor releases the lock; the file stays (see `PendingLive`).
-        drop(pending);
     }
 
     fn ensure_live(&mut self, token: u64) -> Result<(), Error> {
@@ -552,13 +595,6 @@ impl Transaction for FlockTx<'_> {
         Ok(())
     }
 
-    fn discard_temp(&mut self) {
-        // Only a file this transition created: a refused foreign file is not ours to remove.
-        if let Some((_, path)) = self.st.temp.take() {
-            let _ = fs::remove_file(path);
-        }
-    }
-
     fn sync_dir(&mut self) -> Result<(), Error> {
         if !self.durable() {
             return Ok(());
@@ -604,13 +640,5 @@ impl Transaction for FlockTx<'_> {
         let mut sweeps = super::lock(&self.lease.sweeps);
         sweeps.since += 1;
         sweeps.pending.insert(self.paths.stem.clone());
-    }
-
-    fn adopt(&mut self, pending: PendingLive, local: Local) {
-        self.slot.local = Some(LocalGen {
-            local,
-            committed: None,
-            live: pending.0,
-        });
     }
 }

@@ -411,7 +411,7 @@ impl PgLease {
                 let state = lock(&entry.state);
                 // An acquire runs on an idle liveness connection, which keeps the new
                 // generation's lock if one is taken: the lock goes with the commit statement
-                // (see `PgTx::rename`).
+                // (see `PgTx::commit`).
                 let conn = if acquire {
                     inner.live_conn(id)?
                 } else {
@@ -446,7 +446,6 @@ impl PgLease {
             state: &mut state,
             finished: false,
             now,
-            staged: None,
             live: tx::LiveLock::None,
             adopt_here: None,
             relocked: None,

@@ -6,9 +6,9 @@ use super::conn::{self, Conn, Fail, exec};
 use super::durable;
 use super::fault::PgStep;
 use super::sqltime::SqlTime;
-use crate::driver::Transaction;
+use crate::driver::{Begun, CommitStep, Grain, Transaction};
 use crate::error::Error;
-use crate::machine::{Liveness, Local};
+use crate::machine::{Cleanup, Liveness, Local, Plan};
 use crate::name::SessionId;
 use crate::record::Record;
 use crate::timestamp::Timestamp;
@@ -34,7 +34,7 @@ pub(super) fn gen_key(token: u64) -> i32 {
 }
 
 /// A new generation's liveness lock, planned and not yet adopted. It is taken by the commit
-/// statement itself (see [`PgTx::rename`]), on the transaction's own connection: an acquire's
+/// statement itself (see [`PgTx::commit`]), on the transaction's own connection: an acquire's
 /// transaction runs on the idle liveness connection that is to hold its new generation. So the
 /// lock is held before the commit, as the driver's schedule requires, without a round trip of
 /// its own.
@@ -67,9 +67,6 @@ pub(super) struct PgTx<'a> {
     pub(super) finished: bool,
     /// The server's clock, read with the row lock in the first round trip.
     pub(super) now: crate::Timestamp,
-    /// The record to commit, staged by `write_temp` (the database has no temporary file: the
-    /// UPDATE and COMMIT go out together at `rename`, the commit step).
-    pub(super) staged: Option<Record>,
     /// The new generation's lock on `conn`, if one is planned.
     pub(super) live: LiveLock,
     /// The adopted generation, when `conn` holds its lock: the caller keeps `conn` as its
@@ -200,7 +197,7 @@ impl PgTx<'_> {
     /// two, the generation looks dead and a rival may take over). If that fails, the
     /// generation is adopted with its connection closed: its holder is told of the loss at
     /// once, and its next renew locks it again if nobody took over
-    /// ([`Transaction::ensure_live`]).
+    /// (`PgTx::ensure_live`).
     fn restore_live(&mut self, record: &Record, token: u64) {
         // Whether or not the server confirms the end (the session may be gone already), the
         // lock attempt below says whether the old session still holds the generation.
@@ -212,20 +209,21 @@ impl PgTx<'_> {
     }
 }
 
-impl<'a> Transaction for PgTx<'a> {
+impl Transaction for PgTx<'_> {
     type Pending = PendingLive;
 
-    fn now(&self) -> crate::Timestamp {
-        self.now
+    fn grain(&self) -> Grain {
+        Grain::Statement
     }
 
-    fn read(&mut self) -> Result<Option<Record>, Error> {
-        // Read with the row lock, in the transition's first round trip.
-        Ok(self.record.clone())
-    }
-
-    fn local(&self) -> Option<Local> {
-        self.state.local.as_ref().map(|g| g.local.clone())
+    fn begin(&mut self) -> Result<Begun, Error> {
+        // The row lock, the record and the server's clock: the transition's first round trip,
+        // made by the front before the run (it waits for the row lock up to the deadline).
+        Ok(Begun {
+            now: self.now,
+            record: self.record.clone(),
+            local: self.state.local.as_ref().map(|g| g.local.clone()),
+        })
     }
 
     fn probe(&mut self, token: u64) -> Result<Liveness, Error> {
@@ -258,9 +256,59 @@ impl<'a> Transaction for PgTx<'a> {
         )
     }
 
-    fn lock_live(&mut self, token: u64) -> Result<PendingLive, Error> {
-        // Taken by the commit statement (see `rename`). A fault injected at this step is that
-        // lock failing: an error from the server, or the lock taken and its reply lost.
+    fn commit_step(&mut self, step: CommitStep, plan: &Plan) -> Result<Option<PendingLive>, Error> {
+        let live = plan.new_generation().map(|g| g.token);
+        match (step, &plan.commit) {
+            (CommitStep::EnsureLive, _) => {
+                self.ensure_live(plan.prepared_token().expect("a planned generation"))?;
+                Ok(None)
+            }
+            (CommitStep::Point, Some(record)) => {
+                self.commit(record, live)?;
+                Ok(live.map(|_| PendingLive))
+            }
+            _ => unreachable!("a commit step the statement grain does not list"),
+        }
+    }
+
+    fn undo(&mut self, _pending: Option<PendingLive>) {
+        if matches!(self.live, LiveLock::Held | LiveLock::Unknown) {
+            // The transaction's session may hold it: the connection is ended, not pooled, at
+            // the end of the transition, and the lock with it.
+            self.conn.poison();
+        }
+        self.live = LiveLock::None;
+    }
+
+    fn cleanup(&mut self, step: &Cleanup) {
+        // Advisory locks leave no file behind, and a dead session's vanish with it: closing a
+        // generation is the one cleanup.
+        if let Cleanup::CloseLocal { token } = *step {
+            self.close_local(token);
+        }
+    }
+
+    fn adopt(&mut self, _pending: PendingLive, local: Local) {
+        match self.relocked.take() {
+            Some(conn) => {
+                self.state.local = Some(LiveGen {
+                    local,
+                    key: self.key,
+                    conn,
+                });
+            }
+            // The transaction's connection holds it (or held it, when its commit's reply was
+            // lost and it could not be taken again).
+            None => self.adopt_here = Some(local),
+        }
+        self.live = LiveLock::None;
+    }
+}
+
+impl PgTx<'_> {
+    /// A fault injected at [`PgStep::LockLive`]: the commit statement's lock failing (an
+    /// error from the server, or the lock taken and its reply lost).
+    fn check_lock_live(&mut self, token: u64) -> Result<(), Error> {
         let (key, gk) = (self.key, gen_key(token));
         if let Some(fault) = self.inner.faults.check(PgStep::LockLive, self.conn.pid) {
             let fail = conn::inject(&self.inner.rt, fault, self.conn, |c| async move {
@@ -270,8 +318,7 @@ impl<'a> Transaction for PgTx<'a> {
             });
             return Err(fail.into_error("lock the generation's liveness lock", Some(self.id)));
         }
-        self.live = LiveLock::Planned(token);
-        Ok(PendingLive)
+        Ok(())
     }
 
     fn ensure_live(&mut self, token: u64) -> Result<(), Error> {
@@ -290,42 +337,17 @@ impl<'a> Transaction for PgTx<'a> {
         Ok(())
     }
 
-    fn abandon(&mut self, _pending: PendingLive) {
-        if matches!(self.live, LiveLock::Held | LiveLock::Unknown) {
-            // The transaction's session may hold it: the connection is ended, not pooled, at
-            // the end of the transition, and the lock with it.
-            self.conn.poison();
+    /// The commit point: the new generation's lock (when `live` names one), the UPDATE and
+    /// the COMMIT, pipelined in one round trip; an unknown outcome resolved by a re-read.
+    fn commit(&mut self, record: &Record, live: Option<u64>) -> Result<(), Error> {
+        if let Some(token) = live {
+            self.live = LiveLock::Planned(token);
+            self.check_lock_live(token)?;
         }
-        self.live = LiveLock::None;
-    }
-
-    fn write_temp(&mut self, record: &Record) -> Result<(), Error> {
-        self.staged = Some(record.clone());
-        Ok(())
-    }
-
-    fn sync_temp(&mut self) -> Result<(), Error> {
-        Ok(())
-    }
-
-    fn discard_temp(&mut self) {
-        self.staged = None;
-    }
-
-    fn rename(&mut self) -> Result<(), Error> {
-        let record = self
-            .staged
-            .take()
-            .expect("the driver stages the record before the commit step");
-        let record = &record;
         let token = record.token as i64; // the u64's bits (see the schema)
         let expiry = SqlTime::from_timestamp(record.expiry);
         let key = self.key;
         let (rt, faults) = (&self.inner.rt, &self.inner.faults);
-        let live = match self.live {
-            LiveLock::Planned(t) => Some(t),
-            _ => None,
-        };
         // UPDATE (with the new generation's lock, if planned) and COMMIT pipelined: one round
         // trip. If the UPDATE fails, the server turns the COMMIT into a rollback, and the
         // UPDATE's error is the one reported. With a lock, the statement updates the row only
@@ -430,12 +452,6 @@ impl<'a> Transaction for PgTx<'a> {
         }
     }
 
-    fn sync_dir(&mut self) -> Result<(), Error> {
-        // The commit is durable by itself: its reply comes once it is flushed and confirmed
-        // by the synchronous standbys (the session's `synchronous_commit`, `durable`).
-        Ok(())
-    }
-
     fn close_local(&mut self, token: u64) {
         if self
             .state
@@ -448,30 +464,6 @@ impl<'a> Transaction for PgTx<'a> {
             self.inner
                 .unlock_and_pool(generation.conn, generation.key, token);
         }
-    }
-
-    fn delete_live(&mut self, _token: u64) {
-        // Advisory locks leave no file behind.
-    }
-
-    fn sweep(&mut self, _below: u64) {
-        // Nothing accumulates: a dead session's locks vanish with it.
-    }
-
-    fn adopt(&mut self, _pending: PendingLive, local: Local) {
-        match self.relocked.take() {
-            Some(conn) => {
-                self.state.local = Some(LiveGen {
-                    local,
-                    key: self.key,
-                    conn,
-                });
-            }
-            // The transaction's connection holds it (or held it, when its commit's reply was
-            // lost and it could not be taken again).
-            None => self.adopt_here = Some(local),
-        }
-        self.live = LiveLock::None;
     }
 }
 
