@@ -157,7 +157,11 @@ pub trait Transaction {
     /// commit that did not happen.
     fn undo(&mut self, pending: Option<Self::Pending>);
 
-    /// One cleanup step after the commit, best effort.
+    /// One cleanup step after the commit, best effort. For [`Cleanup::Sweep`] an adapter may
+    /// delete the dead generation's file (`below - 1`) at once and leave the rest to its next
+    /// transition on the id, still under the lock and within the bound
+    /// [`machine::deferred_sweep_below`] gives for the record that transition reads (the flock
+    /// adapter does, so a takeover never lists the directory).
     fn cleanup(&mut self, step: &Cleanup);
 
     /// Makes `pending` the local generation `local`.

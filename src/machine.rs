@@ -658,7 +658,7 @@ pub fn wait_for(record: &Record, now: Timestamp) -> Option<Wait> {
 }
 
 /// Where a deferred [`Cleanup::Sweep`] may run. An adapter may do a takeover's sweep in two
-/// parts (see [`Transaction::sweep`](crate::driver::Transaction::sweep)): the dead generation
+/// parts (see [`Transaction::cleanup`](crate::driver::Transaction::cleanup)): the dead generation
 /// at once, the rest at its next transition on the id, under the transition lock. That later
 /// transition removes generations below the returned token: below the takeover's `below`,
 /// and never at or above the token of the record it read, because tokens go back when a
