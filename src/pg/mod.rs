@@ -156,6 +156,8 @@ mod round;
 pub mod schema;
 mod sessions;
 mod sqltime;
+#[cfg(feature = "fault-injection")]
+mod step;
 mod tls;
 mod tx;
 
@@ -164,6 +166,8 @@ use conn::{Configs, Conn, HolderWait, OpenSessions, lock};
 use fault::Faults;
 #[cfg(feature = "fault-injection")]
 pub use fault::PgFaultHook;
+#[cfg(feature = "fault-injection")]
+pub use step::PgStepper;
 // Test seams: public for the fault-injection hook's signature, not shown on the docs.
 #[doc(hidden)]
 pub use fault::{PgFault, PgStep};
@@ -173,12 +177,11 @@ pub use fenced::PgFenced;
 #[cfg(feature = "postgres-tls")]
 pub type RustlsClientConfig = rustls::ClientConfig;
 pub use sessions::PgSession;
-use sqltime::truncate_to_micros;
 #[cfg(feature = "postgres-tls")]
 pub use tls::PgTls;
 /// The statement parameter and result row types of [`PgFenced`] (from `tokio-postgres`).
 pub use tokio_postgres::{Row, types::ToSql};
-use tx::{IdState, PgTx};
+use tx::{IdState, PgTx, TxData};
 
 /// The default bound on waiting for a lease row locked by another transition: 5 seconds.
 pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -350,6 +353,7 @@ impl PgLease {
         // An acquire may need a probe: send it speculatively in the first round trip, except
         // for the generation this instance holds (which it may have to lock again).
         let local_of = |s: &IdState| s.local.as_ref().map(|g| g.local.token as i64);
+        let mut data = TxData::default();
         let mut begun = None;
         if let Some(wait) = wait.filter(|_| acquire) {
             // A wait for the holder must not keep the id's in-process lock: this instance's
@@ -368,19 +372,20 @@ impl PgLease {
                 local_of(&lock(&entry.state))
             };
             let conn = inner.live_conn(id)?;
-            match inner.begin(id, &conn, Some(local), Some(wait), None) {
+            match inner.first_round(id, &conn, Some(local), Some(wait), None) {
                 Err(e) => {
                     inner.end_tx(conn, false);
                     return Err(e);
                 }
-                Ok(read) => match entry
+                Ok(first) => match entry
                     .gate
                     .enter(Instant::now().checked_add(IN_PROCESS_HANDOFF))
                 {
                     Some(turn) => {
                         let state = lock(&entry.state);
                         if local_of(&state) == local {
-                            begun = Some((turn, state, conn, read));
+                            data.first = Some(first);
+                            begun = Some((turn, state, conn));
                         } else {
                             drop(state);
                             inner.end_tx(conn, false);
@@ -390,7 +395,7 @@ impl PgLease {
                 },
             }
         }
-        let (_turn, mut state, mut conn, (key, record, server_now, probed, _)) = match begun {
+        let (_turn, mut state, mut conn) = match begun {
             Some(begun) => begun,
             None => {
                 // In-process serialization of one id, bounded by this caller's own deadline;
@@ -409,67 +414,34 @@ impl PgLease {
                     return Err(timeout(started));
                 }
                 let state = lock(&entry.state);
-                // An acquire runs on an idle liveness connection, which keeps the new
-                // generation's lock if one is taken: the lock goes with the commit statement
-                // (see `PgTx::commit`).
-                let conn = if acquire {
-                    inner.live_conn(id)?
-                } else {
-                    inner.tx_conn(Some(id))?
-                };
-                let probe = acquire.then(|| local_of(&state));
-                let sent = inner.local_clock.now();
-                match inner.begin(id, &conn, probe, None, left) {
-                    Ok(read) => {
-                        inner.measured(read.4, sent);
-                        (turn, state, conn, read)
-                    }
-                    Err(e) => {
-                        inner.end_tx(conn, false);
-                        return Err(e);
-                    }
-                }
+                let (conn, probe) = inner.run_conn(id, acquire, &state)?;
+                data.ask = (probe, left);
+                (turn, state, conn)
             }
-        };
-        let read_at = Instant::now();
-        let now = match &inner.clock {
-            Some(c) => truncate_to_micros(c.now()),
-            None => server_now,
         };
         let mut tx = PgTx {
             inner,
             id,
             conn: &mut conn,
-            key,
-            record,
-            probed,
             state: &mut state,
-            finished: false,
-            now,
-            live: tx::LiveLock::None,
-            adopt_here: None,
-            relocked: None,
+            d: &mut data,
         };
         let outcome = driver::run(&mut tx, id, inner.ttl, event);
         // What a waiting acquire told "held" waits for: the machine says (the record as read).
-        let next = match (&outcome, &tx.record) {
-            (Ok(Outcome::Held), Some(record)) if acquire => crate::machine::wait_for(record, now)
-                .map(|w| {
+        let next = match (&outcome, &data.first) {
+            (Ok(Outcome::Held), Some(first)) if acquire => first.record.as_ref().and_then(|r| {
+                crate::machine::wait_for(r, first.now).map(|w| {
                     let wait = HolderWait {
-                        key,
+                        key: first.key,
                         token: w.token,
                         wait: w.until_expiry,
                     };
-                    (wait, read_at)
-                }),
+                    (wait, first.read_at)
+                })
+            }),
             _ => None,
         };
-        let (finished, adopted) = (tx.finished, tx.adopt_here.take());
-        match adopted {
-            // The connection holds the new generation's lock: it is its liveness connection.
-            Some(local) => state.local = Some(tx::LiveGen { local, key, conn }),
-            None => inner.end_tx(conn, finished),
-        }
+        inner.end_run(&mut state, conn, data);
         Ok((outcome?, next))
     }
 }
@@ -779,6 +751,25 @@ impl Inner {
         let offset =
             (arrived.unix_nanos() - sent.unix_nanos()).clamp(i64::MIN.into(), i64::MAX.into());
         self.offset_nanos.store(offset as i64, Ordering::Relaxed);
+    }
+
+    /// The connection a transition on `id` runs on, and the speculative probe its first round
+    /// trip sends. An acquire runs on an idle liveness connection, which keeps the new
+    /// generation's lock if one is taken (the lock goes with the commit statement, see
+    /// `PgTx::commit`), and probes the generation the row names, unless this instance holds it
+    /// (it may have to lock it again).
+    fn run_conn(
+        &self,
+        id: &SessionId,
+        acquire: bool,
+        state: &IdState,
+    ) -> Result<(Conn, Option<Option<i64>>), Error> {
+        if acquire {
+            let local = state.local.as_ref().map(|g| g.local.token as i64);
+            Ok((self.live_conn(id)?, Some(local)))
+        } else {
+            Ok((self.tx_conn(Some(id))?, None))
+        }
     }
 
     fn id_state(&self, id: &SessionId) -> Arc<IdEntry> {

@@ -5,6 +5,8 @@ use std::time::{Duration, Instant};
 use super::conn::{self, Conn, Fail, HolderWait, exec, exec_within, within};
 use super::fault::PgStep;
 use super::sqltime::SqlTime;
+use super::sqltime::truncate_to_micros;
+use super::tx::{First, IdState, LiveGen, TxData};
 use super::{Inner, row_record};
 use crate::error::Error;
 use crate::name::SessionId;
@@ -122,6 +124,52 @@ impl Inner {
             })?;
         let arrived = arrived.to_timestamp().unwrap_or(now);
         Ok((key, record, now, probe, arrived))
+    }
+
+    /// The transition's first round trip ([`Inner::begin`]), and the lease clock's time read
+    /// once the row is locked.
+    pub(super) fn first_round(
+        &self,
+        id: &SessionId,
+        conn: &Conn,
+        probe: Option<Option<i64>>,
+        wait: Option<HolderWait>,
+        lock_left: Option<Duration>,
+    ) -> Result<First, Error> {
+        let sent = self.local_clock.now();
+        let (key, record, server_now, probed, arrived) =
+            self.begin(id, conn, probe, wait, lock_left)?;
+        if wait.is_none() {
+            // A wait for a holder ahead of the round trip says nothing of the clocks' offset.
+            self.measured(arrived, sent);
+        }
+        let now = match &self.clock {
+            Some(c) => truncate_to_micros(c.now()),
+            None => server_now,
+        };
+        Ok(First {
+            key,
+            record,
+            now,
+            probed,
+            read_at: Instant::now(),
+        })
+    }
+
+    /// Ends a run's transaction: the connection becomes the new generation's liveness
+    /// connection if the commit took its lock there, else the transaction ends
+    /// ([`Inner::end_tx`]).
+    pub(super) fn end_run(&self, state: &mut IdState, conn: Conn, data: TxData) {
+        match (data.adopt_here, data.first) {
+            (Some(local), Some(first)) => {
+                state.local = Some(LiveGen {
+                    local,
+                    key: first.key,
+                    conn,
+                });
+            }
+            _ => self.end_tx(conn, data.finished),
+        }
     }
 
     /// Ends a transition's transaction: rolls back what was not committed, and keeps the

@@ -1,6 +1,8 @@
 //! The transaction: the primitive steps of one transition on the lease row and advisory locks,
 //! done while the row is locked, for [`driver::run`](crate::driver::run).
 
+use std::time::{Duration, Instant};
+
 use super::Inner;
 use super::conn::{self, Conn, Fail, exec};
 use super::durable;
@@ -41,9 +43,10 @@ pub(super) fn gen_key(token: u64) -> i32 {
 pub(super) struct PendingLive;
 
 /// Where a planned generation lock stands on the transaction's connection.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(super) enum LiveLock {
     /// None planned, or the commit statement found it busy.
+    #[default]
     None,
     /// Planned: the commit statement will take it.
     Planned(u64),
@@ -53,31 +56,55 @@ pub(super) enum LiveLock {
     Unknown,
 }
 
-/// One transition's transaction: the row is locked (and was read) on `conn`.
-pub(super) struct PgTx<'a> {
-    pub(super) inner: &'a Inner,
-    pub(super) id: &'a SessionId,
-    pub(super) conn: &'a mut Conn,
+/// The transition's first round trip: the row locked and read, with the server's clock.
+pub(super) struct First {
+    /// The row's advisory key.
     pub(super) key: i32,
     pub(super) record: Option<Record>,
-    /// The speculative probe of the first round trip: `(generation key, free)`.
+    /// The lease clock's time, read with the row locked.
+    pub(super) now: crate::Timestamp,
+    /// The speculative probe: `(generation key, free)`.
     pub(super) probed: Option<(i32, bool)>,
-    pub(super) state: &'a mut IdState,
+    /// When the row was read, on this host's monotonic clock.
+    pub(super) read_at: Instant,
+}
+
+/// What one transition carries from step to step (a stepper keeps it between its calls).
+#[derive(Default)]
+pub(super) struct TxData {
+    /// The first round trip, once made: by the front when it waited for a holder first, else
+    /// by [`Transaction::begin`].
+    pub(super) first: Option<First>,
+    /// What `begin` sends: the speculative probe (an acquire's), and the row lock's wait (else
+    /// the session's `lock_timeout`).
+    pub(super) ask: (Option<Option<i64>>, Option<Duration>),
     /// Whether the transaction is over (committed, or its commit resolved).
     pub(super) finished: bool,
-    /// The server's clock, read with the row lock in the first round trip.
-    pub(super) now: crate::Timestamp,
-    /// The new generation's lock on `conn`, if one is planned.
+    /// The new generation's lock on the connection, if one is planned.
     pub(super) live: LiveLock,
-    /// The adopted generation, when `conn` holds its lock: the caller keeps `conn` as its
-    /// liveness connection once the transaction is over.
+    /// The adopted generation, when the connection holds its lock: it is kept as the
+    /// generation's liveness connection once the transaction is over.
     pub(super) adopt_here: Option<Local>,
     /// A fresh liveness connection holding the new generation, when the lock taken by a
     /// commit whose reply was lost had to be taken again (see [`PgTx::restore_live`]).
     pub(super) relocked: Option<Conn>,
 }
 
+/// One transition's transaction on `conn`.
+pub(super) struct PgTx<'a> {
+    pub(super) inner: &'a Inner,
+    pub(super) id: &'a SessionId,
+    pub(super) conn: &'a mut Conn,
+    pub(super) state: &'a mut IdState,
+    pub(super) d: &'a mut TxData,
+}
+
 impl PgTx<'_> {
+    /// The row's advisory key (read by the first round trip).
+    fn key(&self) -> i32 {
+        self.d.first.as_ref().map_or(0, |f| f.key)
+    }
+
     /// After a `COMMIT` whose reply never came: re-reads the row under its lock on another
     /// connection and says whether it holds `record` durably (then the commit happened). The
     /// session that sent the `COMMIT` must be gone first, or the re-read would wait for its row
@@ -202,8 +229,10 @@ impl PgTx<'_> {
         // Whether or not the server confirms the end (the session may be gone already), the
         // lock attempt below says whether the old session still holds the generation.
         self.inner.terminate(self.conn);
-        self.relocked = self.inner.relock_if_named(self.id, self.key, record, token);
-        if self.relocked.is_none() {
+        self.d.relocked = self
+            .inner
+            .relock_if_named(self.id, self.key(), record, token);
+        if self.d.relocked.is_none() {
             self.conn.shut();
         }
     }
@@ -217,11 +246,23 @@ impl Transaction for PgTx<'_> {
     }
 
     fn begin(&mut self) -> Result<Begun, Error> {
-        // The row lock, the record and the server's clock: the transition's first round trip,
-        // made by the front before the run (it waits for the row lock up to the deadline).
+        // The row lock, the record and the server's clock: one round trip, unless the front
+        // made it already (it waited for a holder first).
+        if self.d.first.is_none() {
+            let (probe, left) = self.d.ask;
+            let first = self
+                .inner
+                .first_round(self.id, self.conn, probe, None, left)?;
+            self.d.first = Some(first);
+        }
+        let first = self
+            .d
+            .first
+            .as_ref()
+            .expect("the first round trip was made");
         Ok(Begun {
-            now: self.now,
-            record: self.record.clone(),
+            now: first.now,
+            record: first.record.clone(),
             local: self.state.local.as_ref().map(|g| g.local.clone()),
         })
     }
@@ -232,8 +273,8 @@ impl Transaction for PgTx<'_> {
         // probe never makes a dead holder look alive to anyone else. It runs in the transition's
         // transaction, never on a connection holding a generation (advisory locks are
         // re-entrant): an acquire's runs on a pooled liveness connection, which holds none.
-        let (key, gk) = (self.key, gen_key(token));
-        if let Some((probed, free)) = self.probed
+        let (key, gk) = (self.key(), gen_key(token));
+        if let Some((probed, free)) = self.d.first.as_ref().and_then(|f| f.probed)
             && probed == gk
         {
             // Probed in the first round trip, under the row lock (the row is unchanged since).
@@ -272,12 +313,12 @@ impl Transaction for PgTx<'_> {
     }
 
     fn undo(&mut self, _pending: Option<PendingLive>) {
-        if matches!(self.live, LiveLock::Held | LiveLock::Unknown) {
+        if matches!(self.d.live, LiveLock::Held | LiveLock::Unknown) {
             // The transaction's session may hold it: the connection is ended, not pooled, at
             // the end of the transition, and the lock with it.
             self.conn.poison();
         }
-        self.live = LiveLock::None;
+        self.d.live = LiveLock::None;
     }
 
     fn cleanup(&mut self, step: &Cleanup) {
@@ -289,19 +330,19 @@ impl Transaction for PgTx<'_> {
     }
 
     fn adopt(&mut self, _pending: PendingLive, local: Local) {
-        match self.relocked.take() {
+        match self.d.relocked.take() {
             Some(conn) => {
                 self.state.local = Some(LiveGen {
                     local,
-                    key: self.key,
+                    key: self.key(),
                     conn,
                 });
             }
             // The transaction's connection holds it (or held it, when its commit's reply was
             // lost and it could not be taken again).
-            None => self.adopt_here = Some(local),
+            None => self.d.adopt_here = Some(local),
         }
-        self.live = LiveLock::None;
+        self.d.live = LiveLock::None;
     }
 }
 
@@ -309,7 +350,7 @@ impl PgTx<'_> {
     /// A fault injected at [`PgStep::LockLive`]: the commit statement's lock failing (an
     /// error from the server, or the lock taken and its reply lost).
     fn check_lock_live(&mut self, token: u64) -> Result<(), Error> {
-        let (key, gk) = (self.key, gen_key(token));
+        let (key, gk) = (self.key(), gen_key(token));
         if let Some(fault) = self.inner.faults.check(PgStep::LockLive, self.conn.pid) {
             let fail = conn::inject(&self.inner.rt, fault, self.conn, |c| async move {
                 c.client
@@ -322,6 +363,7 @@ impl PgTx<'_> {
     }
 
     fn ensure_live(&mut self, token: u64) -> Result<(), Error> {
+        let key = self.key();
         let Some(generation) = self.state.local.as_mut() else {
             return Ok(());
         };
@@ -332,7 +374,7 @@ impl PgTx<'_> {
         // generation (the machine checked), so nobody took over: lock it again on a fresh
         // connection. If the old session still holds it (not yet ended on the server), this
         // fails and a later renew retries.
-        let conn = self.inner.lock_generation(self.id, self.key, token)?;
+        let conn = self.inner.lock_generation(self.id, key, token)?;
         generation.conn = conn;
         Ok(())
     }
@@ -341,12 +383,12 @@ impl PgTx<'_> {
     /// the COMMIT, pipelined in one round trip; an unknown outcome resolved by a re-read.
     fn commit(&mut self, record: &Record, live: Option<u64>) -> Result<(), Error> {
         if let Some(token) = live {
-            self.live = LiveLock::Planned(token);
+            self.d.live = LiveLock::Planned(token);
             self.check_lock_live(token)?;
         }
         let token = record.token as i64; // the u64's bits (see the schema)
         let expiry = SqlTime::from_timestamp(record.expiry);
-        let key = self.key;
+        let key = self.key();
         let (rt, faults) = (&self.inner.rt, &self.inner.faults);
         // UPDATE (with the new generation's lock, if planned) and COMMIT pipelined: one round
         // trip. If the UPDATE fails, the server turns the COMMIT into a rollback, and the
@@ -390,8 +432,8 @@ impl PgTx<'_> {
             Ok((None, _)) => {
                 // Committed nothing (the row update depended on the lock); the connection's
                 // own session may serve other clients: closed, never ended on its account.
-                self.finished = true;
-                self.live = LiveLock::None;
+                self.d.finished = true;
+                self.d.live = LiveLock::None;
                 self.conn.disown();
                 Err(Error::SessionNotKept {
                     detail: format!(
@@ -402,9 +444,9 @@ impl PgTx<'_> {
                 })
             }
             Ok((Some(got), rows)) => {
-                self.finished = true;
+                self.d.finished = true;
                 if let Some(t) = live {
-                    self.live = if got { LiveLock::Held } else { LiveLock::None };
+                    self.d.live = if got { LiveLock::Held } else { LiveLock::None };
                     if !got {
                         // Held by a session of an earlier, failed takeover (still ending), or
                         // taken by hand: nothing was committed.
@@ -427,9 +469,9 @@ impl PgTx<'_> {
                 // The connection broke, or the server stopped answering, during COMMIT: it may
                 // have committed. Report an error only if the row does not hold what we
                 // committed.
-                self.finished = true;
+                self.d.finished = true;
                 if live.is_some() {
-                    self.live = LiveLock::Unknown;
+                    self.d.live = LiveLock::Unknown;
                 }
                 let stuck = matches!(e, Fail::NoReply(_));
                 if self.committed_anyway(record, stuck)? {
@@ -445,7 +487,7 @@ impl PgTx<'_> {
                 if live.is_some() {
                     // The server answered an error, possibly after the lock was granted (a
                     // session lock outlives its transaction's rollback).
-                    self.live = LiveLock::Unknown;
+                    self.d.live = LiveLock::Unknown;
                 }
                 Err(e.into_error("commit", Some(self.id)))
             }
