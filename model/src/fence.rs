@@ -262,6 +262,7 @@ impl LeaseModel {
             backend: self.backend,
             untagged: self.untagged,
             planted: self.planted,
+            speculate: false,
             ghost: Ghost::default(),
         };
         use flocklease::driver::Transaction;

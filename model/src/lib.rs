@@ -191,6 +191,11 @@ pub enum Planted {
     /// PostgreSQL: a renew whose liveness connection ended trusts the row alone and commits
     /// without locking its generation again.
     RenewWithoutRelock,
+    /// PostgreSQL: an acquire's probe taken at its own step, as if it were a statement of its
+    /// own; the adapter's is part of the first statement (speculative, under the row lock), so
+    /// a holder that dies in between reads live to the adapter and dead to this model. Not a
+    /// bug of the protocol: a model that is not the adapter, which the lockstep must tell.
+    LateProbe,
     /// The control of property \[11\]: the application writes after a local check that its
     /// lease has not expired (as `KeepAlive::is_lost()`), with no lock and no read.
     UnfencedWrite,
@@ -970,6 +975,8 @@ impl LeaseModel {
             backend: self.backend,
             untagged: self.untagged,
             planted: self.planted,
+            speculate: self.backend == Backend::Postgres
+                && matches!(run.event(), Event::Acquire { .. }),
             ghost,
         };
         let step = run.next(&mut tx, &session());

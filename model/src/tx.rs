@@ -93,6 +93,11 @@ pub struct Ghost {
     pub record_changed: bool,
     /// PostgreSQL: a failover broke the call's connections while it ran.
     pub severed: bool,
+    /// PostgreSQL: an acquire's speculative probe, made by its first statement under the row
+    /// lock (the generation the row names, and what stood at its lock then); a probe of that
+    /// generation is answered from it, with no statement of its own. (The adapter's memory,
+    /// not a ghost's: kept here as the call's state besides the driver's run.)
+    pub speculated: Option<(u64, Option<LiveFile>)>,
 }
 
 /// What a call read under the transition lock.
@@ -125,6 +130,8 @@ pub struct ModelTx<'a> {
     pub(crate) untagged: bool,
     /// A bug planted on purpose, to show the checker catches it.
     pub(crate) planted: Option<Planted>,
+    /// PostgreSQL: the call is an acquire, whose first statement probes speculatively.
+    pub(crate) speculate: bool,
     pub(crate) ghost: Ghost,
 }
 
@@ -366,9 +373,18 @@ impl Transaction for ModelTx<'_> {
     }
 
     fn begin(&mut self) -> Result<Begun, Error> {
+        let record = self.read()?;
+        let local = self.state.procs[self.p].local.as_ref().map(|l| l.token);
+        if self.speculate
+            && self.planted != Some(Planted::LateProbe)
+            && let Some(token) = record.as_ref().map(|r| r.token)
+            && Some(token) != local
+        {
+            self.ghost.speculated = Some((token, self.state.live.get(&token).copied()));
+        }
         Ok(Begun {
             now: at(self.state.now),
-            record: self.read()?,
+            record,
             // PostgreSQL too: a generation whose liveness connection ended stays held here
             // until a renew locks it again or a transition closes it.
             local: self.state.procs[self.p].local.clone(),
@@ -376,9 +392,15 @@ impl Transaction for ModelTx<'_> {
     }
 
     fn probe(&mut self, token: u64) -> Result<Liveness, Error> {
-        self.fault("lock")?;
+        let file = match self.ghost.speculated {
+            // Answered by the first statement's speculative probe (PostgreSQL).
+            Some((t, file)) if t == token => file,
+            _ => {
+                self.fault("lock")?;
+                self.state.live.get(&token).copied()
+            }
+        };
         let tag = self.ghost.seen.as_ref().and_then(|x| x.tag);
-        let file = self.state.live.get(&token).copied();
         let liveness = match file {
             // PostgreSQL: no session holds the lock, so the try-lock is granted.
             None if self.backend == Backend::Postgres => Liveness::Dead,

@@ -1,23 +1,24 @@
-//! Lockstep with PostgreSQL, at the granularity of whole calls: the real `PgLease` against a
-//! throwaway server and the model's PostgreSQL backend, driven by the same seeded random
-//! schedules.
+//! Lockstep with PostgreSQL, one statement at a time: the real `PgLease` against a throwaway
+//! server and the model's PostgreSQL backend, driven by the same seeded random schedules.
 //!
-//! What the server allows. `PgLease` has no step-by-step seam like the flock adapter's
-//! `Stepper`, so a call is one action here, run to its end on both sides (the model takes the
-//! call's I/O steps back to back, nothing in between). Between calls: the clock ticks (one
-//! `ManualClock` for every instance, one second per tick); an instance crashes (dropped: its
-//! sessions end; a new instance takes its place, and the process keeps only a copy of its
-//! last lease to replay); the server ends the holder's liveness session
-//! (`pg_terminate_backend` of the backend holding the generation's advisory lock), after
-//! which the test waits until the holder is told (`on_liveness_lost`): the model's
-//! `LoseLiveness(p, ServerFirst)` then `NoticeLoss(p)`. Left to the checker: the other order
-//! (the holder seeing its connection break while the server's session lives on: no statement
-//! does that from the server's side), a loss between a call's steps, and injected faults.
+//! Each call runs on a `PgStepper`, the very `PgTx` and `driver::Run` a call runs, at statement
+//! grain: the model's `Begin` is the call's first round trip (the row locked and read), its
+//! `Commit(EnsureLive)` the re-lock on a fresh connection, its `Commit(Point)` the one
+//! statement that takes the new generation's lock, updates the row and commits (releasing the
+//! row lock), its `Cleanup` the unlock of a closed generation, and its `Unlock` the end of a
+//! transaction that committed nothing. Another process's statements, a tick of the clock (one
+//! `ManualClock` for every instance, one second per tick), a crash (the process's call and
+//! instance dropped, its sessions ended on the server) and the server ending a holder's
+//! liveness session (`pg_terminate_backend`, then the test waits until the holder is told:
+//! the model's `LoseLiveness(p, ServerFirst)` then `NoticeLoss(p)`) come between any two of
+//! them. Left to the checker: the other order of a liveness loss (the holder seeing its
+//! connection break while the server's session lives on) and injected faults.
 //!
-//! After every action the test compares each call's answer, the row (owner, token, expiry)
-//! and, for every token, how many sessions hold its advisory lock, with the model's state. A
-//! divergence fails with the schedule. Without PostgreSQL the test skips, loudly; with
-//! `FLOCKLEASE_REQUIRE_PG=1` (CI) it fails instead.
+//! After every action the test compares the step each process takes next, each call's
+//! answer, the row (owner, token, expiry) and, for every token, how many sessions hold its
+//! advisory lock exclusively, with the model's state. A divergence fails with the schedule.
+//! Without PostgreSQL the test skips, loudly; with `FLOCKLEASE_REQUIRE_PG=1` (CI) it fails
+//! instead.
 
 #![cfg(feature = "postgres")]
 #![allow(clippy::unwrap_used)]
@@ -32,25 +33,27 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use flocklease::pg::PgLease;
-use flocklease::{Error, Grant, Lease, ManualClock, SessionId, SessionLease};
+use flocklease::driver::Step;
+use flocklease::machine::{Event, Outcome};
+use flocklease::pg::{PgLease, PgStepper};
+use flocklease::{Error, Lease, ManualClock, SessionId, SessionLease};
 use flocklease_model::report::SplitMix;
-use flocklease_model::{
-    Action, Cut, Kind, LeaseModel, LeaseView, Planted, Said, Scenario, State, at, ticks,
-};
+use flocklease_model::{Action, Cut, Kind, LeaseModel, Planted, Said, Scenario, State, at, ticks};
 use stateright::Model;
 
 /// How many seeded random walks.
 const WALKS: u64 = 100;
 /// The longest walk, in actions.
-const WALK_LEN: usize = 30;
+const WALK_LEN: usize = 60;
 
-/// The model the walks follow: the `postgres` configuration's processes and TTL, no injected
-/// faults, more ticks, tokens and liveness losses.
+/// The model the walks follow: the `postgres` configuration's processes, no injected faults,
+/// a longer TTL (a call takes several actions now, and a takeover of a holder whose liveness
+/// ended must come before its lease expires), more ticks, tokens and liveness losses.
 fn model() -> LeaseModel {
     LeaseModel {
         name: "pg-lockstep",
-        max_time: 5,
+        ttl_ticks: 4,
+        max_time: 8,
         max_token: 5,
         faults: 0,
         liveness_losses: 4,
@@ -66,13 +69,14 @@ fn pg_lockstep_with_the_real_adapter() {
     let admin = server.admin(&db);
     let m = model();
     let started = std::time::Instant::now();
-    let (mut actions, mut calls, mut kills) = (0, 0, 0);
+    let (mut actions, mut calls, mut steps, mut kills) = (0, 0, 0, 0);
     let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
     for seed in 0..WALKS {
         let done = walk(&m, &url, &admin, seed).unwrap_or_else(|report| panic!("{report}"));
         actions += done.len();
         for (a, scenario) in done {
             calls += usize::from(matches!(a, Action::Call(..)));
+            steps += usize::from(matches!(a, Action::Call(..) | Action::Step(..)));
             kills += usize::from(matches!(a, Action::LoseLiveness(..)));
             let name = match scenario {
                 Some(Scenario::RenewRelocked) => "renewed after a re-lock",
@@ -86,8 +90,8 @@ fn pg_lockstep_with_the_real_adapter() {
     // Past the test harness's capture, so that `cargo test` (and CI's log) shows the count.
     let _ = writeln!(
         std::io::stderr(),
-        "pg lockstep: {WALKS} random walks, {actions} actions compared ({calls} calls, {kills} \
-         liveness sessions ended; {seen:?}), 0 divergences, {:.1?}",
+        "pg lockstep: {WALKS} random walks, {actions} actions compared ({calls} calls, {steps} \
+         statements, {kills} liveness sessions ended; {seen:?}), 0 divergences, {:.1?}",
         started.elapsed()
     );
     // The walks reach what they are for.
@@ -111,8 +115,26 @@ fn a_model_without_the_relock_diverges() {
     assert!(report.contains("the server differs"), "{report}");
 }
 
-/// A seeded random walk of the model, run against the server call by call. Returns the
-/// actions done, each with the model's scenario it completed.
+/// The walks compare statement by statement: against a model whose acquire probes the holder
+/// at a step of its own instead of in its first statement, the answers differ once a holder
+/// dies between the two (a comparison of whole calls could not tell them apart).
+#[test]
+fn a_model_with_a_late_probe_diverges() {
+    let Some(server) = pg::server() else { return };
+    let db = server.fresh_db();
+    let url = server.url(&db);
+    let admin = server.admin(&db);
+    let m = LeaseModel {
+        planted: Some(Planted::LateProbe),
+        ..model()
+    };
+    let diverged = (0..WALKS).find_map(|seed| walk(&m, &url, &admin, seed).err());
+    let report = diverged.expect("no walk diverged from the planted model");
+    assert!(report.contains("next statement"), "{report}");
+}
+
+/// A seeded random walk of the model, run against the server statement by statement. Returns
+/// the actions done, each with the model's scenario it completed.
 type Done = Vec<(Action, Option<Scenario>)>;
 
 fn walk(m: &LeaseModel, url: &str, admin: &pg::Admin, seed: u64) -> Result<Done, String> {
@@ -125,19 +147,23 @@ fn walk(m: &LeaseModel, url: &str, admin: &pg::Admin, seed: u64) -> Result<Done,
     for _ in 0..WALK_LEN {
         let mut offered = vec![];
         m.actions(&s, &mut offered);
-        offered.retain(|a| {
-            matches!(
-                a,
-                Action::Call(..)
-                    | Action::Tick
-                    | Action::Crash(_)
-                    | Action::LoseLiveness(_, Cut::ServerFirst)
-            )
+        offered.retain(|a| match a {
+            Action::Call(..) | Action::Step(..) | Action::Tick | Action::Crash(_) => true,
+            Action::LoseLiveness(_, Cut::ServerFirst) => true,
+            _ => false,
         });
-        if offered.is_empty() {
+        // A crash is offered to every process at every moment: drawn as often as the rest, it
+        // would end most calls half-way and most lost holders before a rival takes over.
+        let weighted: Vec<Action> = offered
+            .iter()
+            .flat_map(|a| {
+                let weight = if matches!(a, Action::Crash(_)) { 1 } else { 4 };
+                std::iter::repeat_n(*a, weight)
+            })
+            .collect();
+        let Some(&a) = weighted.get(rng.below(weighted.len().max(1))) else {
             break;
-        }
-        let a = offered[rng.below(offered.len())];
+        };
         done.push(a);
         s = real
             .apply(m, admin, &s, a)
@@ -165,6 +191,8 @@ struct Real {
     clock: ManualClock,
     ttl: Duration,
     insts: Vec<PgLease>,
+    /// Each process's call under way.
+    calls: Vec<Option<PgStepper>>,
 }
 
 impl Real {
@@ -175,10 +203,12 @@ impl Real {
             clock: ManualClock::new(at(0)),
             ttl: Duration::from_secs(u64::from(m.ttl_ticks)),
             insts: vec![],
+            calls: vec![],
         };
         for _ in 0..m.procs {
             let inst = real.instance();
             real.insts.push(inst);
+            real.calls.push(None);
         }
         real
     }
@@ -193,15 +223,6 @@ impl Real {
             .unwrap()
     }
 
-    fn lease(&self, m: &LeaseModel, p: usize, v: LeaseView) -> Lease {
-        Lease {
-            session_id: self.id.clone(),
-            owner: m.owner(p),
-            token: v.token,
-            expiry: at(v.expiry),
-        }
-    }
-
     /// Does `a` on the server and in the model (from `s`), and compares; returns the model's
     /// next state.
     fn apply(
@@ -213,30 +234,42 @@ impl Real {
     ) -> Result<State, String> {
         let n = match a {
             Action::Call(p, kind) => {
-                let n = whole_call(m, s, p, kind)?;
+                let n = m
+                    .next_state(s, a)
+                    .ok_or("the model cannot start the call")?;
                 let view = match kind {
                     Kind::Acquire => None,
                     Kind::Renew | Kind::Release => s.procs[p].lease,
                     Kind::RenewStale | Kind::ReleaseStale => s.procs[p].stale,
                 };
-                let lease = view.map(|v| self.lease(m, p, v));
-                let inst = &self.insts[p];
-                let (said, detail) = match (kind, lease) {
-                    (Kind::Acquire, _) => granted(inst.acquire(&self.id, &m.owner(p))),
-                    (Kind::Renew | Kind::RenewStale, Some(l)) => granted(inst.renew(&l)),
-                    (Kind::Release | Kind::ReleaseStale, Some(l)) => match inst.release(&l) {
-                        Ok(()) => (Said::Released, String::new()),
-                        Err(e) => (Said::Failed, e.to_string()),
+                let owner = m.owner(p);
+                let event = match (kind, view) {
+                    (Kind::Acquire, _) => Event::Acquire { owner },
+                    (Kind::Renew | Kind::RenewStale, Some(v)) => Event::Renew {
+                        owner,
+                        token: v.token,
+                    },
+                    (Kind::Release | Kind::ReleaseStale, Some(v)) => Event::Release {
+                        owner,
+                        token: v.token,
                     },
                     _ => return Err(format!("the model offers {kind:?} without a lease")),
                 };
-                let predicted = n.procs[p].last.map(|(_, said)| said);
-                if predicted != Some(said) {
+                self.calls[p] = Some(self.insts[p].stepper(&self.id, event));
+                self.step(p, &n)?;
+                n
+            }
+            Action::Step(p, io) => {
+                let next = self.calls[p].as_ref().and_then(PgStepper::peek);
+                if next != Some(io) {
                     return Err(format!(
-                        "p{p} {}: the adapter answered {said:?} {detail}, the model {predicted:?}",
-                        kind.label()
+                        "p{p}'s next statement: the adapter's {next:?}, the model's {io:?}"
                     ));
                 }
+                let n = m
+                    .next_state(s, a)
+                    .ok_or_else(|| format!("the model's p{p} cannot take {io:?}"))?;
+                self.step(p, &n)?;
                 n
             }
             Action::Tick => {
@@ -244,7 +277,16 @@ impl Real {
                 m.next_state(s, a).ok_or("the model cannot tick")?
             }
             Action::Crash(p) => {
-                // Dropping the instance ends its sessions, as a crash does.
+                // The call's connection closed (the server then ends its session, with the
+                // row lock and any advisory lock it took), then the instance dropped (which
+                // ends its sessions), as a crash does.
+                if let Some(call) = self.calls[p].take() {
+                    let pid = call.session_pid();
+                    drop(call);
+                    if let Some(pid) = pid {
+                        admin.until_ended(pid);
+                    }
+                }
                 let fresh = self.instance();
                 drop(std::mem::replace(&mut self.insts[p], fresh));
                 m.next_state(s, a).ok_or("the model cannot crash")?
@@ -294,6 +336,32 @@ impl Real {
         Ok(n)
     }
 
+    /// Process `p`'s call takes its next statement; compares where it stands with the model's
+    /// `n` (still under way, or over with the same answer).
+    fn step(&mut self, p: usize, n: &State) -> Result<(), String> {
+        let call = self.calls[p].as_mut().ok_or("no call under way")?;
+        let step = call.next(&self.insts[p]);
+        let model = n.procs[p].call.as_ref().map(|c| c.run.peek());
+        match step {
+            Step::Continue if model.is_some() => Ok(()),
+            Step::Continue => Err(format!("p{p}'s call goes on; the model's is over")),
+            Step::Blocked => Err(format!("p{p}'s statement waited for the row lock")),
+            Step::Done(result) => {
+                self.calls[p] = None;
+                let (said, detail) = said(result);
+                let predicted = n.procs[p].last.map(|(_, said)| said);
+                if model.is_some() || predicted != Some(said) {
+                    return Err(format!(
+                        "p{p}'s call answered {said:?} {detail}; the model {predicted:?}, \
+                         under way: {}",
+                        model.is_some()
+                    ));
+                }
+                Ok(())
+            }
+        }
+    }
+
     /// The row and the advisory locks of the id, as the server has them.
     fn view(&self, admin: &pg::Admin) -> View {
         let row = admin.row(self.id.as_str());
@@ -307,7 +375,7 @@ impl Real {
             let key = admin.key(self.id.as_str());
             for r in admin.query(
                 "SELECT objid::int8, count(*) FROM pg_locks WHERE locktype = 'advisory' \
-                 AND granted AND objsubid = 2 AND classid = $1::int8::oid \
+                 AND granted AND mode = 'ExclusiveLock' AND objsubid = 2 AND classid = $1::int8::oid \
                  AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
                  GROUP BY objid",
                 &[&i64::from(key)],
@@ -319,23 +387,14 @@ impl Real {
     }
 }
 
-/// The model's process `p` calls `kind` and takes every step of the call, nothing between.
-fn whole_call(m: &LeaseModel, s: &State, p: usize, kind: Kind) -> Result<State, String> {
-    let mut n = m
-        .next_state(s, Action::Call(p, kind))
-        .ok_or("the model cannot start the call")?;
-    while let Some(io) = n.procs[p].call.as_ref().and_then(|c| c.run.peek()) {
-        n = m
-            .next_state(&n, Action::Step(p, io))
-            .ok_or_else(|| format!("the model's p{p} cannot take {io:?}"))?;
-    }
-    Ok(n)
-}
-
-fn granted(r: Result<Grant, Error>) -> (Said, String) {
+/// A run's result as the model shows a call's answer.
+fn said(r: Result<Outcome, Error>) -> (Said, String) {
     match r {
-        Ok(Grant::Granted(l)) => (Said::Granted(l.token, ticks(l.expiry)), String::new()),
-        Ok(Grant::Held) => (Said::Held, String::new()),
+        Ok(Outcome::Granted { token, expiry }) => {
+            (Said::Granted(token, ticks(expiry)), String::new())
+        }
+        Ok(Outcome::Held) => (Said::Held, String::new()),
+        Ok(Outcome::Released) => (Said::Released, String::new()),
         Err(e) => (Said::Failed, e.to_string()),
     }
 }
