@@ -147,10 +147,15 @@ fn walk(m: &LeaseModel, url: &str, admin: &pg::Admin, seed: u64) -> Result<Done,
     for _ in 0..WALK_LEN {
         let mut offered = vec![];
         m.actions(&s, &mut offered);
-        offered.retain(|a| match a {
-            Action::Call(..) | Action::Step(..) | Action::Tick | Action::Crash(_) => true,
-            Action::LoseLiveness(_, Cut::ServerFirst) => true,
-            _ => false,
+        offered.retain(|a| {
+            matches!(
+                a,
+                Action::Call(..)
+                    | Action::Step(..)
+                    | Action::Tick
+                    | Action::Crash(_)
+                    | Action::LoseLiveness(_, Cut::ServerFirst)
+            )
         });
         // A crash is offered to every process at every moment: drawn as often as the rest, it
         // would end most calls half-way and most lost holders before a rival takes over.
