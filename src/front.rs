@@ -87,35 +87,33 @@ pub(crate) fn grant(outcome: Outcome, id: &SessionId, owner: &Owner) -> Grant {
     }
 }
 
-/// How many renews [`unexpired`] tries on a grant that keeps expiring before it is returned.
-const RECLAIMS: usize = 3;
-
 /// Never hands out a lease already expired: `first` (an acquire's or a renew's answer) is
-/// returned if it is not a grant, or if its expiry is still ahead of the backend's clock
-/// (`now`) as the call returns. A grant that expired before the call could return (a stopped
-/// or descheduled process between the commit and the return) is renewed with `renew` — which
-/// succeeds only if nobody took over meanwhile (the machine decides) — up to [`RECLAIMS`]
-/// times; a lease still expired after that (a TTL shorter than a call), or whose renew failed,
-/// is answered as lost: [`Grant::Held`](Grant::Held). Never an error: the first
-/// answer's commit happened (an error after a commit is never reported), and an expired
-/// lease is free for others whatever this instance still holds.
+/// returned if it is not a grant, or as [`machine::at_return`] decides against the backend's
+/// clock (`now`) as the call returns: returned while unexpired; renewed with `renew` — which
+/// succeeds only if nobody took over meanwhile (the machine decides) — and judged again; or
+/// answered as lost ([`Grant::Held`](Grant::Held)) once still expired after
+/// [`machine::RECLAIMS`] renews, or when a renew failed. Never an error: the first answer's
+/// commit happened (an error after a commit is never reported), and an expired lease is free
+/// for others whatever this instance still holds.
 pub(crate) fn unexpired(
     first: Grant,
     now: impl Fn() -> Timestamp,
     mut renew: impl FnMut(&Lease) -> Result<Grant, Error>,
 ) -> Result<Grant, Error> {
     let mut grant = first;
-    for _ in 0..RECLAIMS {
-        match &grant {
-            Grant::Granted(lease) if machine::is_expired(lease.expiry, now()) => {
+    let mut renewed = 0;
+    loop {
+        let Grant::Granted(lease) = &grant else {
+            return Ok(grant);
+        };
+        match machine::at_return(lease.expiry, now(), renewed) {
+            machine::AtReturn::Return => return Ok(grant),
+            machine::AtReturn::Lost => return Ok(Grant::Held),
+            machine::AtReturn::Renew => {
+                renewed += 1;
                 grant = renew(lease).unwrap_or(Grant::Held);
             }
-            _ => return Ok(grant),
         }
-    }
-    match grant {
-        Grant::Granted(lease) if machine::is_expired(lease.expiry, now()) => Ok(Grant::Held),
-        grant => Ok(grant),
     }
 }
 
@@ -399,7 +397,7 @@ mod tests {
             Ok(Grant::Granted(lease(95)))
         });
         assert_eq!(never.unwrap(), Grant::Held);
-        assert_eq!(tries.get(), super::RECLAIMS);
+        assert_eq!(tries.get(), crate::machine::RECLAIMS);
         // A renew error: lost, not an error (the first answer's commit happened).
         let failed = unexpired(Grant::Granted(lease(90)), at(100), |_| {
             Err(crate::Error::TokenExhausted {

@@ -657,6 +657,49 @@ pub fn wait_for(record: &Record, now: Timestamp) -> Option<Wait> {
     })
 }
 
+/// How many renews the front's final expiry check makes of a grant that keeps expiring before
+/// it is returned ([`at_return`]).
+pub const RECLAIMS: usize = 3;
+
+/// What the front does with a granted lease (of an acquire or a renew) as the call returns
+/// ([`at_return`]; PROTOCOL §5.3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AtReturn {
+    /// Return it: it is unexpired on the backend's clock.
+    Return,
+    /// Renew it first: it expired before the call could return (a stopped or descheduled
+    /// process between the commit and the return); the renew succeeds only if nobody took
+    /// over meanwhile, and its grant is judged again.
+    Renew,
+    /// Answer lost ([`Grant::Held`](crate::Grant::Held)): still expired after
+    /// [`RECLAIMS`] renews (a TTL shorter than a call).
+    Lost,
+}
+
+/// The front's final expiry check: no call returns a lease already expired. `expiry` is the
+/// grant's, `now` the backend's clock as the call returns, `renewed` how many renews the call
+/// already made for this check. The front and the model checker both ask it.
+///
+/// ```
+/// use flocklease::Timestamp;
+/// use flocklease::machine::{AtReturn, RECLAIMS, at_return};
+///
+/// let t = |s| Timestamp::from_unix_secs(s).unwrap();
+/// assert_eq!(at_return(t(10), t(9), 0), AtReturn::Return);
+/// // Expiry is at `now >= expiry`, as everywhere.
+/// assert_eq!(at_return(t(10), t(10), 0), AtReturn::Renew);
+/// assert_eq!(at_return(t(10), t(11), RECLAIMS), AtReturn::Lost);
+/// ```
+pub fn at_return(expiry: Timestamp, now: Timestamp, renewed: usize) -> AtReturn {
+    if !is_expired(expiry, now) {
+        AtReturn::Return
+    } else if renewed < RECLAIMS {
+        AtReturn::Renew
+    } else {
+        AtReturn::Lost
+    }
+}
+
 /// Where a deferred [`Cleanup::Sweep`] may run. An adapter may do a takeover's sweep in two
 /// parts (see [`Transaction::cleanup`](crate::driver::Transaction::cleanup)): the dead generation
 /// at once, the rest at its next transition on the id, under the transition lock. That later

@@ -24,7 +24,7 @@ use std::hash::{Hash, Hasher};
 use std::time::Duration;
 
 use flocklease::driver::{CommitStep, Grain, Io, Run, Step};
-use flocklease::machine::{Event, Local, Outcome};
+use flocklease::machine::{self, AtReturn, Event, Local, Outcome};
 use flocklease::{Error, Owner, Record, SessionId, Timestamp};
 use stateright::{Model, Property};
 
@@ -542,6 +542,9 @@ pub struct Call {
     pub run: Run<u64>,
     /// What it saw and did.
     pub ghost: Ghost,
+    /// How many renews the front's final expiry check made in this call so far (the run is
+    /// then such a renew, of the lease the call granted).
+    pub renewed: u8,
 }
 
 /// What a call answered, for display.
@@ -817,6 +820,8 @@ pub enum Scenario {
     FenceRefusedAfterSuccessor,
     /// PostgreSQL: a fenced section's re-check found the lease expired; it rolled back.
     FenceRecheckRefused,
+    /// A grant expired before its call returned; the front renews it first (PROTOCOL §5.3).
+    ReturnedAfterRenew,
 }
 
 /// A step of the system.
@@ -1026,6 +1031,7 @@ impl LeaseModel {
             view,
             run: Run::new(self.grain(), self.event(p, kind, view), self.ttl()),
             ghost: Ghost::default(),
+            renewed: 0,
         });
         self.step(&s, p, false)
     }
@@ -1066,9 +1072,46 @@ impl LeaseModel {
                 if matches!(result, Err(Error::LockReplaced { .. })) {
                     s.scenario = Some(Scenario::LockReplacedRefused);
                 }
+                if let Ok(Outcome::Granted { token, expiry }) = result {
+                    self.at_return(&mut s, p, call, token, expiry);
+                }
             }
         }
         Some(s)
+    }
+
+    /// The front's final expiry check (PROTOCOL §5.3) on the grant `(token, expiry)` process
+    /// `p`'s run just answered, decided by the adapters' own `machine::at_return` against the
+    /// model's clock: returned, renewed first (the call goes on with a renew of it, whose
+    /// steps interleave like any other), or answered lost.
+    fn at_return(&self, s: &mut State, p: usize, call: Call, token: u64, expiry: Timestamp) {
+        let now = at(s.now);
+        match machine::at_return(expiry, now, usize::from(call.renewed)) {
+            AtReturn::Return => {
+                if ticks(expiry) <= s.now {
+                    s.violations |= props::bit(props::names::RETURNED_EXPIRED);
+                }
+            }
+            AtReturn::Renew => {
+                let view = LeaseView {
+                    token,
+                    expiry: ticks(expiry),
+                };
+                s.scenario = Some(Scenario::ReturnedAfterRenew);
+                s.procs[p].call = Some(Call {
+                    kind: Kind::Renew,
+                    view: Some(view),
+                    run: Run::new(self.grain(), self.event(p, Kind::Renew, Some(view)), self.ttl()),
+                    ghost: Ghost::default(),
+                    renewed: call.renewed + 1,
+                });
+            }
+            AtReturn::Lost => {
+                let proc = &mut s.procs[p];
+                proc.stale = proc.lease.take();
+                proc.last = Some((call.kind, Said::Held));
+            }
+        }
     }
 
     /// PostgreSQL: whether process `p`'s call lost its connections to a failover before its

@@ -52,13 +52,16 @@ pub mod names {
     /// PROTOCOL §10.11: judged when the resource accepts a write, against the last new generation
     /// committed.
     pub const FENCED: &str = "[11] no fenced write is accepted after a successor's grant";
+    /// PROTOCOL §10.10: judged as a call returns a grant, after the front's final expiry check
+    /// (`machine::at_return`), against the model's clock.
+    pub const RETURNED_EXPIRED: &str = "[10] no call returns a lease already expired";
 }
 
 use names::*;
 
 /// The properties judged when a call ends (or, for the PostgreSQL re-lock, when it is
 /// done), in the order of [`State::violations`]' bits.
-pub const CALL_PROPERTIES: [&str; 13] = [
+pub const CALL_PROPERTIES: [&str; 14] = [
     INCREASE,
     STALE_RELEASE,
     RENEW_CURRENT,
@@ -72,6 +75,7 @@ pub const CALL_PROPERTIES: [&str; 13] = [
     PROBE_TRUTH,
     RENEW_RELOCKED,
     FENCED,
+    RETURNED_EXPIRED,
 ];
 
 /// The bit of call property `name` in [`State::violations`].
@@ -119,6 +123,7 @@ pub fn properties(model: &LeaseModel) -> Vec<Property<LeaseModel>> {
         call!(6),
         call!(7),
         call!(8),
+        call!(13),
     ]);
     if model.backend == Backend::Postgres {
         v.extend([call!(9), call!(11)]);
@@ -175,6 +180,12 @@ pub fn properties(model: &LeaseModel) -> Vec<Property<LeaseModel>> {
             },
         ),
     ]);
+    v.push(Property::sometimes(
+        "a grant expired before its call returned, renewed first",
+        |m: &LeaseModel, s: &State| {
+            m.max_time < m.ttl_ticks || s.scenario == Some(Scenario::ReturnedAfterRenew)
+        },
+    ));
     if model.fenced {
         v.push(Property::sometimes(
             "a fenced write accepted",
