@@ -56,6 +56,10 @@ plant e-unlock-before-rename $d \
   '            .map(Io::Commit)\n            .collect();' \
   '            .flat_map(|s| match s {\n                CommitStep::Point => vec![Io::Unlock, Io::Commit(s)],\n                _ => vec![Io::Commit(s)],\n            })\n            .collect();'
 
+plant f-final-check-returns-at-expiry $m \
+  '    if !is_expired(expiry, now) {\n        AtReturn::Return' \
+  '    if now <= expiry {\n        AtReturn::Return'
+
 config=${CONFIG:-default}
 status=0
 for i in "${!names[@]}"; do

@@ -1101,7 +1101,11 @@ impl LeaseModel {
                 s.procs[p].call = Some(Call {
                     kind: Kind::Renew,
                     view: Some(view),
-                    run: Run::new(self.grain(), self.event(p, Kind::Renew, Some(view)), self.ttl()),
+                    run: Run::new(
+                        self.grain(),
+                        self.event(p, Kind::Renew, Some(view)),
+                        self.ttl(),
+                    ),
                     ghost: Ghost::default(),
                     renewed: call.renewed + 1,
                 });

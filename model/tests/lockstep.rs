@@ -29,9 +29,9 @@ use std::time::Duration;
 use flocklease::driver::Step;
 use flocklease::fault::FaultHook;
 use flocklease::flock::Stepper;
-use flocklease::machine::Outcome;
+use flocklease::machine::{self, AtReturn, Event, Outcome};
 use flocklease::record::{self, LiveTag};
-use flocklease::{Durability, FlockLease, ManualClock};
+use flocklease::{Clock, Durability, FlockLease, ManualClock, Owner};
 use flocklease_model::report::SplitMix;
 use flocklease_model::{
     Action, Change, LeaseModel, LockAt, Locker, Plant, Planted, Said, State, Tamper, Target, What,
@@ -338,6 +338,9 @@ struct Real {
     armed: Vec<Arc<AtomicIsize>>,
     fired: Vec<Arc<AtomicBool>>,
     calls: Vec<Option<Stepper>>,
+    /// Per process: its owner, and the renews the front's final expiry check made in its call.
+    owners: Vec<Owner>,
+    renewed: Vec<usize>,
     /// A step's answer kept while the caller decides what the model did.
     last_done: Vec<Option<Option<Result<Outcome, flocklease::Error>>>>,
     observer: Option<File>,
@@ -356,6 +359,8 @@ impl Real {
             armed: vec![],
             fired: vec![],
             calls: vec![],
+            owners: (0..m.procs).map(|p| m.owner(p)).collect(),
+            renewed: vec![0; m.procs],
             last_done: vec![],
             observer: None,
             go: None,
@@ -423,6 +428,7 @@ impl Real {
             Action::Call(p, kind) => {
                 let event = m.call_event(s, p, kind);
                 self.calls[p] = Some(self.insts[p].stepper(&session(), event));
+                self.renewed[p] = 0;
                 self.step(p, &n, None)?;
             }
             Action::Step(p, _) => {
@@ -520,7 +526,7 @@ impl Real {
             Step::Continue => None,
             Step::Done(result) => {
                 self.calls[p] = None;
-                Some(result)
+                self.at_return(p, result)
             }
         };
         if !fired {
@@ -529,6 +535,30 @@ impl Real {
         }
         self.check_answer(p, n, Some(answer))?;
         Ok(true)
+    }
+
+    /// The front's final expiry check on the run's answer, as a call makes it
+    /// (`machine::at_return` on the instance's clock): the answer, or `None` when the call goes
+    /// on with a renew of the grant (a stepper of its own, whose steps the model takes too).
+    fn at_return(
+        &mut self,
+        p: usize,
+        result: Result<Outcome, flocklease::Error>,
+    ) -> Option<Result<Outcome, flocklease::Error>> {
+        let Ok(Outcome::Granted { token, expiry }) = result else {
+            return Some(result);
+        };
+        match machine::at_return(expiry, self.clock.now(), self.renewed[p]) {
+            AtReturn::Return => Some(result),
+            AtReturn::Lost => Some(Ok(Outcome::Held)),
+            AtReturn::Renew => {
+                self.renewed[p] += 1;
+                let owner = self.owners[p].clone();
+                let event = Event::Renew { owner, token };
+                self.calls[p] = Some(self.insts[p].stepper(&session(), event));
+                None
+            }
+        }
     }
 
     /// Compares what process `p`'s real step answered (`None`: nothing recorded) with the
