@@ -582,7 +582,7 @@ impl Fence {
         // The lock first, the fence file last (as in `store`): a greater admission recorded
         // after the lock check is then seen, unless the lock was removed after that check,
         // which is the POSIX window.
-        let here = self.still_at(lock)?;
+        let here = lock.at(&self.lock_path, &self.opener.faults)?.is_some();
         if let FenceStep::Refuse { highest } = machine::fence_step(self.highest()?, token) {
             return Ok(Err(highest));
         }
@@ -592,11 +592,6 @@ impl Fence {
             });
         }
         Ok(Ok(()))
-    }
-
-    /// Whether `lock` is still the file at the lock's path.
-    fn still_at(&self, lock: &HeldLock) -> Result<bool, Error> {
-        Ok(lock.at(&self.lock_path, &self.opener.faults)?.is_some())
     }
 
     /// Replaces the fence file with `token`, durably, under `lock`, if the fence file still
@@ -618,7 +613,7 @@ impl Fence {
         // last. (In the other order, the lock moved aside, another call's whole store on a
         // new lock, and the lock put back could all fall between the two checks.)
         let may_land = || {
-            let here = self.still_at(lock)?;
+            let here = lock.at(&self.lock_path, &self.opener.faults)?.is_some();
             let now = self.highest()?;
             if now != read {
                 return Ok(Err(now));

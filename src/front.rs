@@ -1,6 +1,6 @@
 //! The front every backend shares, between the public calls and one transition: the per-id
 //! [`Registry`] of an instance, each id's in-process turn ([`Gate`], with each caller's own
-//! deadline), and the one [`SessionLease`] path — an acquire, renew or release as a machine
+//! deadline), and the one [`SessionLease`](crate::SessionLease) path — an acquire, renew or release as a machine
 //! event, its outcome as the caller's [`Grant`], never a grant already expired
 //! ([`unexpired`]). A backend gives the front one transition of an id and its clock
 //! ([`Backend`]); [`session_lease!`] and [`lease_methods!`] give it the trait and the same
@@ -72,7 +72,7 @@ pub(crate) fn unexpired_on<B: Backend + ?Sized>(b: &B, first: Grant) -> Result<G
     unexpired(first, || clock.now(), |l| renew_once(b, l))
 }
 
-/// Turns an acquire or renew outcome into the caller's [`Grant`](Grant).
+/// Turns an acquire or renew outcome into the caller's [`Grant`].
 pub(crate) fn grant(outcome: Outcome, id: &SessionId, owner: &Owner) -> Grant {
     match outcome {
         Outcome::Granted { token, expiry } => Grant::Granted(Lease {
@@ -91,7 +91,7 @@ pub(crate) fn grant(outcome: Outcome, id: &SessionId, owner: &Owner) -> Grant {
 /// returned if it is not a grant, or as [`machine::at_return`] decides against the backend's
 /// clock (`now`) as the call returns: returned while unexpired; renewed with `renew` — which
 /// succeeds only if nobody took over meanwhile (the machine decides) — and judged again; or
-/// answered as lost ([`Grant::Held`](Grant::Held)) once still expired after
+/// answered as lost ([`Grant::Held`]) once still expired after
 /// [`machine::RECLAIMS`] renews, or when a renew failed. Never an error: the first answer's
 /// commit happened (an error after a commit is never reported), and an expired lease is free
 /// for others whatever this instance still holds.

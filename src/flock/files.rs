@@ -425,17 +425,24 @@ impl HeldLock {
     /// file), one stat of the path after `faults`' [`FaultPoint::StatStable`].
     pub(crate) fn at(&self, path: &Path, faults: &Faults) -> Result<Option<fs::Metadata>, Error> {
         faults.check(FaultPoint::StatStable, path)?;
-        match fs::symlink_metadata(path) {
-            Ok(m) if (m.dev(), m.ino()) == (self.dev, self.ino) => Ok(Some(m)),
-            Ok(_) => Ok(None),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(Error::io("stat", path, e)),
-        }
+        let at = standing(path).map_err(|e| Error::io("stat", path, e))?;
+        Ok(at.filter(|m| (m.dev(), m.ino()) == (self.dev, self.ino)))
     }
 
     /// Whether it is still the file at `path` (a stat; a failed one answers no).
     fn still_at(&self, path: &Path) -> bool {
-        fs::symlink_metadata(path).is_ok_and(|m| (m.dev(), m.ino()) == (self.dev, self.ino))
+        standing(path).is_ok_and(|m| m.is_some_and(|m| (m.dev(), m.ino()) == (self.dev, self.ino)))
+    }
+}
+
+/// What stands at `path` now, not following a symbolic link (`None`: nothing). The one stat
+/// behind every "is this still the file I hold" of the crate: the transition lock's and a
+/// fence's identity checks, and the commit check's.
+pub(crate) fn standing(path: &Path) -> io::Result<Option<fs::Metadata>> {
+    match fs::symlink_metadata(path) {
+        Ok(m) => Ok(Some(m)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
     }
 }
 

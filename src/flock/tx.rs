@@ -6,7 +6,7 @@ use std::io::{self, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 
-use super::files::{Access, Paths, read_bounded};
+use super::files::{Access, Paths, read_bounded, standing};
 use super::live::{self, Found, Published};
 use super::{Durability, FlockLease};
 use crate::driver::{Begun, CommitStep, Grain, Transaction};
@@ -87,7 +87,7 @@ impl Sweeps {
 pub(super) struct LocalGen {
     pub(super) local: Local,
     pub(super) live: Published,
-    /// After a restore (a fresh tag, [`Transaction::ensure_live`]) whose record is not
+    /// After a restore (a fresh tag, `FlockTx::ensure_live`) whose record is not
     /// committed yet: the file carrying the tag the committed record still names, kept open
     /// and locked until a record naming `live`'s tag is committed. Until then that file, if
     /// it is put back at its name, must still read as the live holder's.
@@ -122,7 +122,7 @@ pub(super) struct TxState {
     pub(super) temp: Option<(File, std::path::PathBuf)>,
     /// Whether the driver released the transition lock (then the adapter need not again).
     pub(super) unlocked: bool,
-    /// The listing an earlier takeover left to this transition (see [`Transaction::sweep`]
+    /// The listing an earlier takeover left to this transition (see `FlockTx::sweep`
     /// below), run just before the transition lock is released.
     pub(super) carried_sweep: Option<u64>,
     /// The token of the record this transition read: `None` before the read, `Some(None)`
@@ -138,7 +138,7 @@ pub(super) struct TxState {
     /// cannot be given to another file meanwhile (which would defeat the check above).
     pub(super) seen_file: Option<File>,
     /// The tag of the generation the record to commit names: the new generation's
-    /// ([`Transaction::lock_live`]) or the local one's ([`Transaction::ensure_live`]); none for
+    /// (`FlockTx::lock_live`) or the local one's (`FlockTx::ensure_live`); none for
     /// a tombstone.
     pub(super) commit_tag: Option<LiveTag>,
 }
@@ -179,9 +179,8 @@ impl FlockTx<'_> {
     fn check_commit(&self) -> Result<(), Error> {
         let lock = &self.paths.lock;
         self.check(FaultPoint::CheckStable, lock)?;
-        let id = |path: &std::path::Path| match fs::symlink_metadata(path) {
-            Ok(m) => Ok(Some((m.dev(), m.ino()))),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        let id = |path: &std::path::Path| match standing(path) {
+            Ok(m) => Ok(m.map(|m| (m.dev(), m.ino()))),
             Err(e) => Err(Error::io("stat", path, e)),
         };
         let lock_at = id(lock)?;
@@ -198,7 +197,7 @@ impl FlockTx<'_> {
 
 impl FlockTx<'_> {
     /// Runs the listing an earlier takeover left to this transition, if any (see
-    /// [`Transaction::sweep`]'s implementation below). Best effort, like all cleanup.
+    /// `FlockTx::sweep`'s implementation below). Best effort, like all cleanup.
     ///
     /// The machine bounds it by the record this transition read
     /// ([`machine::deferred_sweep_below`]); the record may have been deleted or restored by

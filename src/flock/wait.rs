@@ -2,7 +2,7 @@
 //! at most two idle inotify instances per lease manager, see [`Watches`]), and every wait ends
 //! by its deadline:
 //!
-//! - [`Gate`](crate::gate::Gate) (shared with the PostgreSQL backend): the in-process turn on
+//! - [`Gate`](crate::front::Gate) (shared with the PostgreSQL backend): the in-process turn on
 //!   one id, so the k-th caller waits for its own deadline, not k lock timeouts.
 //! - [`try_lock_until`]: the transition lock, taken with non-blocking attempts (a waiting
 //!   acquire's again at once for 50 µs first, yielding the CPU between them) and an
