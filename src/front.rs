@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::clock::Clock;
 use crate::error::Error;
@@ -70,6 +70,12 @@ fn renew_once<B: Backend + ?Sized>(b: &B, lease: &Lease) -> Result<Grant, Error>
 pub(crate) fn unexpired_on<B: Backend + ?Sized>(b: &B, first: Grant) -> Result<Grant, Error> {
     let clock = b.lease_clock();
     unexpired(first, || clock.now(), |l| renew_once(b, l))
+}
+
+/// The deadline `timeout` from now; `None` (no limit) when it lies beyond what `Instant` can
+/// represent. Every caller's bound on a wait starts here.
+pub(crate) fn deadline_after(timeout: Duration) -> Option<Instant> {
+    Instant::now().checked_add(timeout)
 }
 
 /// Turns an acquire or renew outcome into the caller's [`Grant`].

@@ -35,7 +35,8 @@ pub(crate) mod files;
 pub(crate) mod live;
 mod queue;
 pub mod status;
-#[cfg(feature = "fault-injection")]
+// The lockstep harness's stepper: reachable only where the module is public.
+#[cfg(all(feature = "fault-injection", feature = "internals"))]
 mod step;
 mod tx;
 pub(crate) mod wait;
@@ -45,7 +46,7 @@ use files::{Access, DEFAULT_FILE_MODE, HeldLock, Opener, Paths, read_bounded};
 use tx::{FlockTx, Slot, TxState};
 use wait::Cancel;
 
-#[cfg(feature = "fault-injection")]
+#[cfg(all(feature = "fault-injection", feature = "internals"))]
 pub use step::Stepper;
 #[cfg(feature = "internals")]
 pub use tx::SWEEP_SHARE;

@@ -399,10 +399,6 @@ pub(super) fn sleep_before(deadline: Option<Instant>, pause: Duration) -> bool {
     true
 }
 
-/// The deadline `timeout` from now; `None` (no limit) when it lies beyond what `Instant` can
-/// represent.
-pub(super) fn deadline_after(timeout: Duration) -> Option<Instant> {
-    Instant::now().checked_add(timeout)
-}
+pub(super) use crate::front::deadline_after;
 
 use crate::front::lock;

@@ -305,7 +305,7 @@ impl PgLease {
         owner: &Owner,
         timeout: Duration,
     ) -> Result<Grant, Error> {
-        let deadline = Instant::now().checked_add(timeout);
+        let deadline = front::deadline_after(timeout);
         let mut wait = None;
         loop {
             let event = Event::Acquire {
@@ -377,10 +377,7 @@ impl PgLease {
                     inner.end_tx(conn, false);
                     return Err(e);
                 }
-                Ok(first) => match entry
-                    .gate
-                    .enter(Instant::now().checked_add(IN_PROCESS_HANDOFF))
-                {
+                Ok(first) => match entry.gate.enter(front::deadline_after(IN_PROCESS_HANDOFF)) {
                     Some(turn) => {
                         let state = lock(&entry.state);
                         if local_of(&state) == local {
