@@ -144,7 +144,7 @@ fn a_reread_after_terminate_is_caught() {
 }
 
 /// The same, with the fix: a lost reply never becomes a grant the standby lacks. The whole
-/// failover configuration (875 thousand states) is checked by `.ci/run` in release mode; here,
+/// failover configuration (899 thousand states) is checked by `.ci/run` in release mode; here,
 /// its first 200 000 states.
 #[test]
 fn the_failover_configuration_holds_in_its_first_states() {
