@@ -144,8 +144,9 @@ pub trait Transaction {
     /// # Errors
     ///
     /// I/O failure, or a liveness lock unexpectedly held. A failure of the commit point
-    /// leaves the old record standing (PostgreSQL: unless the commit's outcome is unknown and
-    /// found committed, which is then no failure).
+    /// leaves the old record standing, except PostgreSQL's `Error::CommitUnknown`: a
+    /// `COMMIT` whose reply was lost and whose outcome the re-read could not settle (it may
+    /// have committed; one found committed is no failure).
     fn commit_step(
         &mut self,
         step: CommitStep,

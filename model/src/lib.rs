@@ -1072,8 +1072,18 @@ impl LeaseModel {
                 if matches!(result, Err(Error::LockReplaced { .. })) {
                     s.scenario = Some(Scenario::LockReplacedRefused);
                 }
-                if let Ok(Outcome::Granted { token, expiry }) = result {
-                    self.at_return(&mut s, p, call, token, expiry);
+                match result {
+                    Ok(Outcome::Granted { token, expiry }) => {
+                        self.at_return(&mut s, p, call, token, expiry);
+                    }
+                    // A renew of the final expiry check that failed: the front answers the
+                    // call lost (`front::unexpired`), never with the renew's error.
+                    Err(_) if call.renewed > 0 => {
+                        let proc = &mut s.procs[p];
+                        proc.stale = proc.lease.take();
+                        proc.last = Some((Kind::Renew, Said::Held));
+                    }
+                    _ => {}
                 }
             }
         }
@@ -1163,9 +1173,8 @@ fn failover(s: &mut State) {
                 noticed: false,
             });
         }
-        // A transaction not yet committed loses its row lock. (One past its commit keeps the
-        // lock in the model until its call ends, as everywhere in this model: its remaining
-        // steps are the client's own.)
+        // A transaction not yet committed loses its row lock. (One past its commit released
+        // it with its `COMMIT`: its remaining steps are the client's own.)
         if proc.call.as_ref().is_none_or(|c| !c.ghost.renamed) {
             proc.stable = None;
         }

@@ -363,14 +363,16 @@ pub(crate) fn observe(
                 // a lease still unexpired when reported (a grant reported already expired,
                 // after a successor's, is PROTOCOL §10.10's matter), and at the commit for all.
                 // PostgreSQL: the `COMMIT` releases the row lock before the grant is reported,
-                // so a successor's grant can come first when this generation's liveness was
-                // lost in between (its holder is told; PROTOCOL §10.2).
+                // so a successor's grant, with a greater token, can come first when this
+                // generation's liveness was lost in between (its holder is told; PROTOCOL
+                // §10.2). The same token reported twice is never exempt.
                 let lost = m.backend == crate::Backend::Postgres
                     && !s
                         .live
                         .get(&token)
                         .is_some_and(|f| f.holder == Some(crate::Locker::Proc(p)));
-                if token <= s.max_granted && s.now < ticks(*expiry) && !lost {
+                let late = lost && token < s.max_granted;
+                if token <= s.max_granted && s.now < ticks(*expiry) && !late {
                     flags.push(INCREASE);
                 }
                 let now = seen.map_or(0, |x| x.now);

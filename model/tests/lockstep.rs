@@ -546,7 +546,11 @@ impl Real {
         result: Result<Outcome, flocklease::Error>,
     ) -> Option<Result<Outcome, flocklease::Error>> {
         let Ok(Outcome::Granted { token, expiry }) = result else {
-            return Some(result);
+            // A renew of the check that failed: the call is answered lost.
+            return Some(match result {
+                Err(_) if self.renewed[p] > 0 => Ok(Outcome::Held),
+                other => other,
+            });
         };
         match machine::at_return(expiry, self.clock.now(), self.renewed[p]) {
             AtReturn::Return => Some(result),

@@ -228,6 +228,9 @@ impl Real {
             .ttl(self.ttl)
             // No pooled connection closes behind the schedule's back.
             .idle_timeout(None)
+            // No statement of a walk waits for the row lock: a wait is a disagreement about
+            // who holds it, answered `LockTimeout` soon.
+            .lock_timeout(Duration::from_secs(1))
             .connect()
             .unwrap()
     }
@@ -365,6 +368,8 @@ impl Real {
                             }
                         }
                     }
+                    // A renew of the check that failed: the call is answered lost.
+                    Err(_) if self.renewed[p] > 0 => Ok(Outcome::Held),
                     other => other,
                 };
                 let (said, detail) = said(result);

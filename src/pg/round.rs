@@ -4,37 +4,26 @@ use std::time::{Duration, Instant};
 
 use super::conn::{self, Conn, Fail, HolderWait, exec, exec_within, within};
 use super::fault::PgStep;
-use super::sqltime::SqlTime;
-use super::sqltime::truncate_to_micros;
+use super::sqltime::{SqlTime, truncate_to_micros};
 use super::tx::{First, IdState, LiveGen, TxData};
 use super::{Inner, row_record};
 use crate::error::Error;
 use crate::name::SessionId;
-use crate::record::Record;
-use crate::timestamp::Timestamp;
 
 impl Inner {
     /// The transition's first round trip: `BEGIN`, the row locked and read, the server's
     /// clock read after the lock (with the server session's pid, checked against the
-    /// connection's). Inserts the row first if missing.
-    #[allow(clippy::type_complexity)]
-    pub(super) fn begin(
+    /// connection's), and the lease clock's time once the row is locked. Inserts the row first
+    /// if missing.
+    pub(super) fn first_round(
         &self,
         id: &SessionId,
         conn: &Conn,
         probe: Option<Option<i64>>,
         wait: Option<HolderWait>,
         lock_left: Option<Duration>,
-    ) -> Result<
-        (
-            i32,
-            Option<Record>,
-            Timestamp,
-            Option<(i32, bool)>,
-            Timestamp,
-        ),
-        Error,
-    > {
+    ) -> Result<First, Error> {
+        let sent = self.local_clock.now();
         let started = Instant::now();
         let map = |e: Fail| {
             if e.is_lock_timeout() {
@@ -122,36 +111,18 @@ impl Inner {
                 id: id.clone(),
                 reason: "the server's clock is outside the years 0001-9999".into(),
             })?;
-        let arrived = arrived.to_timestamp().unwrap_or(now);
-        Ok((key, record, now, probe, arrived))
-    }
-
-    /// The transition's first round trip ([`Inner::begin`]), and the lease clock's time read
-    /// once the row is locked.
-    pub(super) fn first_round(
-        &self,
-        id: &SessionId,
-        conn: &Conn,
-        probe: Option<Option<i64>>,
-        wait: Option<HolderWait>,
-        lock_left: Option<Duration>,
-    ) -> Result<First, Error> {
-        let sent = self.local_clock.now();
-        let (key, record, server_now, probed, arrived) =
-            self.begin(id, conn, probe, wait, lock_left)?;
         if wait.is_none() {
             // A wait for a holder ahead of the round trip says nothing of the clocks' offset.
-            self.measured(arrived, sent);
+            self.measured(arrived.to_timestamp().unwrap_or(now), sent);
         }
-        let now = match &self.clock {
-            Some(c) => truncate_to_micros(c.now()),
-            None => server_now,
-        };
         Ok(First {
             key,
             record,
-            now,
-            probed,
+            now: match &self.clock {
+                Some(c) => truncate_to_micros(c.now()),
+                None => now,
+            },
+            probed: probe,
             read_at: Instant::now(),
         })
     }
