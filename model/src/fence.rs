@@ -257,6 +257,7 @@ impl LeaseModel {
             state: s,
             p,
             fault: false,
+            refuse: false,
             fired: false,
             durable: self.durable,
             backend: self.backend,

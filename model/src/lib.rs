@@ -824,6 +824,16 @@ pub enum Scenario {
     ReturnedAfterRenew,
 }
 
+/// The failure a step is taken with, if any.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fault {
+    None,
+    /// An injected I/O failure (PostgreSQL's commit: its reply lost after the commit).
+    Io,
+    /// PostgreSQL: the commit statement answered with an error ([`Action::Refuse`]).
+    Refused,
+}
+
 /// A step of the system.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Action {
@@ -834,6 +844,11 @@ pub enum Action {
     Step(usize, Io),
     /// Process `p` performs the next I/O step of its call, and that step fails.
     Fail(usize, Io),
+    /// PostgreSQL: process `p`'s commit statement is answered with an error (the server refused
+    /// it, a statement timeout): nothing is committed, and a generation lock the statement took
+    /// goes with its session, which the adapter ends. (An injected failure of the commit step,
+    /// [`Action::Fail`], is its reply lost after the commit.)
+    Refuse(usize),
     /// Process `p` crashes and restarts with no local state, keeping only a copy of its last
     /// lease to replay.
     Crash(usize),
@@ -928,7 +943,7 @@ impl LeaseModel {
         let mut ghost = Ghost::default();
         state.procs[p].carried = state.procs[p].sweep.take();
         loop {
-            let (step, (g, _)) = self.advance(state, p, &mut run, ghost, false);
+            let (step, (g, _)) = self.advance(state, p, &mut run, ghost, Fault::None);
             ghost = g;
             match step {
                 Step::Done(result) => {
@@ -969,12 +984,13 @@ impl LeaseModel {
         p: usize,
         run: &mut Run<u64>,
         ghost: Ghost,
-        fault: bool,
+        fault: Fault,
     ) -> (Step, (Ghost, bool)) {
         let mut tx = ModelTx {
             state,
             p,
-            fault,
+            fault: fault != Fault::None,
+            refuse: fault == Fault::Refused,
             fired: false,
             durable: self.durable,
             backend: self.backend,
@@ -1033,13 +1049,13 @@ impl LeaseModel {
             ghost: Ghost::default(),
             renewed: 0,
         });
-        self.step(&s, p, false)
+        self.step(&s, p, Fault::None)
     }
 
     /// Process `p` performs one I/O step (failing if `fault`); `None` if it cannot.
-    fn step(&self, last: &State, p: usize, fault: bool) -> Option<State> {
+    fn step(&self, last: &State, p: usize, fault: Fault) -> Option<State> {
         let severed = Self::severed(last, p);
-        if fault && severed {
+        if fault != Fault::None && severed {
             // A severed call's next fallible step fails anyway: that is its plain step.
             return None;
         }
@@ -1047,10 +1063,15 @@ impl LeaseModel {
         s.scenario = None;
         let mut call = s.procs[p].call.take()?;
         let ghost = std::mem::take(&mut call.ghost);
-        let (step, (ghost, fired)) =
-            self.advance(&mut s, p, &mut call.run, ghost, fault || severed);
+        let (step, (ghost, fired)) = self.advance(
+            &mut s,
+            p,
+            &mut call.run,
+            ghost,
+            if severed { Fault::Io } else { fault },
+        );
         call.ghost = ghost;
-        if fault && !fired {
+        if fault != Fault::None && !fired {
             // An armed fault that would not fire is no step of the model.
             return None;
         }
@@ -1290,6 +1311,10 @@ impl Model for LeaseModel {
                         && run.is_some_and(Run::next_can_fail)
                     {
                         actions.push(Action::Fail(p, io));
+                        if self.backend == Backend::Postgres && io == Io::Commit(CommitStep::Point)
+                        {
+                            actions.push(Action::Refuse(p));
+                        }
                     }
                 }
             } else if !beyond && proc.fence.is_none() && LeaseModel::can_step(s, p, None) {
@@ -1369,6 +1394,10 @@ impl Model for LeaseModel {
                 )
             }
             Action::Fail(p, io) => format!("p{p} {} FAILS (injected I/O error)", io_label(*io)),
+            Action::Refuse(p) => format!(
+                "p{p} commits, and the server answers its commit statement with an ERROR \
+                 (nothing committed; the adapter ends the session)"
+            ),
             Action::Crash(p) => format!("p{p} crashes"),
             Action::Tick => "tick".into(),
             Action::HostCrash => "host crash".into(),
@@ -1434,8 +1463,9 @@ impl LeaseModel {
     fn next(&self, last: &State, action: Action) -> Option<State> {
         match action {
             Action::Call(p, kind) => self.call(last, p, kind),
-            Action::Step(p, _) => self.step(last, p, false),
-            Action::Fail(p, _) => self.step(last, p, true),
+            Action::Step(p, _) => self.step(last, p, Fault::None),
+            Action::Fail(p, _) => self.step(last, p, Fault::Io),
+            Action::Refuse(p) => self.step(last, p, Fault::Refused),
             Action::Crash(p) => {
                 let mut s = last.clone();
                 s.scenario = None;

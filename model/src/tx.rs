@@ -121,6 +121,9 @@ pub struct ModelTx<'a> {
     pub(crate) p: usize,
     /// Fail the next fallible step (a fault the model injects).
     pub(crate) fault: bool,
+    /// PostgreSQL: the injected fault is the commit statement refused (nothing committed), not
+    /// its reply lost.
+    pub(crate) refuse: bool,
     /// Set when the injected fault was returned.
     pub(crate) fired: bool,
     /// Whether fsyncs happen (`Durability::Full`).
@@ -464,7 +467,10 @@ impl Transaction for ModelTx<'_> {
             (CommitStep::Point, Some(record)) if self.backend == Backend::Postgres => {
                 // One statement: the new generation's advisory lock (if planned), the UPDATE
                 // and the COMMIT. An injected fault is the `COMMIT`'s reply lost, after the
-                // commit.
+                // commit; a refusal, an error answered before anything was committed.
+                if self.refuse {
+                    self.fault("commit")?;
+                }
                 let reply_lost = self.fault && !self.fired;
                 self.fired |= reply_lost;
                 let live = plan.new_generation().map(|g| g.token);

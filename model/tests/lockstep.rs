@@ -493,6 +493,7 @@ impl Real {
             | Action::SessionEnds(_)
             | Action::Relock(_)
             | Action::StandbyConfirms
+            | Action::Refuse(_)
             | Action::Failover
             | Action::Fence(_)
             | Action::FenceStep(..) => unreachable!("not run in lockstep"),
