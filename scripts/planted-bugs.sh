@@ -21,9 +21,9 @@ m=src/machine.rs d=src/driver.rs
 plant live-holder-ignored $m \
   'Some(Liveness::Dead) => takeover' \
   'Some(Liveness::Dead | Liveness::Live) => takeover'
-plant missing-file-means-dead $m \
-  'Some(Liveness::Live | Liveness::Missing) => {' \
-  'Some(Liveness::Missing) => takeover(input, owner, rec.token, true).map(Decision::Plan),\n        Some(Liveness::Live) => {'
+plant unknown-file-means-dead $m \
+  'Some(Liveness::Live | Liveness::Unknown) => {' \
+  'Some(Liveness::Unknown) => takeover(input, owner, rec.token, true).map(Decision::Plan),\n        Some(Liveness::Live) => {'
 plant renew-skips-record-check $m \
   '    if !names(input, owner, token) {\n        // A genuine' \
   '    if false \&\& !names(input, owner, token) {\n        // A genuine'
