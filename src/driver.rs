@@ -513,3 +513,121 @@ fn step_error(e: machine::StepError, id: &SessionId) -> Error {
         machine::StepError::ExpiryOutOfRange => Error::ExpiryOutOfRange { id: id.clone() },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::name::Owner;
+
+    /// Every plan the machine makes over a grid of inputs (the record absent, the caller's,
+    /// another owner's, a tombstone; unexpired or expired; each liveness; held here or not;
+    /// each event).
+    fn plans() -> Vec<Plan> {
+        let (me, other) = (Owner::new("me").unwrap(), Owner::new("other").unwrap());
+        let now = Timestamp::from_unix_secs(100).unwrap();
+        let ttl = Duration::from_secs(10);
+        let mut records = vec![None];
+        for owner in [&me, &other] {
+            for expiry in [90, 110] {
+                records.push(Some(Record {
+                    owner: owner.as_str().to_owned(),
+                    token: 3,
+                    expiry: Timestamp::from_unix_secs(expiry).unwrap(),
+                }));
+            }
+        }
+        records.push(Some(Record {
+            owner: String::new(),
+            token: 3,
+            expiry: now,
+        }));
+        let events = [
+            Event::Acquire { owner: me.clone() },
+            Event::Renew {
+                owner: me.clone(),
+                token: 3,
+            },
+            Event::Release {
+                owner: me.clone(),
+                token: 3,
+            },
+        ];
+        let locals = [
+            None,
+            Some(Local {
+                token: 3,
+                owner: me.clone(),
+            }),
+        ];
+        let mut plans = vec![];
+        for record in &records {
+            for event in &events {
+                for local in &locals {
+                    for liveness in [Liveness::Live, Liveness::Dead, Liveness::Unknown] {
+                        let mut input = Input {
+                            record: record.clone(),
+                            liveness: None,
+                            local: local.clone(),
+                            now,
+                            ttl,
+                            event: event.clone(),
+                        };
+                        loop {
+                            match machine::step(&input) {
+                                Ok(Decision::Probe { .. }) => input.liveness = Some(liveness),
+                                Ok(Decision::Plan(plan)) => break plans.push(plan),
+                                Err(_) => break,
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        plans
+    }
+
+    /// The contracts of the one order, at both grains: exactly one commit point when the plan
+    /// commits (none otherwise); a new generation's lock before it (at statement grain, taken
+    /// by it); cleanups after it; the adoption after every commit step; the lock released
+    /// last, or (statement grain) by the commit itself.
+    #[test]
+    fn every_plan_has_one_commit_point_in_the_one_order() {
+        let plans = plans();
+        assert!(plans.len() > 20, "{}", plans.len());
+        for plan in &plans {
+            for grain in [Grain::SystemCall, Grain::Statement] {
+                let steps = Run::<()>::schedule(grain, plan);
+                let at = |io: Io| steps.iter().position(|s| *s == io);
+                let points = steps
+                    .iter()
+                    .filter(|s| **s == Io::Commit(CommitStep::Point))
+                    .count();
+                assert_eq!(
+                    points,
+                    usize::from(plan.commit.is_some()),
+                    "{plan:?} {steps:?}"
+                );
+                let point = at(Io::Commit(CommitStep::Point));
+                let lock_live = at(Io::Commit(CommitStep::LockLive));
+                if plan.new_generation().is_some() && plan.commit.is_some() {
+                    match grain {
+                        Grain::SystemCall => assert!(lock_live < point, "{steps:?}"),
+                        Grain::Statement => assert_eq!(lock_live, None, "{steps:?}"),
+                    }
+                }
+                for (i, s) in steps.iter().enumerate() {
+                    if matches!(s, Io::Cleanup(_)) {
+                        assert!(point.is_none_or(|p| p < i), "{steps:?}");
+                    }
+                    if matches!(s, Io::Commit(_)) {
+                        assert!(at(Io::Adopt).is_none_or(|a| i < a), "{steps:?}");
+                    }
+                }
+                match (grain, plan.commit.is_some()) {
+                    (Grain::Statement, true) => assert_eq!(at(Io::Unlock), None, "{steps:?}"),
+                    _ => assert_eq!(steps.last(), Some(&Io::Unlock), "{steps:?}"),
+                }
+            }
+        }
+    }
+}
