@@ -108,6 +108,20 @@ pub(crate) enum OwnerCheck {
     Mine(u32),
 }
 
+impl OwnerCheck {
+    /// The ownership rule, the one every open of the directory's files and `status` apply: a
+    /// file owned by `uid` at `path` is used, or refused with [`Error::ForeignOwner`].
+    pub(crate) fn admit(self, path: &Path, uid: u32) -> Result<(), Error> {
+        match self {
+            OwnerCheck::Mine(me) if uid != me => Err(Error::ForeignOwner {
+                path: path.to_owned(),
+                uid,
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// Opens the files of one lease directory under its policy.
 #[derive(Debug)]
 pub(crate) struct Opener {
@@ -211,14 +225,7 @@ impl Opener {
         if role == Role::Lock && meta.is_dir() {
             return Err(not_a_file());
         }
-        if let OwnerCheck::Mine(me) = self.owners
-            && meta.uid() != me
-        {
-            return Err(Error::ForeignOwner {
-                path: path.to_owned(),
-                uid: meta.uid(),
-            });
-        }
+        self.owners.admit(path, meta.uid())?;
         if !meta.is_file() {
             return Err(not_a_file());
         }
@@ -233,14 +240,7 @@ impl Opener {
             return Ok(());
         }
         let meta = file.metadata().map_err(|e| Error::io("stat", path, e))?;
-        if let OwnerCheck::Mine(me) = self.owners
-            && meta.uid() != me
-        {
-            return Err(Error::ForeignOwner {
-                path: path.to_owned(),
-                uid: meta.uid(),
-            });
-        }
+        self.owners.admit(path, meta.uid())?;
         // The umask may have narrowed a group mode: widen our own new files to it.
         if access.creates()
             && !default_mode

@@ -326,8 +326,10 @@ fn status_of(
 }
 
 /// Why the next generation's liveness file (`<stem>.<token + 1>.live`) cannot be published, if
-/// it cannot: a directory stands there (a rename does not replace one), or, in a shared (sticky)
-/// directory, another user's file (refused as possibly planted, and not ours to replace).
+/// it cannot: a directory stands there (a rename does not replace one), or, in a sticky
+/// directory, a file the kernel does not let this user replace (another user's, in a
+/// directory not this user's, unless root: the takeover's rename over it fails). Judged for
+/// the user `status` runs as: an acquirer of another user may be told otherwise.
 fn next_blocked(dir: &Path, stem: &str, token: u64) -> Option<String> {
     use std::os::unix::fs::MetadataExt;
     let next = token.checked_add(1)?;
@@ -340,16 +342,17 @@ fn next_blocked(dir: &Path, stem: &str, token: u64) -> Option<String> {
             path.display()
         ));
     }
-    let shared = fs::metadata(dir).is_ok_and(|d| d.mode() & 0o1002 == 0o1002);
-    if shared && meta.uid() != nix::unistd::geteuid().as_raw() {
-        return Some(format!(
+    let d = fs::metadata(dir).ok()?;
+    let me = nix::unistd::geteuid().as_raw();
+    let kept = d.mode() & 0o1000 != 0 && me != 0 && meta.uid() != me && d.uid() != me;
+    kept.then(|| {
+        format!(
             "{} (the next generation's liveness file) belongs to uid {} in a shared directory: \
-             every acquire fails until it is removed",
+             every acquire of uid {me} fails until it is removed",
             path.display(),
             meta.uid()
-        ));
-    }
-    None
+        )
+    })
 }
 
 /// Probes a generation's liveness file as the library does ([`live::identify`], then a

@@ -262,3 +262,40 @@ fn a_directory_at_the_next_generations_name_is_reported_blocked() {
     std::fs::remove_dir(&next).unwrap();
     assert!(leases.acquire(&id, &me).unwrap().lease().is_some());
 }
+
+/// Issue 33.6, the other half: another user's file at the next generation's liveness name in a
+/// shared (sticky, world-writable) directory. `status` judges it as the kernel will for the
+/// user it runs as: root may replace it, so the takeover succeeds and `status` does not say
+/// `blocked` (it did, for root too, before); a user who may not is told `blocked` (not run
+/// here: CI runs as root).
+#[test]
+fn another_users_file_at_the_next_generations_name_is_judged_as_the_kernel_will() {
+    if !root() {
+        assert!(
+            std::env::var_os("FLOCKLEASE_REQUIRE_ROOT").is_none(),
+            "CI must run this test as root"
+        );
+        eprintln!("skipped: not root, cannot give a file to another user");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let leases = FlockLease::open(dir.path()).unwrap();
+    let id = SessionId::new("nightly").unwrap();
+    let me = Owner::new("me").unwrap();
+    let lease = leases.acquire(&id, &me).unwrap().lease().unwrap();
+    leases.release(&lease).unwrap();
+    let next = dir.path().join(format!("{}.2.live", id.stem()));
+    std::fs::write(&next, b"").unwrap();
+    nix::unistd::chown(&next, Some(nix::unistd::Uid::from_raw(65534)), None).unwrap();
+    let row = flocklease::status::session(dir.path(), &id, flocklease::Timestamp::now())
+        .unwrap()
+        .unwrap();
+    assert!(row.acquirable && row.state == "released", "{row:?}");
+    // What status promised: root's takeover replaces the file.
+    let acquired = FlockLease::open(dir.path()).unwrap().acquire(&id, &me);
+    assert!(
+        matches!(acquired, Ok(flocklease::Grant::Granted(_))),
+        "{acquired:?}"
+    );
+}
