@@ -231,18 +231,25 @@ fn a_missing_parent_is_an_error_for_the_library_and_run_alike() {
     assert_eq!(mode & 0o777, 0o700);
 }
 
+/// The id `nightly` in `dir` acquired and released once by `me`, and the path of its next
+/// generation's liveness file (`<stem>.2.live`).
+fn released_once(dir: &Path) -> (FlockLease, SessionId, Owner, std::path::PathBuf) {
+    let leases = FlockLease::open(dir).unwrap();
+    let id = SessionId::new("nightly").unwrap();
+    let me = Owner::new("me").unwrap();
+    let lease = leases.acquire(&id, &me).unwrap().lease().unwrap();
+    leases.release(&lease).unwrap();
+    let next = dir.join(format!("{}.2.live", id.stem()));
+    (leases, id, me, next)
+}
+
 /// Issue 33.6: a directory at the *next* generation's liveness name makes every acquire fail,
 /// and `status` said "free" (released, free to acquire). It says `blocked` now, naming the
 /// file, and `flocklease status --id` exits 70 with that message, as for any broken id.
 #[test]
 fn a_directory_at_the_next_generations_name_is_reported_blocked() {
     let dir = tempfile::tempdir().unwrap();
-    let leases = FlockLease::open(dir.path()).unwrap();
-    let id = SessionId::new("nightly").unwrap();
-    let me = Owner::new("me").unwrap();
-    let lease = leases.acquire(&id, &me).unwrap().lease().unwrap();
-    leases.release(&lease).unwrap();
-    let next = dir.path().join(format!("{}.2.live", id.stem()));
+    let (leases, id, me, next) = released_once(dir.path());
     std::fs::create_dir(&next).unwrap();
     // The truth status must tell: no acquire can succeed.
     assert!(
@@ -279,12 +286,7 @@ fn another_users_file_at_the_next_generations_name_is_judged_as_the_kernel_will(
     }
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
-    let leases = FlockLease::open(dir.path()).unwrap();
-    let id = SessionId::new("nightly").unwrap();
-    let me = Owner::new("me").unwrap();
-    let lease = leases.acquire(&id, &me).unwrap().lease().unwrap();
-    leases.release(&lease).unwrap();
-    let next = dir.path().join(format!("{}.2.live", id.stem()));
+    let (_leases, id, me, next) = released_once(dir.path());
     std::fs::write(&next, b"").unwrap();
     nix::unistd::chown(&next, Some(nix::unistd::Uid::from_raw(65534)), None).unwrap();
     let row = flocklease::status::session(dir.path(), &id, flocklease::Timestamp::now())
