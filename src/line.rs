@@ -75,6 +75,30 @@ impl Place {
         earliest
     }
 
+    /// One look of a waiter in the line at `now` (its own clock, as [`Yielded`] counts it):
+    /// whether it may try to acquire. Its turn has come; or the lease has been left free to
+    /// the earliest place ahead for that place's grace ([`Yielded::grace_over`]), and once that
+    /// place is passed over (the whole span of its lock, [`Place::pass_over`]) it is this
+    /// waiter's turn. The flock backend's waits and the model's waiters look with this.
+    pub fn may_try(
+        &mut self,
+        yielded: &mut Yielded,
+        now: Duration,
+        mut held: impl FnMut(i64, i64) -> Option<Span>,
+    ) -> bool {
+        if self.turn(&mut held) {
+            return true;
+        }
+        if !yielded.grace_over(now) {
+            return false;
+        }
+        if let Some(span) = self.earliest_ahead(&mut held) {
+            self.pass_over(span);
+        }
+        yielded.passed_over(now);
+        self.turn(held)
+    }
+
     /// Passes over `span` (a lock ahead, as [`Place::earliest_ahead`] found it), the whole of
     /// it: a lock of several bytes that is no waiter's place is passed at once (no waiter's
     /// byte can lie under it, since write locks conflict).
@@ -189,6 +213,25 @@ mod tests {
             Some((0, 1)),
             "the oracle reports the last one"
         );
+    }
+
+    #[test]
+    fn a_look_passes_one_place_per_grace() {
+        let ms = Duration::from_millis;
+        // Two places ahead, neither taking the free lease.
+        let locks = [(0, 1), (1, 1)];
+        let (mut place, mut y) = (Place::new(2), Yielded::default());
+        y.let_go(ms(0), Some(1));
+        assert!(!place.may_try(&mut y, ms(49), getlk(&locks)));
+        assert_eq!(place.after, -1);
+        // The first one's grace is over: it is passed, the second one is still ahead.
+        assert!(!place.may_try(&mut y, ms(50), getlk(&locks)));
+        assert_eq!(place.after, 0);
+        // The second one gets the short grace from the pass-over, not none.
+        assert!(!place.may_try(&mut y, ms(59), getlk(&locks)));
+        assert_eq!(place.after, 0);
+        assert!(place.may_try(&mut y, ms(60), getlk(&locks)));
+        assert_eq!(place.after, 1);
     }
 
     #[test]

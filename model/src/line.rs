@@ -4,7 +4,7 @@
 //!
 //! | actor | steps |
 //! | --- | --- |
-//! | waiter | join: append a byte and lock it (a byte under another's lock: append again, three times, then wait unqueued) · look, once per tick (the real one looks every 200 µs, a tick is 10 ms): the adapter's loop, every decision made by [`flocklease::line`] (whose turn, what a pass-over passes, whose grace is over) — on its turn and a free lease it is granted and leaves the line, its lock gone; not its turn and the lease free, it lets the lease go; a holder seen resets the count · stopped: keeps its place and does nothing |
+//! | waiter | join: append a byte and lock it (a byte under another's lock: append again, three times, then wait unqueued) · look, once per tick (the real one looks every 200 µs, a tick is 10 ms): the adapter's look, [`flocklease::line::Place::may_try`] (whose turn, what a pass-over passes, whose grace is over) — on its turn and a free lease it is granted and leaves the line, its lock gone; not its turn and the lease free, it lets the lease go; a holder seen resets the count · stopped: keeps its place and does nothing |
 //! | holder | the lease's holder lets it go (a release, an expiry, a crash: the lease is free) |
 //! | stray lock | taken before the waiters came, on any span of the file's first two bytes or from one of them to the end and beyond; never released |
 //! | clock | moves one tick (10 ms) once every waiter that runs has looked |
@@ -222,24 +222,31 @@ impl LineModel {
         let now = TICK * u32::from(s.now);
         let mut held = Self::held(s, w);
         let mut waiter = s.waiters[w];
-        let mut turn = waiter.place.is_none_or(|p| p.turn(&mut held));
-        if !turn
-            && waiter.yielded.grace_over(now)
-            && let Some(place) = waiter.place.as_mut()
-        {
-            if let Some(mut span) = place.earliest_ahead(&mut held) {
-                if self.planted == Some(LinePlanted::PassOverFirstByte) {
-                    span.1 = 1;
+        let turn = match (waiter.place.as_mut(), self.planted) {
+            // Unqueued: always tries.
+            (None, _) => true,
+            // The adapter's look.
+            (Some(place), None) => place.may_try(&mut waiter.yielded, now, &mut held),
+            // The look with a planted mistake: `Place::may_try` written out, one part wrong.
+            (Some(place), Some(planted)) => {
+                let mut turn = place.turn(&mut held);
+                if !turn && waiter.yielded.grace_over(now) {
+                    if let Some(mut span) = place.earliest_ahead(&mut held) {
+                        if planted == LinePlanted::PassOverFirstByte {
+                            span.1 = 1;
+                        }
+                        place.pass_over(span);
+                    }
+                    waiter.yielded.passed_over(now);
+                    if planted == LinePlanted::WholeGraceEach {
+                        waiter.yielded = Yielded::default();
+                        waiter.yielded.let_go(now, Some(s.token));
+                    }
+                    turn = place.turn(&mut held);
                 }
-                place.pass_over(span);
+                turn
             }
-            waiter.yielded.passed_over(now);
-            if self.planted == Some(LinePlanted::WholeGraceEach) {
-                waiter.yielded = Yielded::default();
-                waiter.yielded.let_go(now, Some(s.token));
-            }
-            turn = place.turn(&mut held);
-        }
+        };
         waiter.looked = true;
         if turn && s.holder.is_none() {
             let (k, _) = Self::ahead(s, w);

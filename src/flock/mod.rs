@@ -47,7 +47,7 @@ use tx::{FlockTx, Slot, TxState};
 use wait::Cancel;
 
 #[cfg(all(feature = "fault-injection", feature = "internals"))]
-pub use step::Stepper;
+pub use step::{LineStepper, Stepper};
 #[cfg(feature = "internals")]
 pub use tx::SWEEP_SHARE;
 
@@ -248,10 +248,10 @@ impl FlockLease {
         let paths = &entry.paths;
         let queue_path = queue::path(&self.dir, &paths.stem);
         // This call's place in the id's line of waiters (PROTOCOL §4.6): taken when it first
-        // has to wait, kept until it returns.
-        let mut line = queue::Line::Outside;
-        // How long this call, not first in the line, has let a free lease go to the first.
-        let mut yielded = queue::Yielded::default();
+        // has to wait, kept until it returns; and how long it has let a free lease go to the
+        // places ahead, on a clock started now.
+        let mut line = queue::Waiter::default();
+        let origin = Instant::now();
         // Consecutive waits that returned at once (the record changed under us, the file is
         // missing): pause increasingly, so a loop that cannot block never spins.
         let mut pause = Duration::ZERO;
@@ -265,21 +265,13 @@ impl FlockLease {
             }
             // An instance that holds the id tries at once: its own owner's call is a refresh
             // (re-entrant), another owner's is answered held and lines up.
-            let mut turn =
-                lock(&entry.state).local.is_some() || line.turn(&self.opener, &queue_path);
-            if !turn && yielded.grace_over() {
-                // The earliest waiter ahead left a free lease alone for the grace: pass it
-                // over, and try if nobody else waits ahead (or wait for the next one, with a
-                // grace of its own).
-                line.pass_over();
-                yielded.passed_over();
-                turn = line.turn(&self.opener, &queue_path);
-            }
+            let turn = lock(&entry.state).local.is_some()
+                || line.may_try(&self.opener, &queue_path, origin.elapsed());
             if turn {
                 // The first in the line, right after the holder let go, tries the transition
                 // lock eagerly; only one waiter per id is first, so only one spins (unqueued
                 // waiters spinning on two cores cost a quarter of the grants: BENCHMARKS.md).
-                let _eager = matches!(line, queue::Line::In(_)).then(wait::eager);
+                let _eager = line.is_in().then(wait::eager);
                 if let Grant::Granted(lease) = self.acquire(id, owner)? {
                     return Ok(Grant::Granted(lease));
                 }
@@ -310,7 +302,8 @@ impl FlockLease {
                 if turn {
                     pause = next_pause(pause);
                 } else {
-                    yielded.let_go(seen, deadline);
+                    line.let_go(origin.elapsed(), seen);
+                    wait::sleep_before(deadline, queue::HANDOFF_POLL);
                     pause = Duration::ZERO;
                 }
                 continue;
@@ -328,11 +321,12 @@ impl FlockLease {
                 live::Found::Own(file) => {
                     if !turn && live::holder_gone(&file).map_err(|e| Error::io("lock", &live, e))? {
                         // The holder is gone and an earlier waiter's turn it is.
-                        yielded.let_go(seen, deadline);
+                        line.let_go(origin.elapsed(), seen);
+                        wait::sleep_before(deadline, queue::HANDOFF_POLL);
                         pause = Duration::ZERO;
                         continue;
                     }
-                    yielded.saw_held();
+                    line.saw_held();
                     wait::wait_for_holder(&self.watches, &live, &file, wake, cancel)
                         .map_err(|e| Error::io("wait for", &live, e))?;
                     watched = Some(file);

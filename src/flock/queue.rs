@@ -17,7 +17,7 @@
 use std::fs::File;
 use std::io::{Seek, Write};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nix::fcntl::{FcntlArg, fcntl};
 use nix::libc;
@@ -39,10 +39,20 @@ const TRIM_AT: u64 = 64 * 1024;
 /// The bytes a hole punched into a grown file leaves in place at its end.
 const KEEP: u64 = 4096;
 
+/// One waiting call's part in the line: its place, and how long it has let a free lease go to
+/// the places ahead. The rule's decisions are [`line`]'s; times are on the call's own clock
+/// (`now`: since the wait began).
+#[derive(Debug, Default)]
+pub(crate) struct Waiter {
+    line: Line,
+    yielded: line::Yielded,
+}
+
 /// One call's place in the line, or why it has none.
-#[derive(Debug)]
-pub(super) enum Line {
+#[derive(Debug, Default)]
+enum Line {
     /// Not in the line yet: the call has not had to wait.
+    #[default]
     Outside,
     /// In the line.
     In(Place),
@@ -50,37 +60,55 @@ pub(super) enum Line {
     Off,
 }
 
-impl Line {
-    /// Whether this call may try to acquire now: nobody waits before it. A call still
-    /// `Outside` tries only when nobody waits at all (so a holder that released and asks again
-    /// at once lines up behind the waiters instead of taking the lease back); one `In` the line
-    /// when no earlier place is held (but those it passed over); an `Off` call always.
-    pub(super) fn turn(&self, opener: &Opener, path: &Path) -> bool {
-        match self {
+impl Waiter {
+    /// Whether this call may try to acquire now ([`line::Place::may_try`]): nobody waits
+    /// before it. A call still outside tries only when nobody waits at all (so a holder that
+    /// released and asks again at once lines up behind the waiters instead of taking the lease
+    /// back); one in the line when no earlier place is held but those it passed over (a place
+    /// ahead whose grace is over is passed over here); an unqueued call always.
+    pub(crate) fn may_try(&mut self, opener: &Opener, path: &Path, now: Duration) -> bool {
+        match &mut self.line {
             Line::Outside => !anyone_waiting(opener, path),
-            Line::In(place) => place.rule.turn(place.held()),
+            Line::In(Place { file, rule }) => rule.may_try(&mut self.yielded, now, |start, len| {
+                // A failed check answers none: the line only orders attempts.
+                held_by_others(file, start, len).unwrap_or(None)
+            }),
             Line::Off => true,
         }
     }
 
     /// Takes a place at the end of the line, if the call has none yet.
-    pub(super) fn join(&mut self, opener: &Opener, path: &Path) {
-        if matches!(self, Line::Outside) {
-            *self = Place::take(opener, path).map_or(Line::Off, Line::In);
+    pub(crate) fn join(&mut self, opener: &Opener, path: &Path) {
+        if matches!(self.line, Line::Outside) {
+            self.line = Place::take(opener, path).map_or(Line::Off, Line::In);
         }
     }
 
-    /// Passes over the earliest place ahead of this one, the whole span of its lock (its
-    /// waiter left a free lease for the hand-off grace: stopped, starved, or a descriptor a
-    /// forked child inherited; or a lock of several bytes that is no waiter's place, which
-    /// no waiter's byte can lie under, since such locks conflict): from now on this call's
-    /// turn does not wait for it.
-    pub(super) fn pass_over(&mut self) {
-        if let Line::In(place) = self
-            && let Some(span) = place.rule.earliest_ahead(place.held())
-        {
-            place.rule.pass_over(span);
-        }
+    /// Whether the call holds a place in the line.
+    pub(crate) fn is_in(&self) -> bool {
+        matches!(self.line, Line::In(_))
+    }
+
+    /// The lease was seen free at `now` with the record at `token` (`None`: no record), and
+    /// it is an earlier waiter's turn ([`line::Yielded::let_go`]).
+    pub(crate) fn let_go(&mut self, now: Duration, token: Option<u64>) {
+        self.yielded.let_go(now, token);
+    }
+
+    /// A live holder was seen: nobody is holding the line up.
+    pub(crate) fn saw_held(&mut self) {
+        self.yielded.saw_held();
+    }
+
+    /// The rule's state: the place (`None`: outside or unqueued) and the count of the lease
+    /// left free.
+    #[cfg(all(feature = "fault-injection", feature = "internals"))]
+    pub(crate) fn rule(&self) -> (Option<line::Place>, line::Yielded) {
+        let place = match &self.line {
+            Line::In(p) => Some(p.rule),
+            Line::Outside | Line::Off => None,
+        };
+        (place, self.yielded)
     }
 }
 
@@ -115,12 +143,6 @@ impl Place {
             set_lock(&file, lock_range(libc::F_UNLCK, at, 1)).ok()?;
         }
         None
-    }
-
-    /// The kernel's answer to "which lock do others hold on these bytes", as the rule asks
-    /// it. A failed check answers none: the line only orders attempts.
-    fn held(&self) -> impl FnMut(i64, i64) -> Option<line::Span> + '_ {
-        |start, len| held_by_others(&self.file, start, len).unwrap_or(None)
     }
 }
 
@@ -185,46 +207,4 @@ fn lock_range(kind: libc::c_int, start: i64, len: i64) -> libc::flock {
 /// The path of `<stem>.queue` in `dir`.
 pub(super) fn path(dir: &Path, stem: &str) -> PathBuf {
     dir.join(format!("{stem}.queue"))
-}
-
-/// How long a waiter that is not first has let a free lease go without the record moving on:
-/// the rule's [`line::Yielded`] on a clock started with the wait.
-#[derive(Debug)]
-pub(super) struct Yielded {
-    origin: Instant,
-    rule: line::Yielded,
-}
-
-impl Default for Yielded {
-    fn default() -> Self {
-        Yielded {
-            origin: Instant::now(),
-            rule: line::Yielded::default(),
-        }
-    }
-}
-
-impl Yielded {
-    /// The lease was seen free with the record at `token` (`None`: no record), and it is an
-    /// earlier waiter's turn: counts the moment ([`line::Yielded::let_go`]), then leaves the
-    /// lease to that waiter for [`HANDOFF_POLL`], or until `deadline`.
-    pub(super) fn let_go(&mut self, token: Option<u64>, deadline: Option<Instant>) {
-        self.rule.let_go(self.origin.elapsed(), token);
-        super::wait::sleep_before(deadline, HANDOFF_POLL);
-    }
-
-    /// A live holder was seen: nobody is holding the line up.
-    pub(super) fn saw_held(&mut self) {
-        self.rule.saw_held();
-    }
-
-    /// A place ahead was passed over ([`line::Yielded::passed_over`]).
-    pub(super) fn passed_over(&mut self) {
-        self.rule.passed_over(self.origin.elapsed());
-    }
-
-    /// Whether the waiter ahead is not taking the free lease ([`line::Yielded::grace_over`]).
-    pub(super) fn grace_over(&self) -> bool {
-        self.rule.grace_over(self.origin.elapsed())
-    }
 }
