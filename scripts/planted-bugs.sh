@@ -59,6 +59,9 @@ plant e-unlock-before-rename $d \
 plant f-final-check-returns-at-expiry $m \
   '    if !is_expired(expiry, now) {\n        AtReturn::Return' \
   '    if now <= expiry {\n        AtReturn::Return'
+plant f-final-check-failed-renew-is-an-error $m \
+  '            Err(_) if self.renewed > 0 => Then::Return(Ok(Outcome::Held)),\n' \
+  ''
 
 config=${CONFIG:-default}
 status=0

@@ -2,7 +2,7 @@
 //! [`Registry`] of an instance, each id's in-process turn ([`Gate`], with each caller's own
 //! deadline), and the one [`SessionLease`](crate::SessionLease) path — an acquire, renew or release as a machine
 //! event, its outcome as the caller's [`Grant`], never a grant already expired
-//! ([`unexpired`]). A backend gives the front one transition of an id and its clock
+//! ([`checked`]). A backend gives the front one transition of an id and its clock
 //! ([`Backend`]); [`session_lease!`] and [`lease_methods!`] give it the trait and the same
 //! inherent `acquire`, `renew`, `release`, `acquire_guard` methods as every other backend.
 
@@ -15,7 +15,6 @@ use crate::error::Error;
 use crate::lease::{Grant, Lease};
 use crate::machine::{self, Event, Outcome};
 use crate::name::{Owner, SessionId};
-use crate::timestamp::Timestamp;
 
 /// What a backend gives the front.
 pub(crate) trait Backend {
@@ -23,7 +22,7 @@ pub(crate) trait Backend {
     /// run and end) and returns the machine's outcome.
     fn transition(&self, id: &SessionId, event: Event) -> Result<Outcome, Error>;
 
-    /// The clock expiry is judged by as a call returns ([`unexpired`]).
+    /// The clock expiry is judged by as a call returns ([`checked`]).
     fn lease_clock(&self) -> Arc<dyn Clock>;
 }
 
@@ -36,14 +35,17 @@ pub(crate) fn acquire<B: Backend + ?Sized>(
     let event = Event::Acquire {
         owner: owner.clone(),
     };
-    let first = grant(b.transition(id, event)?, id, owner);
-    unexpired_on(b, first)
+    checked(b, id, owner, b.transition(id, event))
 }
 
 /// [`SessionLease::renew`](crate::SessionLease::renew) for every backend.
 pub(crate) fn renew<B: Backend + ?Sized>(b: &B, lease: &Lease) -> Result<Grant, Error> {
-    let first = renew_once(b, lease)?;
-    unexpired_on(b, first)
+    let event = Event::Renew {
+        owner: lease.owner.clone(),
+        token: lease.token,
+    };
+    let answer = b.transition(&lease.session_id, event);
+    checked(b, &lease.session_id, &lease.owner, answer)
 }
 
 /// [`SessionLease::release`](crate::SessionLease::release) for every backend.
@@ -55,21 +57,29 @@ pub(crate) fn release<B: Backend + ?Sized>(b: &B, lease: &Lease) -> Result<(), E
     b.transition(&lease.session_id, event).map(drop)
 }
 
-/// One renew transition, as answered.
-fn renew_once<B: Backend + ?Sized>(b: &B, lease: &Lease) -> Result<Grant, Error> {
-    let event = Event::Renew {
-        owner: lease.owner.clone(),
-        token: lease.token,
-    };
-    let outcome = b.transition(&lease.session_id, event)?;
-    Ok(grant(outcome, &lease.session_id, &lease.owner))
-}
-
-/// `first` as the caller gets it from `b`: never a grant already expired on `b`'s clock (see
-/// [`unexpired`]).
-pub(crate) fn unexpired_on<B: Backend + ?Sized>(b: &B, first: Grant) -> Result<Grant, Error> {
-    let clock = b.lease_clock();
-    unexpired(first, || clock.now(), |l| renew_once(b, l))
+/// `answer` (an acquire's or a renew's, for `owner` on `id`) as the caller gets it from `b`:
+/// never a grant already expired on `b`'s clock. The call's final expiry check
+/// ([`machine::FinalCheck`]) decides: returned while unexpired; renewed on `b` first — which
+/// succeeds only if nobody took over meanwhile (the machine decides) — and judged again; or
+/// answered lost ([`Grant::Held`]) once still expired after [`machine::RECLAIMS`] renews, or
+/// when a renew failed (never an error: the first answer's commit happened, and an expired
+/// lease is free for others whatever this instance still holds).
+pub(crate) fn checked<B: Backend + ?Sized>(
+    b: &B,
+    id: &SessionId,
+    owner: &Owner,
+    mut answer: Result<Outcome, Error>,
+) -> Result<Grant, Error> {
+    let mut check = machine::FinalCheck::default();
+    loop {
+        match check.next(answer, || b.lease_clock().now()) {
+            machine::Then::Return(answer) => return answer.map(|o| grant(o, id, owner)),
+            machine::Then::Renew { token } => {
+                let owner = owner.clone();
+                answer = b.transition(id, Event::Renew { owner, token });
+            }
+        }
+    }
 }
 
 /// The deadline `timeout` from now; `None` (no limit) when it lies beyond what `Instant` can
@@ -90,36 +100,6 @@ pub(crate) fn grant(outcome: Outcome, id: &SessionId, owner: &Owner) -> Grant {
         Outcome::Held => Grant::Held,
         // The machine answers Released only to a release event.
         Outcome::Released => unreachable!("acquire or renew answered Released"),
-    }
-}
-
-/// Never hands out a lease already expired: `first` (an acquire's or a renew's answer) is
-/// returned if it is not a grant, or as [`machine::at_return`] decides against the backend's
-/// clock (`now`) as the call returns: returned while unexpired; renewed with `renew` — which
-/// succeeds only if nobody took over meanwhile (the machine decides) — and judged again; or
-/// answered as lost ([`Grant::Held`]) once still expired after
-/// [`machine::RECLAIMS`] renews, or when a renew failed. Never an error: the first answer's
-/// commit happened (an error after a commit is never reported), and an expired lease is free
-/// for others whatever this instance still holds.
-pub(crate) fn unexpired(
-    first: Grant,
-    now: impl Fn() -> Timestamp,
-    mut renew: impl FnMut(&Lease) -> Result<Grant, Error>,
-) -> Result<Grant, Error> {
-    let mut grant = first;
-    let mut renewed = 0;
-    loop {
-        let Grant::Granted(lease) = &grant else {
-            return Ok(grant);
-        };
-        match machine::at_return(lease.expiry, now(), renewed) {
-            machine::AtReturn::Return => return Ok(grant),
-            machine::AtReturn::Lost => return Ok(Grant::Held),
-            machine::AtReturn::Renew => {
-                renewed += 1;
-                grant = renew(lease).unwrap_or(Grant::Held);
-            }
-        }
     }
 }
 
@@ -352,64 +332,4 @@ impl Drop for Turn<'_> {
 /// pools and flags are changed in single steps, so what a panic left is usable data.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::unexpired;
-    use crate::{Grant, Lease, Owner, SessionId, Timestamp};
-    use std::cell::Cell;
-
-    fn lease(expiry_secs: i64) -> Lease {
-        Lease {
-            session_id: SessionId::new("s").unwrap(),
-            owner: Owner::new("a").unwrap(),
-            token: 7,
-            expiry: Timestamp::from_unix_secs(expiry_secs).unwrap(),
-        }
-    }
-
-    fn at(secs: i64) -> impl Fn() -> Timestamp {
-        move || Timestamp::from_unix_secs(secs).unwrap()
-    }
-
-    #[test]
-    fn an_unexpired_grant_or_a_held_answer_passes_through_without_a_renew() {
-        let renews = Cell::new(0);
-        let renew = |_: &Lease| {
-            renews.set(renews.get() + 1);
-            Ok(Grant::Held)
-        };
-        let g = unexpired(Grant::Granted(lease(101)), at(100), renew).unwrap();
-        assert_eq!(g, Grant::Granted(lease(101)));
-        assert_eq!(unexpired(Grant::Held, at(100), renew).unwrap(), Grant::Held);
-        assert_eq!(renews.get(), 0);
-    }
-
-    #[test]
-    fn an_expired_grant_is_renewed_or_answered_lost() {
-        // At the expiry is expired (PROTOCOL §5.1: expiry <= now).
-        let renewed = unexpired(Grant::Granted(lease(100)), at(100), |l| {
-            assert_eq!(l.token, 7);
-            Ok(Grant::Granted(lease(130)))
-        });
-        assert_eq!(renewed.unwrap(), Grant::Granted(lease(130)));
-        let taken = unexpired(Grant::Granted(lease(90)), at(100), |_| Ok(Grant::Held));
-        assert_eq!(taken.unwrap(), Grant::Held);
-        // A renew that keeps coming back expired: tried a few times, then lost.
-        let tries = Cell::new(0);
-        let never = unexpired(Grant::Granted(lease(90)), at(100), |_| {
-            tries.set(tries.get() + 1);
-            Ok(Grant::Granted(lease(95)))
-        });
-        assert_eq!(never.unwrap(), Grant::Held);
-        assert_eq!(tries.get(), crate::machine::RECLAIMS);
-        // A renew error: lost, not an error (the first answer's commit happened).
-        let failed = unexpired(Grant::Granted(lease(90)), at(100), |_| {
-            Err(crate::Error::TokenExhausted {
-                id: SessionId::new("s").unwrap(),
-            })
-        });
-        assert_eq!(failed.unwrap(), Grant::Held);
-    }
 }

@@ -700,6 +700,77 @@ pub fn at_return(expiry: Timestamp, now: Timestamp, renewed: usize) -> AtReturn 
     }
 }
 
+/// A call's final expiry check as the call goes on (PROTOCOL §5.3): the answer of each of the
+/// call's runs goes in ([`FinalCheck::next`]), what the call does next comes out — return an
+/// answer, or renew the grant first and bring that renew's answer back. It counts the renews
+/// and decides each grant with [`at_return`]. The front, the model checker and both lockstep
+/// harnesses advance this one value.
+///
+/// ```
+/// use flocklease::Timestamp;
+/// use flocklease::machine::{FinalCheck, Outcome, Then};
+///
+/// let t = |s| Timestamp::from_unix_secs(s).unwrap();
+/// let mut check = FinalCheck::default();
+/// // A grant that expired before the call could return: renew it first.
+/// let first: Result<Outcome, ()> = Ok(Outcome::Granted { token: 7, expiry: t(10) });
+/// assert_eq!(check.next(first, || t(10)), Then::Renew { token: 7 });
+/// // The renew's grant is unexpired: the call returns it.
+/// let renewed: Result<Outcome, ()> = Ok(Outcome::Granted { token: 7, expiry: t(40) });
+/// assert_eq!(check.next(renewed, || t(11)), Then::Return(renewed));
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FinalCheck {
+    /// How many renews the check made so far.
+    renewed: u8,
+}
+
+/// What a call does after one of its runs answered ([`FinalCheck::next`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Then<E> {
+    /// Return this answer to the caller.
+    Return(Result<Outcome, E>),
+    /// Renew the grant of this token first (same owner), and bring the renew's answer back.
+    Renew {
+        /// The grant's token.
+        token: u64,
+    },
+}
+
+impl FinalCheck {
+    /// What the call does with `answer` (of its acquire or renew, or of a renew this check
+    /// asked for), `now` being the backend's clock as the call would return (read only for a
+    /// grant): a grant as [`at_return`] decides (returned; renewed first; or answered
+    /// [`Outcome::Held`], lost); an error of a renew the check asked for answered held too
+    /// (the call's first answer committed, and an error after a commit is never reported);
+    /// any other answer as it is.
+    pub fn next<E>(
+        &mut self,
+        answer: Result<Outcome, E>,
+        now: impl FnOnce() -> Timestamp,
+    ) -> Then<E> {
+        match answer {
+            Ok(Outcome::Granted { token, expiry }) => {
+                match at_return(expiry, now(), usize::from(self.renewed)) {
+                    AtReturn::Return => Then::Return(answer),
+                    AtReturn::Lost => Then::Return(Ok(Outcome::Held)),
+                    AtReturn::Renew => {
+                        self.renewed += 1;
+                        Then::Renew { token }
+                    }
+                }
+            }
+            Err(_) if self.renewed > 0 => Then::Return(Ok(Outcome::Held)),
+            other => Then::Return(other),
+        }
+    }
+
+    /// How many renews the check made so far.
+    pub fn renewed(&self) -> u8 {
+        self.renewed
+    }
+}
+
 /// Where a deferred [`Cleanup::Sweep`] may run. An adapter may do a takeover's sweep in two
 /// parts (see [`Transaction::cleanup`](crate::driver::Transaction::cleanup)): the dead generation
 /// at once, the rest at its next transition on the id, under the transition lock. That later
@@ -1162,5 +1233,74 @@ mod tests {
     fn step_is_deterministic() {
         let i = input(rec("a", 3, 10), local("a", 3), 5, acq("a"));
         assert_eq!(step(&i), step(&i.clone()));
+    }
+
+    #[test]
+    fn the_final_check_returns_an_unexpired_grant_or_a_held_answer_without_a_renew() {
+        type Answer = Result<Outcome, &'static str>;
+        let granted: Answer = Ok(Outcome::Granted {
+            token: 7,
+            expiry: t(101),
+        });
+        assert_eq!(
+            FinalCheck::default().next(granted, || t(100)),
+            Then::Return(granted)
+        );
+        let held: Answer = Ok(Outcome::Held);
+        let read_clock = || -> Timestamp { panic!("the clock is read for a grant only") };
+        assert_eq!(
+            FinalCheck::default().next(held, read_clock),
+            Then::Return(held)
+        );
+        // The call's own error (no renew asked for) is the caller's.
+        let failed: Answer = Err("io");
+        assert_eq!(
+            FinalCheck::default().next(failed, read_clock),
+            Then::Return(failed)
+        );
+    }
+
+    #[test]
+    fn the_final_check_renews_an_expired_grant_or_answers_lost() {
+        type Answer = Result<Outcome, &'static str>;
+        let granted = |expiry| -> Answer {
+            Ok(Outcome::Granted {
+                token: 7,
+                expiry: t(expiry),
+            })
+        };
+        // At the expiry is expired (PROTOCOL §5.1: expiry <= now): renewed, then returned.
+        let mut check = FinalCheck::default();
+        assert_eq!(
+            check.next(granted(100), || t(100)),
+            Then::Renew { token: 7 }
+        );
+        assert_eq!(
+            check.next(granted(130), || t(100)),
+            Then::Return(granted(130))
+        );
+        // Taken over meanwhile: the renew's held answer is the call's.
+        let mut check = FinalCheck::default();
+        assert_eq!(check.next(granted(90), || t(100)), Then::Renew { token: 7 });
+        let held: Answer = Ok(Outcome::Held);
+        assert_eq!(check.next(held, || t(100)), Then::Return(held));
+        // A renew that keeps coming back expired: tried a few times, then lost.
+        let mut check = FinalCheck::default();
+        let renews = (0..=RECLAIMS)
+            .take_while(|_| check.next(granted(95), || t(100)) == (Then::Renew { token: 7 }))
+            .count();
+        assert_eq!(renews, RECLAIMS);
+        assert_eq!(
+            check.next(granted(95), || t(100)),
+            Then::Return(Ok(Outcome::Held))
+        );
+        assert_eq!(usize::from(check.renewed()), RECLAIMS);
+        // A renew's error: lost, not an error (the first answer's commit happened).
+        let mut check = FinalCheck::default();
+        assert_eq!(check.next(granted(90), || t(100)), Then::Renew { token: 7 });
+        assert_eq!(
+            check.next(Err("io"), || t(100)),
+            Then::Return(Ok(Outcome::Held))
+        );
     }
 }

@@ -24,7 +24,7 @@ use std::hash::{Hash, Hasher};
 use std::time::Duration;
 
 use flocklease::driver::{CommitStep, Grain, Io, Run, Step};
-use flocklease::machine::{self, AtReturn, Event, Local, Outcome};
+use flocklease::machine::{Event, FinalCheck, Local, Outcome, Then};
 use flocklease::{Error, Owner, Record, SessionId, Timestamp};
 use stateright::{Model, Property};
 
@@ -542,9 +542,9 @@ pub struct Call {
     pub run: Run<u64>,
     /// What it saw and did.
     pub ghost: Ghost,
-    /// How many renews the front's final expiry check made in this call so far (the run is
-    /// then such a renew, of the lease the call granted).
-    pub renewed: u8,
+    /// The front's final expiry check of this call (after one renew or more, the run is such
+    /// a renew, of the lease the call granted).
+    pub check: FinalCheck,
 }
 
 /// What a call answered, for display.
@@ -1047,7 +1047,7 @@ impl LeaseModel {
             view,
             run: Run::new(self.grain(), self.event(p, kind, view), self.ttl()),
             ghost: Ghost::default(),
-            renewed: 0,
+            check: FinalCheck::default(),
         });
         self.step(&s, p, Fault::None)
     }
@@ -1093,40 +1093,44 @@ impl LeaseModel {
                 if matches!(result, Err(Error::LockReplaced { .. })) {
                     s.scenario = Some(Scenario::LockReplacedRefused);
                 }
-                match result {
-                    Ok(Outcome::Granted { token, expiry }) => {
-                        self.at_return(&mut s, p, call, token, expiry);
-                    }
-                    // A renew of the final expiry check that failed: the front answers the
-                    // call lost (`front::unexpired`), never with the renew's error.
-                    Err(_) if call.renewed > 0 => {
-                        let proc = &mut s.procs[p];
-                        proc.stale = proc.lease.take();
-                        proc.last = Some((Kind::Renew, Said::Held));
-                    }
-                    _ => {}
-                }
+                self.at_return(&mut s, p, call, result);
             }
         }
         Some(s)
     }
 
-    /// The front's final expiry check (PROTOCOL §5.3) on the grant `(token, expiry)` process
-    /// `p`'s run just answered, decided by the adapters' own `machine::at_return` against the
-    /// model's clock: returned, renewed first (the call goes on with a renew of it, whose
-    /// steps interleave like any other), or answered lost.
-    fn at_return(&self, s: &mut State, p: usize, call: Call, token: u64, expiry: Timestamp) {
-        let now = at(s.now);
-        match machine::at_return(expiry, now, usize::from(call.renewed)) {
-            AtReturn::Return => {
+    /// The front's final expiry check (PROTOCOL §5.3) on the answer process `p`'s run just
+    /// gave, the adapters' own `machine::FinalCheck` against the model's clock: the answer
+    /// returned, the grant renewed first (the call goes on with a renew of it, whose steps
+    /// interleave like any other), or the call answered lost (an expired grant after the
+    /// renews, or a renew of the check that failed).
+    fn at_return(&self, s: &mut State, p: usize, mut call: Call, result: Result<Outcome, Error>) {
+        let answered_held = matches!(result, Ok(Outcome::Held));
+        let granted_expiry = match result {
+            Ok(Outcome::Granted { expiry, .. }) => ticks(expiry),
+            _ => 0,
+        };
+        match call.check.next(result, || at(s.now)) {
+            Then::Return(Ok(Outcome::Granted { expiry, .. })) => {
                 if ticks(expiry) <= s.now {
                     s.violations |= props::bit(props::names::RETURNED_EXPIRED);
                 }
             }
-            AtReturn::Renew => {
+            Then::Return(Ok(Outcome::Held)) if !answered_held => {
+                let proc = &mut s.procs[p];
+                proc.stale = proc.lease.take();
+                proc.last = Some((call.kind, Said::Held));
+            }
+            // [7] judged on the call's answer too: a call one of whose runs committed a grant
+            // (it asked for a renew) answers no error.
+            Then::Return(Err(_)) if call.check.renewed() > 0 => {
+                s.violations |= props::bit(props::names::NO_FAILURE_AFTER_COMMIT);
+            }
+            Then::Return(_) => {}
+            Then::Renew { token } => {
                 let view = LeaseView {
                     token,
-                    expiry: ticks(expiry),
+                    expiry: granted_expiry,
                 };
                 s.scenario = Some(Scenario::ReturnedAfterRenew);
                 s.procs[p].call = Some(Call {
@@ -1138,13 +1142,8 @@ impl LeaseModel {
                         self.ttl(),
                     ),
                     ghost: Ghost::default(),
-                    renewed: call.renewed + 1,
+                    check: call.check,
                 });
-            }
-            AtReturn::Lost => {
-                let proc = &mut s.procs[p];
-                proc.stale = proc.lease.take();
-                proc.last = Some((call.kind, Said::Held));
             }
         }
     }

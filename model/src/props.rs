@@ -53,7 +53,7 @@ pub mod names {
     /// committed.
     pub const FENCED: &str = "[11] no fenced write is accepted after a successor's grant";
     /// PROTOCOL §10.10: judged as a call returns a grant, after the front's final expiry check
-    /// (`machine::at_return`), against the model's clock.
+    /// (`machine::FinalCheck`), against the model's clock.
     pub const RETURNED_EXPIRED: &str = "[10] no call returns a lease already expired";
 }
 

@@ -29,7 +29,7 @@ use std::time::Duration;
 use flocklease::driver::Step;
 use flocklease::fault::FaultHook;
 use flocklease::flock::Stepper;
-use flocklease::machine::{self, AtReturn, Event, Outcome};
+use flocklease::machine::{Event, FinalCheck, Outcome, Then};
 use flocklease::record::{self, LiveTag};
 use flocklease::{Clock, Durability, FlockLease, ManualClock, Owner};
 use flocklease_model::report::SplitMix;
@@ -338,9 +338,9 @@ struct Real {
     armed: Vec<Arc<AtomicIsize>>,
     fired: Vec<Arc<AtomicBool>>,
     calls: Vec<Option<Stepper>>,
-    /// Per process: its owner, and the renews the front's final expiry check made in its call.
+    /// Per process: its owner, and its call's final expiry check.
     owners: Vec<Owner>,
-    renewed: Vec<usize>,
+    checks: Vec<FinalCheck>,
     /// A step's answer kept while the caller decides what the model did.
     last_done: Vec<Option<Option<Result<Outcome, flocklease::Error>>>>,
     observer: Option<File>,
@@ -360,7 +360,7 @@ impl Real {
             fired: vec![],
             calls: vec![],
             owners: (0..m.procs).map(|p| m.owner(p)).collect(),
-            renewed: vec![0; m.procs],
+            checks: vec![FinalCheck::default(); m.procs],
             last_done: vec![],
             observer: None,
             go: None,
@@ -428,7 +428,7 @@ impl Real {
             Action::Call(p, kind) => {
                 let event = m.call_event(s, p, kind);
                 self.calls[p] = Some(self.insts[p].stepper(&session(), event));
-                self.renewed[p] = 0;
+                self.checks[p] = FinalCheck::default();
                 self.step(p, &n, None)?;
             }
             Action::Step(p, _) => {
@@ -539,25 +539,16 @@ impl Real {
     }
 
     /// The front's final expiry check on the run's answer, as a call makes it
-    /// (`machine::at_return` on the instance's clock): the answer, or `None` when the call goes
+    /// (`machine::FinalCheck` on the instance's clock): the answer, or `None` when the call goes
     /// on with a renew of the grant (a stepper of its own, whose steps the model takes too).
     fn at_return(
         &mut self,
         p: usize,
         result: Result<Outcome, flocklease::Error>,
     ) -> Option<Result<Outcome, flocklease::Error>> {
-        let Ok(Outcome::Granted { token, expiry }) = result else {
-            // A renew of the check that failed: the call is answered lost.
-            return Some(match result {
-                Err(_) if self.renewed[p] > 0 => Ok(Outcome::Held),
-                other => other,
-            });
-        };
-        match machine::at_return(expiry, self.clock.now(), self.renewed[p]) {
-            AtReturn::Return => Some(result),
-            AtReturn::Lost => Some(Ok(Outcome::Held)),
-            AtReturn::Renew => {
-                self.renewed[p] += 1;
+        match self.checks[p].next(result, || self.clock.now()) {
+            Then::Return(answer) => Some(answer),
+            Then::Renew { token } => {
                 let owner = self.owners[p].clone();
                 let event = Event::Renew { owner, token };
                 self.calls[p] = Some(self.insts[p].stepper(&session(), event));

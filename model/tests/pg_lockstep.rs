@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use flocklease::driver::Step;
-use flocklease::machine::{self, AtReturn, Event, Outcome};
+use flocklease::machine::{Event, FinalCheck, Outcome, Then};
 use flocklease::pg::{PgLease, PgStepper};
 use flocklease::{Clock, Error, Lease, ManualClock, SessionId, SessionLease};
 use flocklease_model::report::SplitMix;
@@ -200,7 +200,7 @@ struct Real {
     /// Each process's call under way.
     calls: Vec<Option<PgStepper>>,
     /// The renews the front's final expiry check made in each process's call.
-    renewed: Vec<usize>,
+    checks: Vec<FinalCheck>,
 }
 
 impl Real {
@@ -212,7 +212,7 @@ impl Real {
             ttl: Duration::from_secs(u64::from(m.ttl_ticks)),
             insts: vec![],
             calls: vec![],
-            renewed: vec![0; m.procs],
+            checks: vec![FinalCheck::default(); m.procs],
         };
         for _ in 0..m.procs {
             let inst = real.instance();
@@ -251,7 +251,7 @@ impl Real {
                     .ok_or("the model cannot start the call")?;
                 let event = m.call_event(s, p, kind);
                 self.calls[p] = Some(self.insts[p].stepper(&self.id, event));
-                self.renewed[p] = 0;
+                self.checks[p] = FinalCheck::default();
                 self.step(m, p, &n)?;
                 n
             }
@@ -346,31 +346,22 @@ impl Real {
                 self.calls[p] = None;
                 // The front's final expiry check, as a call makes it: a grant already expired
                 // on the instance's clock is renewed first (the call goes on), or lost.
-                let result = match result {
-                    Ok(Outcome::Granted { token, expiry }) => {
-                        match machine::at_return(expiry, self.clock.now(), self.renewed[p]) {
-                            AtReturn::Return => result,
-                            AtReturn::Lost => Ok(Outcome::Held),
-                            AtReturn::Renew => {
-                                self.renewed[p] += 1;
-                                let event = Event::Renew {
-                                    owner: m.owner(p),
-                                    token,
-                                };
-                                self.calls[p] = Some(self.insts[p].stepper(&self.id, event));
-                                return match model {
-                                    Some(_) => Ok(()),
-                                    None => Err(format!(
-                                        "p{p}'s grant expired before its return and is renewed; \
-                                         the model's call is over"
-                                    )),
-                                };
-                            }
-                        }
+                let result = match self.checks[p].next(result, || self.clock.now()) {
+                    Then::Return(answer) => answer,
+                    Then::Renew { token } => {
+                        let event = Event::Renew {
+                            owner: m.owner(p),
+                            token,
+                        };
+                        self.calls[p] = Some(self.insts[p].stepper(&self.id, event));
+                        return match model {
+                            Some(_) => Ok(()),
+                            None => Err(format!(
+                                "p{p}'s grant expired before its return and is renewed; the \
+                                 model's call is over"
+                            )),
+                        };
                     }
-                    // A renew of the check that failed: the call is answered lost.
-                    Err(_) if self.renewed[p] > 0 => Ok(Outcome::Held),
-                    other => other,
                 };
                 let (said, detail) = said(result);
                 let predicted = n.procs[p].last.map(|(_, said)| said);

@@ -312,8 +312,8 @@ impl PgLease {
                 owner: owner.clone(),
             };
             let (outcome, next) = self.transition(id, event, wait.take())?;
-            if let Grant::Granted(lease) = front::grant(outcome, id, owner) {
-                return front::unexpired_on(self, Grant::Granted(lease));
+            if matches!(outcome, Outcome::Granted { .. }) {
+                return front::checked(self, id, owner, Ok(outcome));
             }
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
             if left == Some(Duration::ZERO) {
