@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use flocklease_model::line::{LineModel, LinePlanted};
 use flocklease_model::resource::{ResourceModel, ResourcePlanted};
 use flocklease_model::run::{RunModel, RunPlanted};
+use flocklease_model::threads::{ThreadsModel, ThreadsPlanted};
 use flocklease_model::{Backend, CONFIGS, LeaseModel, Planted, Tamper, report};
 use stateright::Model;
 
@@ -24,8 +25,11 @@ options (applied in order, on top of the named configuration):
                      `line` the line of waiting acquires (waiters, stopped waiters, a stray
                      lock of any span, a holder: PROTOCOL §4.6); `resource-fence` a
                      resource's Fence (write_file and with writers, a cleaner deleting its
-                     lock or moving it aside and back: PROTOCOL §9.4); `check` with no
-                     --config runs these three after the default configuration
+                     lock or moving it aside and back: PROTOCOL §9.4); `threads` the
+                     threads of one instance (a fenced section whose closure calls the
+                     instance, another thread's call, a rival on the lock: PROTOCOL §9.2);
+                     `check` with no --config runs these four after the default
+                     configuration
   --backend B        flock or postgres (postgres: liveness can be lost while its holder runs)
   --procs N          lease-manager processes (default 2, at most 3)
   --max-time T       the clock runs from tick 0 to T (default 2)
@@ -64,7 +68,11 @@ options (applied in order, on top of the named configuration):
                      (the old design: only the job's inherited descriptor keeps the lease);
                      for the line: pass-over-first-byte (a lock of several bytes is passed
                      one byte at a time), whole-grace-each (every stopped place ahead costs
-                     the whole 50 ms); for a resource's fence: fence-admits-lower,
+                     the whole 50 ms); for the threads: state-across-closure (a fenced
+                     section gives the instance's state back after its closure), look-waits
+                     (acquire_wait's look at what the instance holds waits for the state);
+                     for a
+                     resource's fence: fence-admits-lower,
                      fence-no-recheck (write_file renames its target without checking its
                      admission again), fence-store-checks-lock-only (recording a token checks
                      the lock's identity, not that the fence file is as read),
@@ -121,6 +129,7 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
     // The waiting line and a resource's fence: likewise.
     let mut line_model: Option<LineModel> = None;
     let mut resource_model: Option<ResourceModel> = None;
+    let mut threads_model: Option<ThreadsModel> = None;
     let mut named = false;
     let mut it = rest.iter();
     while let Some(flag) = it.next() {
@@ -140,6 +149,10 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
                     }
                     "resource-fence" => {
                         resource_model.get_or_insert_with(ResourceModel::default);
+                        continue;
+                    }
+                    "threads" => {
+                        threads_model.get_or_insert_with(ThreadsModel::default);
                         continue;
                     }
                     _ => {}
@@ -202,6 +215,18 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
                         Some(LinePlanted::WholeGraceEach);
                     named = true;
                 }
+                "state-across-closure" => {
+                    threads_model
+                        .get_or_insert_with(ThreadsModel::default)
+                        .planted = Some(ThreadsPlanted::StateAcrossClosure);
+                    named = true;
+                }
+                "look-waits" => {
+                    threads_model
+                        .get_or_insert_with(ThreadsModel::default)
+                        .planted = Some(ThreadsPlanted::LookWaits);
+                    named = true;
+                }
                 "fence-admits-lower" => {
                     resource_model
                         .get_or_insert_with(ResourceModel::default)
@@ -253,7 +278,10 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
     if model.ttl_ticks == 0 || model.max_time > 200 {
         return Err("--ttl must be positive and --max-time at most 200".into());
     }
-    let side = run_model.is_some() || line_model.is_some() || resource_model.is_some();
+    let side = run_model.is_some()
+        || line_model.is_some()
+        || resource_model.is_some()
+        || threads_model.is_some();
     match command.as_str() {
         "check" if side => {
             let mut out = std::io::stdout();
@@ -267,6 +295,9 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
             if let Some(m) = resource_model {
                 ok &= flocklease_model::resource::check(m, &mut out).map_err(|e| e.to_string())?;
             }
+            if let Some(m) = threads_model {
+                ok &= flocklease_model::threads::check(m, &mut out).map_err(|e| e.to_string())?;
+            }
             println!("{}", if ok { "OK" } else { "FAILED" });
             Ok(if ok {
                 ExitCode::SUCCESS
@@ -274,7 +305,9 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
                 ExitCode::FAILURE
             })
         }
-        "explore" if line_model.is_some() || resource_model.is_some() => {
+        "explore"
+            if line_model.is_some() || resource_model.is_some() || threads_model.is_some() =>
+        {
             drop(
                 std::net::TcpListener::bind(addr.as_str())
                     .map_err(|e| format!("cannot listen on {addr}: {e}"))?,
@@ -284,6 +317,9 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
                 let _checker = stateright::Model::checker(model).serve(addr.as_str());
             } else if let Some(model) = resource_model {
                 println!("explorer of a resource's fence on http://{addr} (Ctrl-C to stop)");
+                let _checker = stateright::Model::checker(model).serve(addr.as_str());
+            } else if let Some(model) = threads_model {
+                println!("explorer of one instance's threads on http://{addr} (Ctrl-C to stop)");
                 let _checker = stateright::Model::checker(model).serve(addr.as_str());
             }
             Ok(ExitCode::SUCCESS)
@@ -316,7 +352,12 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
                     flocklease_model::resource::check(ResourceModel::default(), &mut out)
                         .map_err(|e| e.to_string())?;
                 println!("{}", if fence_ok { "OK" } else { "FAILED" });
-                ok &= run_ok && line_ok && fence_ok;
+                println!();
+                let threads_ok =
+                    flocklease_model::threads::check(ThreadsModel::default(), &mut out)
+                        .map_err(|e| e.to_string())?;
+                println!("{}", if threads_ok { "OK" } else { "FAILED" });
+                ok &= run_ok && line_ok && fence_ok && threads_ok;
             }
             Ok(if ok {
                 ExitCode::SUCCESS

@@ -51,6 +51,62 @@ pub use step::{LineStepper, Stepper};
 #[cfg(feature = "internals")]
 pub use tx::SWEEP_SHARE;
 
+/// What a fenced section or a transition holds of an id (PROTOCOL §9.2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Hold {
+    /// The id's in-process turn (`front::Gate`): waited for until the call's deadline.
+    Turn,
+    /// This instance's state of the id (a mutex): waited for without a deadline, so never
+    /// held across a wait without one.
+    State,
+    /// The id's transition lock, `<stem>.lock`: waited for until the call's deadline.
+    Lock,
+}
+
+/// One step of what a fenced section ([`SECTION`]) or a transition ([`TRANSITION`]) holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HoldStep {
+    /// Takes what it names.
+    Take(Hold),
+    /// The machine's check (`machine::fence_holds`) of the record and the state: the section
+    /// runs nothing if it fails.
+    Check,
+    /// Gives back what it names.
+    Give(Hold),
+    /// The section's closure; the transition's run.
+    Run,
+}
+
+/// The order in which [`FlockLease::fenced`] takes and gives back what it holds, which the
+/// model checker's threads of one instance run too (`check --config threads`): the turn, the
+/// state, the lock; the check; the state given back **before** the caller's closure (which may
+/// call [`FlockLease::liveness_fd`], or another thread a wait, on the same instance), the
+/// lock and the turn after it.
+pub const SECTION: [HoldStep; 8] = [
+    HoldStep::Take(Hold::Turn),
+    HoldStep::Take(Hold::State),
+    HoldStep::Take(Hold::Lock),
+    HoldStep::Check,
+    HoldStep::Give(Hold::State),
+    HoldStep::Run,
+    HoldStep::Give(Hold::Lock),
+    HoldStep::Give(Hold::Turn),
+];
+
+/// The order in which a transition of [`FlockLease`] (`acquire`, `renew`, `release`, each
+/// attempt of a wait) takes and gives back what it holds, which the model checker's threads
+/// run too: the turn, the state, the lock (its wait for the lock holds the state: bounded by
+/// the deadline), the run, then all given back, the lock first.
+pub const TRANSITION: [HoldStep; 7] = [
+    HoldStep::Take(Hold::Turn),
+    HoldStep::Take(Hold::State),
+    HoldStep::Take(Hold::Lock),
+    HoldStep::Run,
+    HoldStep::Give(Hold::Lock),
+    HoldStep::Give(Hold::State),
+    HoldStep::Give(Hold::Turn),
+];
+
 /// The default bound on waiting for an id's transition lock: 5 seconds.
 pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -264,8 +320,12 @@ impl FlockLease {
                 return Ok(Grant::Held);
             }
             // An instance that holds the id tries at once: its own owner's call is a refresh
-            // (re-entrant), another owner's is answered held and lines up.
-            let turn = lock(&entry.state).local.is_some()
+            // (re-entrant), another owner's is answered held and lines up. The look never
+            // waits: another thread's call that has the state (waiting for the transition
+            // lock, up to its lock timeout) leaves the turn to the line, so the wait keeps its
+            // bound of one lock timeout past `timeout` (the model's threads check it).
+            let turn = crate::front::try_lock(&entry.state)
+                .is_some_and(|slot| slot.local.is_some())
                 || line.may_try(&self.opener, &queue_path, origin.elapsed());
             if turn {
                 // The first in the line, right after the holder let go, tries the transition
@@ -390,45 +450,56 @@ impl FlockLease {
         let deadline = wait::deadline_after(self.lock_timeout);
         let entry = self.slot(lease.session_id.stem());
         let paths = &entry.paths;
-        let Some(_turn) = entry.gate.enter(deadline) else {
-            return Err(Error::LockTimeout {
-                lock: crate::error::LockOf::File(paths.lock.clone()),
-                waited: started.elapsed(),
-            });
-        };
-        let slot = lock(&entry.state);
-        let stable = Unlocking(self.lock_stable(&paths.lock, deadline, started)?);
-        let checked = self.peek_record(&paths.record).map(|record| {
-            let held_here = slot
-                .local
-                .as_ref()
-                .is_some_and(|g| g.local.token == lease.token && g.local.owner == lease.owner);
-            machine::fence_holds(
-                record.as_ref().map(|(r, _)| r),
-                &lease.owner,
-                lease.token,
-                held_here,
-                self.clock.now(),
-            )
-        });
-        // The section runs under the transition lock and the id's in-process turn (no
-        // transition of this id can run meanwhile, here or anywhere), but not under the
-        // instance's state of the id: `f` may call `liveness_fd`, and other threads' waits
-        // look at the state, without waiting for the section. The lock is given up whatever
-        // `f` does, a panic included, by an explicit unlock (`Unlocking`).
-        match checked {
-            Ok(true) => {
-                drop(slot);
-                let out = f();
-                drop(stable);
-                Ok(Some(out))
+        let (mut turn, mut slot, mut stable) = (None, None, None);
+        let (mut f, mut out) = (Some(f), None);
+        // What the section holds, taken and given back in `SECTION`'s order, which the model
+        // checker's threads run too. A panic of `f` gives everything back (the lock by an
+        // explicit unlock: `Unlocking`).
+        for step in SECTION {
+            match step {
+                HoldStep::Take(Hold::Turn) => match entry.gate.enter(deadline) {
+                    Some(t) => turn = Some(t),
+                    None => {
+                        return Err(Error::LockTimeout {
+                            lock: crate::error::LockOf::File(paths.lock.clone()),
+                            waited: started.elapsed(),
+                        });
+                    }
+                },
+                HoldStep::Take(Hold::State) => slot = Some(lock(&entry.state)),
+                HoldStep::Take(Hold::Lock) => {
+                    stable = Some(Unlocking(self.lock_stable(
+                        &paths.lock,
+                        deadline,
+                        started,
+                    )?));
+                }
+                HoldStep::Check => {
+                    let slot: &Slot = slot.as_ref().expect("SECTION takes the state first");
+                    let held_here = slot.local.as_ref().is_some_and(|g| {
+                        g.local.token == lease.token && g.local.owner == lease.owner
+                    });
+                    let record = self.peek_record(&paths.record)?;
+                    if !machine::fence_holds(
+                        record.as_ref().map(|(r, _)| r),
+                        &lease.owner,
+                        lease.token,
+                        held_here,
+                        self.clock.now(),
+                    ) {
+                        return Ok(None);
+                    }
+                }
+                HoldStep::Give(Hold::State) => slot = None,
+                HoldStep::Run => out = f.take().map(|f| f()),
+                HoldStep::Give(Hold::Lock) => stable = None,
+                HoldStep::Give(Hold::Turn) => turn = None,
             }
-            Ok(false) => Ok(None),
-            Err(e) => Err(e),
         }
+        debug_assert!(turn.is_none() && slot.is_none() && stable.is_none());
+        Ok(out)
     }
 
-    /// Reads the record without the transition lock.
     fn peek_record(&self, path: &Path) -> Result<Option<(Record, Option<LiveTag>)>, Error> {
         let file = match self.relieved(|| self.opener.open(path, Access::Read)) {
             Ok(f) => f,
@@ -449,32 +520,58 @@ impl FlockLease {
         let deadline = wait::deadline_after(self.lock_timeout);
         let entry = self.slot(id.stem());
         let paths = &entry.paths;
-        // In-process serialization of one id, bounded by this caller's own deadline.
-        let Some(_turn) = entry.gate.enter(deadline) else {
-            return Err(Error::LockTimeout {
-                lock: crate::error::LockOf::File(paths.lock.clone()),
-                waited: started.elapsed(),
-            });
-        };
-        let mut slot = lock(&entry.state);
-        let lock = self.lock_stable(&paths.lock, deadline, started)?;
-        let mut st = TxState {
-            carried_sweep: slot.pending_sweep.take(),
-            ..TxState::default()
-        };
-        let outcome = {
-            let mut tx = FlockTx {
-                lease: self,
-                paths,
-                slot: &mut slot,
-                stable: &lock.file,
-                stable_id: (lock.dev, lock.ino),
-                st: &mut st,
-            };
-            driver::run(&mut tx, id, self.ttl, event)
-        };
-        self.end_transition(&mut slot, lock, st);
-        outcome
+        let (mut turn, mut slot, mut held) = (None, None, None);
+        let (mut event, mut outcome) = (Some(event), None);
+        // Taken and given back in `TRANSITION`'s order, which the model checker's threads run.
+        for step in TRANSITION {
+            match step {
+                // In-process serialization of one id, bounded by this caller's own deadline.
+                HoldStep::Take(Hold::Turn) => match entry.gate.enter(deadline) {
+                    Some(t) => turn = Some(t),
+                    None => {
+                        return Err(Error::LockTimeout {
+                            lock: crate::error::LockOf::File(paths.lock.clone()),
+                            waited: started.elapsed(),
+                        });
+                    }
+                },
+                HoldStep::Take(Hold::State) => slot = Some(lock(&entry.state)),
+                HoldStep::Take(Hold::Lock) => {
+                    held = Some(self.lock_stable(&paths.lock, deadline, started)?);
+                }
+                // A transition's checks are the machine's, in its run.
+                HoldStep::Check => {}
+                HoldStep::Run => {
+                    let slot = slot.as_mut().expect("TRANSITION takes the state first");
+                    let lock = held.as_ref().expect("TRANSITION takes the lock first");
+                    let mut st = TxState {
+                        carried_sweep: slot.pending_sweep.take(),
+                        ..TxState::default()
+                    };
+                    let mut tx = FlockTx {
+                        lease: self,
+                        paths,
+                        slot,
+                        stable: &lock.file,
+                        stable_id: (lock.dev, lock.ino),
+                        st: &mut st,
+                    };
+                    let event = event.take().expect("TRANSITION runs once");
+                    outcome = Some((driver::run(&mut tx, id, self.ttl, event), st));
+                }
+                HoldStep::Give(Hold::Lock) => {
+                    if let (Some(slot), Some(lock), Some((_, st))) =
+                        (slot.as_mut(), held.take(), outcome.as_mut())
+                    {
+                        self.end_transition(slot, lock, std::mem::take(st));
+                    }
+                }
+                HoldStep::Give(Hold::State) => slot = None,
+                HoldStep::Give(Hold::Turn) => turn = None,
+            }
+        }
+        debug_assert!(turn.is_none() && slot.is_none() && held.is_none());
+        outcome.expect("TRANSITION runs").0
     }
 
     /// After a run: the carried listing waits for the next transition if the run did not get
@@ -853,6 +950,10 @@ impl FlockLease {
     /// whatever its liveness. Release still frees the lease at once (the tombstone decides, and
     /// the next grant locks a new generation's file), and if a renew has to restore a deleted
     /// liveness file, copies made earlier lock the old, unlinked file and no longer count.
+    ///
+    /// It never waits for a transition lock, but it may wait for another thread's call on the
+    /// id that is waiting for one (at most that call's lock timeout); inside a fenced section
+    /// of the id it answers at once.
     ///
     /// # Errors
     ///

@@ -132,3 +132,78 @@ fn a_fenced_section_holds_no_in_process_lock_over_the_callers_work() {
         other => panic!("the waiter did not answer while the section ran: {other:?}"),
     }
 }
+
+/// A waiting acquire's look at what its instance holds never waits for another thread's call
+/// that has the instance's state while it waits for the transition lock: the wait keeps its
+/// bound of `timeout` plus one lock timeout. (Its look used to take the state: it waited for
+/// a section's wait for the lock, then its own attempt waited again — two lock timeouts past
+/// `timeout`, which the model's threads found.) Here another process's section holds the lock;
+/// this instance's section waits for it holding the state; a wait of another thread starts
+/// then and must answer within its bound.
+#[test]
+fn a_wait_beside_a_section_waiting_for_the_lock_keeps_its_bound() {
+    use flocklease::fault::{FaultHook, FaultPoint};
+    use std::sync::mpsc;
+    use std::time::Instant;
+    const LOCK_TIMEOUT: Duration = Duration::from_secs(1);
+    const WAIT: Duration = Duration::from_millis(50);
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(Timestamp::from_unix_secs(1_700_000_000).unwrap());
+    let rival = open(dir.path(), &clock);
+    let lease = rival
+        .acquire(&id("s"), &owner("r"))
+        .unwrap()
+        .lease()
+        .unwrap();
+    // This instance tells when its section tries the lock (the state held by then).
+    let (trying, tried) = mpsc::channel();
+    let trying = std::sync::Mutex::new(Some(trying));
+    let hook: FaultHook = Arc::new(move |point, _| {
+        if point == FaultPoint::LockStable
+            && let Some(tx) = trying.lock().unwrap().take()
+        {
+            let _ = tx.send(());
+        }
+        None
+    });
+    let a = FlockLease::builder(dir.path())
+        .clock(Arc::new(clock.clone()))
+        .ttl(TTL)
+        .lock_timeout(LOCK_TIMEOUT)
+        .faults(hook)
+        .open()
+        .unwrap();
+    let (rival_in, rival_holds) = mpsc::channel();
+    let (release, released) = mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        let lease_r = &lease;
+        let rival = &rival;
+        s.spawn(move || {
+            rival
+                .fenced(lease_r, || {
+                    rival_in.send(()).unwrap();
+                    let _ = released.recv_timeout(Duration::from_secs(30));
+                })
+                .unwrap();
+        });
+        rival_holds.recv().unwrap();
+        let section = s.spawn(|| a.fenced(&lease, || ()));
+        tried.recv().unwrap();
+        let started = Instant::now();
+        let got = a.acquire_wait(&id("s"), &owner("b"), WAIT);
+        let took = started.elapsed();
+        release.send(()).unwrap();
+        // Held, or the attempt's lock timeout: either way by the bound (with room for a slow
+        // machine: the old look took two lock timeouts).
+        assert!(
+            matches!(got, Ok(Grant::Held) | Err(Error::LockTimeout { .. })),
+            "{got:?}"
+        );
+        assert!(
+            took < WAIT + LOCK_TIMEOUT + LOCK_TIMEOUT / 2,
+            "the wait took {took:?}, past its bound of {:?}",
+            WAIT + LOCK_TIMEOUT
+        );
+        let _ = section.join().unwrap();
+    });
+}

@@ -1,0 +1,579 @@
+//! Threads of one instance (PROTOCOL §9.2): what the calls of one `FlockLease` hold of an id
+//! while threads of its process call it at once, and a rival process that takes the id's
+//! transition lock. Each step takes or gives back one thing, or waits for one (a futex
+//! operation, a `flock(2)` attempt): the steps the adapter's calls take, in the adapter's own
+//! orders — [`flocklease::flock::SECTION`] for a fenced section and
+//! [`flocklease::flock::TRANSITION`] for a transition, which `FlockLease::fenced` and its
+//! transitions run step by step.
+//!
+//! | actor | steps |
+//! | --- | --- |
+//! | thread 0 | a fenced section whose closure does nothing, calls `liveness_fd`, a transition (`renew`) or `acquire_wait` on the same instance |
+//! | thread 1 | a transition, `liveness_fd`, `acquire_wait`, or a fenced section doing nothing, on the same instance, starting at any moment |
+//! | rival | another process's transition or section: takes the transition lock when it is free, gives it back a tick later or more, any number of times |
+//! | clock | moves one tick once no thread can take a step (a thread that runs is never starved by time) |
+//!
+//! What each holds: the id's **turn** (`front::Gate`, waited for until the call's deadline,
+//! not re-entrant), the instance's **state** of the id (a mutex, waited for without a deadline,
+//! not re-entrant), the **lock** `<stem>.lock` (a new descriptor per call: a call's own
+//! section's lock excludes it; waited for until the call's deadline). `liveness_fd` and
+//! `acquire_wait`'s look at what the instance holds take the state for an instant; a wait's
+//! wait for the holder takes nothing.
+//!
+//! The property: **every call returns within its bound** — a transition and `liveness_fd`
+//! within the lock timeout (`liveness_fd` may wait for another thread's call waiting for the
+//! lock), `acquire_wait` within its timeout plus one lock timeout, a fenced section within the
+//! lock timeout plus its closure's call's bound. A call blocked for good (a deadlock) passes
+//! every bound. Planting the section that keeps the state across its closure (the mistake
+//! issue 33 found: `liveness_fd` inside the section never returned) breaks it; so does a look
+//! of `acquire_wait` that waits for the state (it then waits for another thread's wait for the
+//! lock before its own attempt waits again: two lock timeouts past its timeout, which this
+//! model found in the adapter).
+//!
+//! What is the adapter's own and what is written here: the section's and the transition's
+//! orders are the adapter's ([`flocklease::flock::SECTION`], [`flocklease::flock::TRANSITION`],
+//! which `FlockLease::fenced` and `FlockLease`'s transitions interpret step by step);
+//! `liveness_fd`'s and `acquire_wait`'s shapes (a look at the state; a look, an attempt, a wait)
+//! are written here as the adapter's code has them.
+
+use std::fmt;
+
+use flocklease::flock::{Hold, HoldStep, SECTION, TRANSITION};
+use stateright::{Checker, Model, Property};
+
+/// The lock timeout, in ticks.
+pub const LOCK_TIMEOUT: u8 = 2;
+/// `acquire_wait`'s timeout, in ticks.
+pub const WAIT_TIMEOUT: u8 = 1;
+
+/// A call a thread makes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Call {
+    /// A fenced section whose closure makes this call (or nothing).
+    Section(Option<Inner>),
+    /// `acquire`, `renew` or `release`: one transition.
+    Transition,
+    /// `liveness_fd`.
+    LivenessFd,
+    /// `acquire_wait`: a look at what the instance holds, an attempt, a wait for the holder.
+    AcquireWait,
+}
+
+/// What a fenced section's closure calls on the same instance.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Inner {
+    /// A transition (a `renew`).
+    Transition,
+    /// `liveness_fd`.
+    LivenessFd,
+    /// `acquire_wait`.
+    AcquireWait,
+}
+
+impl From<Inner> for Call {
+    fn from(inner: Inner) -> Call {
+        match inner {
+            Inner::Transition => Call::Transition,
+            Inner::LivenessFd => Call::LivenessFd,
+            Inner::AcquireWait => Call::AcquireWait,
+        }
+    }
+}
+
+impl Call {
+    /// The documented bound of the call, in ticks.
+    fn bound(self) -> u8 {
+        match self {
+            Call::Transition | Call::LivenessFd => LOCK_TIMEOUT,
+            Call::AcquireWait => WAIT_TIMEOUT + LOCK_TIMEOUT,
+            Call::Section(inner) => LOCK_TIMEOUT + inner.map_or(0, |i| Call::from(i).bound()),
+        }
+    }
+}
+
+/// One step of a thread's program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// A call starts: its deadline is the lock timeout from now.
+    Begin(Call),
+    /// Takes what it names (waits while another has it; the turn and the lock until the
+    /// call's deadline, then the call fails).
+    Take(Hold),
+    /// Gives back what it names.
+    Give(Hold),
+    /// `acquire_wait`'s look at what the instance holds: the state if nobody has it, never a
+    /// wait (`front::try_lock`).
+    TryState,
+    /// `acquire_wait`'s wait for the holder: until its timeout, holding nothing.
+    Wait,
+    /// Work that holds nothing new (the check, a run's steps, a closure's own work).
+    Work,
+    /// The call returns.
+    End,
+}
+
+/// A thread's program for `call`.
+fn program(call: Call, ops: &mut Vec<Op>) {
+    ops.push(Op::Begin(call));
+    match call {
+        Call::Section(inner) => steps(&SECTION, inner, ops),
+        Call::Transition => steps(&TRANSITION, None, ops),
+        Call::LivenessFd => ops.extend([Op::Take(Hold::State), Op::Give(Hold::State)]),
+        Call::AcquireWait => {
+            ops.push(Op::TryState);
+            program(Call::Transition, ops);
+            ops.push(Op::Wait);
+        }
+    }
+    ops.push(Op::End);
+}
+
+/// The adapter's `schedule` as ops, the closure (or run) making `inner`.
+fn steps(schedule: &[HoldStep], inner: Option<Inner>, ops: &mut Vec<Op>) {
+    for step in schedule {
+        match step {
+            HoldStep::Take(h) => ops.push(Op::Take(*h)),
+            HoldStep::Give(h) => ops.push(Op::Give(*h)),
+            HoldStep::Check => ops.push(Op::Work),
+            HoldStep::Run => match inner {
+                Some(i) => program(i.into(), ops),
+                None => ops.push(Op::Work),
+            },
+        }
+    }
+}
+
+/// A known mistake to plant, to see the checker catch it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ThreadsPlanted {
+    /// The section gives the state back after its closure (issue 33's finding).
+    StateAcrossClosure,
+    /// `acquire_wait`'s look at what the instance holds waits for the state (the adapter
+    /// before this model found it).
+    LookWaits,
+}
+
+/// The configuration.
+#[derive(Clone, Debug)]
+pub struct ThreadsModel {
+    /// The clock runs from 0 to this many ticks.
+    pub max_time: u8,
+    /// How many times the rival may take the lock.
+    pub rival_takes: u8,
+    /// A planted mistake.
+    pub planted: Option<ThreadsPlanted>,
+}
+
+impl Default for ThreadsModel {
+    fn default() -> Self {
+        ThreadsModel {
+            max_time: 9,
+            rival_takes: 2,
+            planted: None,
+        }
+    }
+}
+
+/// Who holds the lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Holder {
+    /// A call of this thread (its frame at this depth).
+    Thread(usize, usize),
+    /// The rival process.
+    Rival,
+}
+
+/// A call under way on a thread.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Frame {
+    /// The call.
+    pub call: Call,
+    /// When it started.
+    pub started: u8,
+    /// What it took and has not given back.
+    pub holds: Vec<Hold>,
+}
+
+/// One thread.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Thread {
+    /// Its program.
+    pub ops: Vec<Op>,
+    /// The next op (`ops.len()`: done).
+    pub pc: usize,
+    /// Its calls under way, outermost first.
+    pub frames: Vec<Frame>,
+    /// A call of it failed (timed out).
+    pub failed: bool,
+}
+
+/// The whole system.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ThreadsState {
+    /// The clock, in ticks.
+    pub now: u8,
+    /// The threads.
+    pub threads: Vec<Thread>,
+    /// Who has the id's turn (a thread, its frame).
+    pub turn: Option<(usize, usize)>,
+    /// Who has the instance's state of the id.
+    pub state: Option<(usize, usize)>,
+    /// Who holds the transition lock.
+    pub lock: Option<Holder>,
+    /// Since when the rival holds the lock.
+    pub rival_since: Option<u8>,
+    /// Takes the rival has left.
+    pub rival_left: u8,
+}
+
+/// One step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ThreadsAction {
+    /// Thread `t` takes its next step.
+    Step(usize),
+    /// Thread `t`'s call gives up its wait at its deadline.
+    TimeOut(usize),
+    /// The rival takes the lock.
+    RivalTakes,
+    /// The rival gives the lock back.
+    RivalGives,
+    /// The clock moves one tick.
+    Tick,
+}
+
+/// The property's name.
+pub const WITHIN_BOUND: &str = "every call of a thread returns within its bound";
+/// Reachability: a call inside a fenced section returned.
+pub const INSIDE_RETURNED: &str = "a call inside a fenced section returned";
+/// Reachability: another thread's call returned while a section ran, after the clock moved.
+pub const WAITED_FOR_SECTION: &str =
+    "a call of another thread returned while a fenced section was under way";
+
+impl ThreadsModel {
+    /// A thread's program for `call`, as planted.
+    fn thread_ops(&self, call: Call) -> Vec<Op> {
+        let mut ops = Vec::new();
+        program(call, &mut ops);
+        if self.planted == Some(ThreadsPlanted::LookWaits) {
+            ops = ops
+                .into_iter()
+                .flat_map(|op| match op {
+                    Op::TryState => vec![Op::Take(Hold::State), Op::Give(Hold::State)],
+                    op => vec![op],
+                })
+                .collect();
+        }
+        if self.planted == Some(ThreadsPlanted::StateAcrossClosure)
+            && let Some(give) = ops.iter().position(|o| *o == Op::Give(Hold::State))
+            && let Call::Section(_) = call
+        {
+            // Moves the section's first give-back of the state to just before its lock's.
+            let op = ops.remove(give);
+            let lock = ops
+                .iter()
+                .rposition(|o| *o == Op::Give(Hold::Lock))
+                .unwrap_or(ops.len());
+            ops.insert(lock, op);
+        }
+        ops
+    }
+
+    /// Whether thread `t` can take its next step now (not waiting for something another has).
+    fn can_step(s: &ThreadsState, t: usize) -> bool {
+        let th = &s.threads[t];
+        let Some(op) = th.ops.get(th.pc) else {
+            return false;
+        };
+        match op {
+            Op::Take(Hold::Turn) => s.turn.is_none(),
+            Op::Take(Hold::State) => s.state.is_none(),
+            Op::Take(Hold::Lock) => s.lock.is_none(),
+            Op::Wait => {
+                let started = th.frames.last().map_or(0, |f| f.started);
+                s.now >= started + WAIT_TIMEOUT
+            }
+            Op::Begin(_) | Op::Give(_) | Op::TryState | Op::Work | Op::End => true,
+        }
+    }
+
+    /// Whether thread `t` waits for the turn or the lock past its call's deadline.
+    fn can_time_out(s: &ThreadsState, t: usize) -> bool {
+        let th = &s.threads[t];
+        let waiting = matches!(th.ops.get(th.pc), Some(Op::Take(Hold::Turn | Hold::Lock)))
+            && !Self::can_step(s, t);
+        waiting
+            && th
+                .frames
+                .last()
+                .is_some_and(|f| s.now >= f.started + LOCK_TIMEOUT)
+    }
+
+    /// Whether a call of a thread has run past its bound.
+    fn late(s: &ThreadsState) -> bool {
+        s.threads
+            .iter()
+            .any(|th| th.frames.iter().any(|f| s.now > f.started + f.call.bound()))
+    }
+
+    /// Gives back what frame `depth` of thread `t` holds.
+    fn give_back(s: &mut ThreadsState, t: usize, depth: usize) {
+        for h in std::mem::take(&mut s.threads[t].frames[depth].holds) {
+            match h {
+                Hold::Turn => s.turn = None,
+                Hold::State => s.state = None,
+                Hold::Lock => s.lock = None,
+            }
+        }
+    }
+
+    fn step(s: &mut ThreadsState, t: usize) {
+        let op = s.threads[t].ops[s.threads[t].pc];
+        let depth = s.threads[t].frames.len().saturating_sub(1);
+        match op {
+            Op::Begin(call) => s.threads[t].frames.push(Frame {
+                call,
+                started: s.now,
+                holds: Vec::new(),
+            }),
+            Op::Take(h) => {
+                match h {
+                    Hold::Turn => s.turn = Some((t, depth)),
+                    Hold::State => s.state = Some((t, depth)),
+                    Hold::Lock => s.lock = Some(Holder::Thread(t, depth)),
+                }
+                s.threads[t].frames[depth].holds.push(h);
+            }
+            Op::Give(h) => {
+                match h {
+                    Hold::Turn => s.turn = None,
+                    Hold::State => s.state = None,
+                    Hold::Lock => s.lock = None,
+                }
+                s.threads[t].frames[depth].holds.retain(|x| *x != h);
+            }
+            Op::TryState | Op::Wait | Op::Work => {}
+            Op::End => {
+                Self::give_back(s, t, depth);
+                s.threads[t].frames.pop();
+            }
+        }
+        s.threads[t].pc += 1;
+    }
+
+    /// Thread `t`'s call fails at its deadline: it gives back what it holds and returns its
+    /// error; so does an `acquire_wait` around it (the error is its too), but not a section
+    /// (the closure gets the error and goes on).
+    fn time_out(s: &mut ThreadsState, t: usize) {
+        loop {
+            let depth = s.threads[t].frames.len() - 1;
+            Self::give_back(s, t, depth);
+            // Skip to this call's end.
+            let mut open = 0usize;
+            let th = &mut s.threads[t];
+            while th.pc < th.ops.len() {
+                match th.ops[th.pc] {
+                    Op::Begin(_) => open += 1,
+                    Op::End if open == 0 => break,
+                    Op::End => open -= 1,
+                    _ => {}
+                }
+                th.pc += 1;
+            }
+            th.pc += 1;
+            th.frames.pop();
+            th.failed = true;
+            match th.frames.last() {
+                Some(f) if f.call == Call::AcquireWait => continue,
+                _ => break,
+            }
+        }
+    }
+
+    /// Explores every reachable state.
+    pub fn checker(self) -> impl Checker<ThreadsModel> {
+        <ThreadsModel as Model>::checker(self).spawn_bfs().join()
+    }
+}
+
+impl Model for ThreadsModel {
+    type State = ThreadsState;
+    type Action = ThreadsAction;
+
+    fn init_states(&self) -> Vec<ThreadsState> {
+        let inner = [
+            None,
+            Some(Inner::LivenessFd),
+            Some(Inner::Transition),
+            Some(Inner::AcquireWait),
+        ];
+        let other = [
+            Call::Transition,
+            Call::LivenessFd,
+            Call::AcquireWait,
+            Call::Section(None),
+        ];
+        let thread = |ops| Thread {
+            ops,
+            pc: 0,
+            frames: Vec::new(),
+            failed: false,
+        };
+        let mut states = Vec::new();
+        for i in inner {
+            for o in other {
+                states.push(ThreadsState {
+                    now: 0,
+                    threads: vec![
+                        thread(self.thread_ops(Call::Section(i))),
+                        thread(self.thread_ops(o)),
+                    ],
+                    turn: None,
+                    state: None,
+                    lock: None,
+                    rival_since: None,
+                    rival_left: self.rival_takes,
+                });
+            }
+        }
+        states
+    }
+
+    fn actions(&self, s: &ThreadsState, actions: &mut Vec<ThreadsAction>) {
+        let mut any = false;
+        for t in 0..s.threads.len() {
+            if Self::can_step(s, t) {
+                actions.push(ThreadsAction::Step(t));
+                any = true;
+            } else if Self::can_time_out(s, t) {
+                actions.push(ThreadsAction::TimeOut(t));
+                any = true;
+            }
+        }
+        if s.lock.is_none() && s.rival_left > 0 {
+            actions.push(ThreadsAction::RivalTakes);
+        }
+        if s.rival_since.is_some_and(|since| s.now > since) {
+            actions.push(ThreadsAction::RivalGives);
+        }
+        if !any && s.now < self.max_time {
+            actions.push(ThreadsAction::Tick);
+        }
+    }
+
+    fn next_state(&self, last: &ThreadsState, action: ThreadsAction) -> Option<ThreadsState> {
+        let mut s = last.clone();
+        match action {
+            ThreadsAction::Step(t) => Self::step(&mut s, t),
+            ThreadsAction::TimeOut(t) => Self::time_out(&mut s, t),
+            ThreadsAction::RivalTakes => {
+                s.lock = Some(Holder::Rival);
+                s.rival_since = Some(s.now);
+                s.rival_left -= 1;
+            }
+            ThreadsAction::RivalGives => {
+                s.lock = None;
+                s.rival_since = None;
+            }
+            ThreadsAction::Tick => s.now += 1,
+        }
+        Some(s)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        vec![
+            Property::always(WITHIN_BOUND, |_, s: &ThreadsState| !ThreadsModel::late(s)),
+            Property::sometimes(INSIDE_RETURNED, |_, s: &ThreadsState| {
+                let th = &s.threads[0];
+                th.frames.len() == 1
+                    && matches!(th.frames[0].call, Call::Section(Some(_)))
+                    && th.ops[..th.pc].contains(&Op::End)
+            }),
+            Property::sometimes(WAITED_FOR_SECTION, |_, s: &ThreadsState| {
+                let (section, other) = (&s.threads[0], &s.threads[1]);
+                other.pc == other.ops.len() && !section.frames.is_empty() && s.now > 0
+            }),
+        ]
+    }
+
+    fn within_boundary(&self, _: &ThreadsState) -> bool {
+        true
+    }
+}
+
+impl fmt::Display for ThreadsState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "t={}", self.now)?;
+        let who = |h: Option<(usize, usize)>| h.map_or("-".to_owned(), |(t, _)| format!("t{t}"));
+        write!(f, " turn {} state {}", who(self.turn), who(self.state))?;
+        match self.lock {
+            None => write!(f, " lock -")?,
+            Some(Holder::Rival) => write!(f, " lock rival")?,
+            Some(Holder::Thread(t, _)) => write!(f, " lock t{t}")?,
+        }
+        for (t, th) in self.threads.iter().enumerate() {
+            write!(f, " | t{t} ")?;
+            let calls: Vec<String> = th
+                .frames
+                .iter()
+                .map(|fr| format!("{:?}", fr.call))
+                .collect();
+            match th.ops.get(th.pc) {
+                None if th.failed => write!(f, "returned (a call failed)")?,
+                None => write!(f, "returned")?,
+                Some(op) => write!(f, "in {} next {op:?}", calls.join(" > "))?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Checks `model` ([`crate::report::check_small`]). Returns whether everything held.
+pub fn check(model: ThreadsModel, out: &mut impl std::io::Write) -> std::io::Result<bool> {
+    let header = format!(
+        "threads of one instance (PROTOCOL §9.2): a fenced section and another thread's call, a \
+         rival process on the lock; lock timeout {LOCK_TIMEOUT} ticks, acquire_wait's \
+         {WAIT_TIMEOUT}, clock to {}{}",
+        model.max_time,
+        model
+            .planted
+            .map_or(String::new(), |p| format!("; planted {p:?}"))
+    );
+    crate::report::check_small(
+        model,
+        &header,
+        "a call of a thread is still under way past its bound",
+        out,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_configuration_holds() {
+        let checker = ThreadsModel::default().checker();
+        // Pinned: a change to the actors or the orders that moves it must say why.
+        assert_eq!(checker.unique_state_count(), 9_480);
+        assert!(checker.discovery(WITHIN_BOUND).is_none());
+        assert!(checker.discovery(INSIDE_RETURNED).is_some());
+        assert!(checker.discovery(WAITED_FOR_SECTION).is_some());
+    }
+
+    #[test]
+    fn a_planted_mistake_fails_the_check() {
+        for planted in [
+            ThreadsPlanted::StateAcrossClosure,
+            ThreadsPlanted::LookWaits,
+        ] {
+            let model = ThreadsModel {
+                planted: Some(planted),
+                ..ThreadsModel::default()
+            };
+            assert!(
+                model.checker().discovery(WITHIN_BOUND).is_some(),
+                "{planted:?} passed the check"
+            );
+        }
+    }
+}
