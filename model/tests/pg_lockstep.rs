@@ -33,9 +33,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use flocklease::driver::Step;
+use flocklease::driver::{CommitStep, Io, Step};
 use flocklease::machine::{Event, FinalCheck, Outcome, Then};
-use flocklease::pg::{PgLease, PgStepper};
+use flocklease::pg::{PgFault, PgFaultHook, PgLease, PgStep, PgStepper};
 use flocklease::{Clock, Error, Lease, ManualClock, SessionId, SessionLease};
 use flocklease_model::report::SplitMix;
 use flocklease_model::{Action, Cut, LeaseModel, Planted, Said, Scenario, State, at, ticks};
@@ -46,8 +46,8 @@ const WALKS: u64 = 100;
 /// The longest walk, in actions.
 const WALK_LEN: usize = 60;
 
-/// The model the walks follow: the `postgres` configuration's processes, no injected faults,
-/// a longer TTL (a call takes several actions now, and a takeover of a holder whose liveness
+/// The model the walks follow: the `postgres` configuration's processes, of the injected
+/// faults only commit statements the server refuses (two per walk), a longer TTL (a call takes several actions now, and a takeover of a holder whose liveness
 /// ended must come before its lease expires), more ticks, tokens and liveness losses.
 fn model() -> LeaseModel {
     LeaseModel {
@@ -55,7 +55,7 @@ fn model() -> LeaseModel {
         ttl_ticks: 4,
         max_time: 8,
         max_token: 5,
-        faults: 0,
+        faults: 2,
         liveness_losses: 4,
         ..LeaseModel::named("postgres").expect("a named configuration")
     }
@@ -69,15 +69,19 @@ fn pg_lockstep_with_the_real_adapter() {
     let admin = server.admin(&db);
     let m = model();
     let started = std::time::Instant::now();
-    let (mut actions, mut calls, mut steps, mut kills) = (0, 0, 0, 0);
+    let (mut actions, mut calls, mut steps, mut kills, mut refused) = (0, 0, 0, 0, 0);
     let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
     for seed in 0..WALKS {
         let done = walk(&m, &url, &admin, seed).unwrap_or_else(|report| panic!("{report}"));
         actions += done.len();
         for (a, scenario) in done {
             calls += usize::from(matches!(a, Action::Call(..)));
-            steps += usize::from(matches!(a, Action::Call(..) | Action::Step(..)));
+            steps += usize::from(matches!(
+                a,
+                Action::Call(..) | Action::Step(..) | Action::Refuse(_)
+            ));
             kills += usize::from(matches!(a, Action::LoseLiveness(..)));
+            refused += usize::from(matches!(a, Action::Refuse(_)));
             let name = match scenario {
                 Some(Scenario::RenewRelocked) => "renewed after a re-lock",
                 Some(Scenario::TakeoverAfterLivenessLoss) => "taken over after a liveness loss",
@@ -92,11 +96,13 @@ fn pg_lockstep_with_the_real_adapter() {
     let _ = writeln!(
         std::io::stderr(),
         "pg lockstep: {WALKS} random walks, {actions} actions compared ({calls} calls, {steps} \
-         statements, {kills} liveness sessions ended; {seen:?}), 0 divergences, {:.1?}",
+         statements, {refused} of them refused by the server, {kills} liveness sessions ended; \
+         {seen:?}), 0 divergences, {:.1?}",
         started.elapsed()
     );
     // The walks reach what they are for.
     assert_eq!(seen.len(), 4, "{seen:?}");
+    assert!(refused > 0, "no commit statement was refused");
 }
 
 /// The walks can fail: against a model whose renew trusts the row without locking the
@@ -155,6 +161,7 @@ fn walk(m: &LeaseModel, url: &str, admin: &pg::Admin, seed: u64) -> Result<Done,
                     | Action::Step(..)
                     | Action::Tick
                     | Action::Crash(_)
+                    | Action::Refuse(_)
                     | Action::LoseLiveness(_, Cut::ServerFirst)
             )
         });
@@ -163,7 +170,11 @@ fn walk(m: &LeaseModel, url: &str, admin: &pg::Admin, seed: u64) -> Result<Done,
         let weighted: Vec<Action> = offered
             .iter()
             .flat_map(|a| {
-                let weight = if matches!(a, Action::Crash(_)) { 1 } else { 4 };
+                let weight = if matches!(a, Action::Crash(_) | Action::Refuse(_)) {
+                    1
+                } else {
+                    4
+                };
                 std::iter::repeat_n(*a, weight)
             })
             .collect();
@@ -201,6 +212,8 @@ struct Real {
     calls: Vec<Option<PgStepper>>,
     /// The renews the front's final expiry check made in each process's call.
     checks: Vec<FinalCheck>,
+    /// Per process: the server refuses its next commit statement (an injected error).
+    refuse: Vec<Arc<AtomicBool>>,
 }
 
 impl Real {
@@ -213,17 +226,24 @@ impl Real {
             insts: vec![],
             calls: vec![],
             checks: vec![FinalCheck::default(); m.procs],
+            refuse: (0..m.procs).map(|_| Arc::default()).collect(),
         };
-        for _ in 0..m.procs {
-            let inst = real.instance();
+        for p in 0..m.procs {
+            let inst = real.instance(p);
             real.insts.push(inst);
             real.calls.push(None);
         }
         real
     }
 
-    fn instance(&self) -> PgLease {
+    fn instance(&self, p: usize) -> PgLease {
+        let refuse = Arc::clone(&self.refuse[p]);
+        let hook: PgFaultHook = Arc::new(move |step, _pid| {
+            (step == PgStep::Commit && refuse.swap(false, Ordering::SeqCst))
+                .then_some(PgFault::Fail)
+        });
         PgLease::builder(&self.url)
+            .faults(hook)
             .clock(Arc::new(self.clock.clone()))
             .ttl(self.ttl)
             // No pooled connection closes behind the schedule's back.
@@ -268,6 +288,23 @@ impl Real {
                 self.step(m, p, &n)?;
                 n
             }
+            Action::Refuse(p) => {
+                let next = self.calls[p].as_ref().and_then(PgStepper::peek);
+                if next != Some(Io::Commit(CommitStep::Point)) {
+                    return Err(format!(
+                        "p{p}'s next statement: the adapter's {next:?}, the model's its commit"
+                    ));
+                }
+                let n = m
+                    .next_state(s, a)
+                    .ok_or_else(|| format!("the model's p{p} cannot be refused"))?;
+                self.refuse[p].store(true, Ordering::SeqCst);
+                self.step(m, p, &n)?;
+                if self.refuse[p].swap(false, Ordering::SeqCst) {
+                    return Err(format!("p{p}'s commit statement was never sent"));
+                }
+                n
+            }
             Action::Tick => {
                 self.clock.advance(Duration::from_secs(1));
                 m.next_state(s, a).ok_or("the model cannot tick")?
@@ -283,7 +320,7 @@ impl Real {
                         admin.until_ended(pid);
                     }
                 }
-                let fresh = self.instance();
+                let fresh = self.instance(p);
                 drop(std::mem::replace(&mut self.insts[p], fresh));
                 m.next_state(s, a).ok_or("the model cannot crash")?
             }
