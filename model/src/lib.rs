@@ -815,6 +815,9 @@ pub enum Scenario {
     /// PostgreSQL: a renew's re-lock found the generation still locked by the holder's old
     /// session, not yet ended on the server; the renew failed (a later one retries).
     RelockBusy,
+    /// PostgreSQL: the server ended the session holding a new generation's lock after its
+    /// call committed and before the call adopted it.
+    LostBeforeAdopt,
     /// The resource accepted a write.
     FencedWrite,
     /// A fenced section was refused: the record names a successor.
@@ -1185,31 +1188,22 @@ fn failover(s: &mut State) {
         f.holder = None;
         f.shared = false;
     }
-    for proc in &mut s.procs {
-        if let Some(l) = &proc.local
-            && proc.loss.is_none()
+    for p in 0..s.procs.len() {
+        // The generation the process keeps (a new one its call committed, or else its local
+        // one) loses its lock: the process learns it.
+        if s.procs[p].loss.is_none()
+            && let Some(token) = LeaseModel::liveness_token(s, p)
         {
-            proc.loss = Some(Loss {
-                token: l.token,
+            s.procs[p].loss = Some(Loss {
+                token,
                 noticed: false,
             });
         }
+        let proc = &mut s.procs[p];
         // A transaction not yet committed loses its row lock. (One past its commit released
         // it with its `COMMIT`: its remaining steps are the client's own.)
         if proc.call.as_ref().is_none_or(|c| !c.ghost.renamed) {
             proc.stable = None;
-        }
-        // A new generation committed but not adopted yet loses its lock too: the process
-        // learns it as for its local one.
-        if proc.loss.is_none()
-            && let Some(c) = proc.call.as_ref()
-            && c.ghost.renamed
-            && let Some(pending) = c.run.pending()
-        {
-            proc.loss = Some(Loss {
-                token: pending.token,
-                noticed: false,
-            });
         }
         if let Some(c) = proc.call.as_mut() {
             c.ghost.severed = true;
@@ -1534,7 +1528,10 @@ impl LeaseModel {
             Action::LoseLiveness(p, cut) => {
                 let mut s = last.clone();
                 s.scenario = None;
-                let token = s.procs[p].local.as_ref()?.token;
+                let token = Self::liveness_token(&s, p)?;
+                if s.procs[p].local.as_ref().is_none_or(|l| l.token != token) {
+                    s.scenario = Some(Scenario::LostBeforeAdopt);
+                }
                 // The process runs on, and keeps its generation (as the adapter does).
                 let f = s.live.get_mut(&token)?;
                 f.holder = match cut {
@@ -1597,14 +1594,28 @@ impl LeaseModel {
         }
     }
 
+    /// PostgreSQL: the generation whose liveness connection process `p` keeps — a new one its
+    /// call committed and has not adopted yet (the transaction's connection is that
+    /// generation's), or else its local one.
+    pub(crate) fn liveness_token(s: &State, p: usize) -> Option<u64> {
+        let proc = &s.procs[p];
+        let committed = proc
+            .call
+            .as_ref()
+            .filter(|c| c.ghost.renamed)
+            .and_then(|c| c.run.pending())
+            .map(|l| l.token);
+        committed.or(proc.local.as_ref().map(|l| l.token))
+    }
+
     /// PostgreSQL: process `p`'s liveness connection ending, either end learning it first,
     /// and what follows: `p` seeing it end, the server ending a session `p` gave up.
     fn liveness_actions(&self, s: &State, p: usize, actions: &mut Vec<Action>) {
         let proc = &s.procs[p];
         let intact = proc.loss.is_none()
-            && proc.local.as_ref().is_some_and(|l| {
+            && Self::liveness_token(s, p).is_some_and(|token| {
                 s.live
-                    .get(&l.token)
+                    .get(&token)
                     .is_some_and(|f| f.holder == Some(Locker::Proc(p)))
             });
         // At any moment, during a call too: the liveness connection is idle meanwhile.

@@ -18,6 +18,10 @@ pub mod names {
     /// PROTOCOL §10.1 (PostgreSQL form).
     pub const ONE_LIVE_HOLDER: &str =
         "[1] at most one unexpired holder with its liveness intact, the record's";
+    /// PostgreSQL (PROTOCOL §8.2: every overlap is "told"): a process whose generation's
+    /// liveness lock is gone — its local one, or one its call committed and has yet to adopt —
+    /// has the loss coming to it (it sees its connection end).
+    pub const HOLDER_TOLD: &str = "[1] a holder whose generation's liveness lock is gone is told";
     /// PROTOCOL §10.2, across a host crash.
     pub const NEVER_BACK: &str = "[2] tokens never go back, even after a host crash or a failover";
     /// PROTOCOL §10.2.
@@ -99,6 +103,9 @@ pub fn properties(model: &LeaseModel) -> Vec<Property<LeaseModel>> {
             ONE_LIVE_HOLDER,
             |m: &LeaseModel, s: &State| one_holder(m, s, true),
         ));
+        v.push(Property::always(HOLDER_TOLD, |_, s: &State| {
+            holders_told(s)
+        }));
     }
     v.push(Property::always(NEVER_BACK, |_, s: &State| {
         let durable = s.durable.as_ref().map_or(0, |r| r.token);
@@ -216,6 +223,12 @@ pub fn properties(model: &LeaseModel) -> Vec<Property<LeaseModel>> {
             },
         ));
         v.push(Property::sometimes(
+            "a new generation's liveness ended before its call adopted it",
+            |m: &LeaseModel, s: &State| {
+                m.liveness_losses == 0 || s.scenario == Some(Scenario::LostBeforeAdopt)
+            },
+        ));
+        v.push(Property::sometimes(
             "a re-lock refused while the old session still holds the generation",
             |m: &LeaseModel, s: &State| {
                 m.liveness_losses == 0 || s.scenario == Some(Scenario::RelockBusy)
@@ -229,6 +242,22 @@ pub fn properties(model: &LeaseModel) -> Vec<Property<LeaseModel>> {
         ));
     }
     v
+}
+
+/// PostgreSQL: every process whose generation's liveness lock is not held by it any more
+/// (the one it keeps: a new one its call committed, or else its local one) has that loss
+/// recorded, to be noticed. (A local generation a committed call supersedes is closed by that
+/// call; nobody keeps it.)
+fn holders_told(s: &State) -> bool {
+    (0..s.procs.len()).all(|p| {
+        LeaseModel::liveness_token(s, p).is_none_or(|t| {
+            let held = s
+                .live
+                .get(&t)
+                .is_some_and(|f| f.holder == Some(crate::Locker::Proc(p)));
+            held || s.procs[p].loss.is_some_and(|l| l.token == t)
+        })
+    })
 }
 
 /// At most one process believes it holds an unexpired lease (with `live_only`, counting only

@@ -742,8 +742,11 @@ impl ModelTx<'_> {
         if proc.local.as_ref().is_some_and(|l| l.token == token) {
             proc.local = None;
             // PostgreSQL: its connection is given up; a session the server has not ended yet
-            // keeps the lock until it does.
-            proc.loss = None;
+            // keeps the lock until it does. (A loss of the new generation the call committed
+            // stays to be told.)
+            if proc.loss.is_some_and(|l| l.token == token) {
+                proc.loss = None;
+            }
             self.unlock(token);
         }
     }
