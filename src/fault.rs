@@ -67,6 +67,11 @@ pub enum FaultPoint {
     /// A [`Fence`](crate::Fence) giving up its lock (closing the lock file): never fails, a
     /// test's hook may only pause there. Not reached by a lease transition.
     UnlockFence,
+    /// A fenced section or a transition of [`FlockLease`](crate::FlockLease) has just taken
+    /// one step of what it holds (the id's turn, its state, its lock: `flock::SECTION`,
+    /// `flock::TRANSITION`), named by the lock's path: a point to observe, never failed (what
+    /// the hook answers is ignored).
+    Held,
 }
 
 impl FaultPoint {
@@ -117,6 +122,12 @@ impl Faults {
         Faults { hook: Some(hook) }
     }
 
+    /// Tells the hook that `point` was reached (its answer is ignored).
+    #[inline]
+    pub(crate) fn observe(&self, point: FaultPoint, path: &Path) {
+        let _ = self.check(point, path);
+    }
+
     /// Fails with the injected error if the hook asks for one at `point`.
     #[inline]
     pub(crate) fn check(&self, point: FaultPoint, path: &Path) -> Result<(), Error> {
@@ -141,6 +152,7 @@ impl FaultPoint {
             | FaultPoint::OpenWait
             | FaultPoint::OpenQueue => "open",
             FaultPoint::UnlockFence => "unlock",
+            FaultPoint::Held => "hold",
             FaultPoint::CommitTarget => "rename",
             FaultPoint::LockStable | FaultPoint::LockProbe | FaultPoint::LockLive => "lock",
             FaultPoint::StatStable

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use crate::clock::{Clock, SystemClock};
 use crate::driver;
 use crate::error::Error;
-use crate::fault::Faults;
+use crate::fault::{FaultPoint, Faults};
 use crate::lease::{DEFAULT_TTL, Grant, Lease};
 use crate::machine::{self, Event, Outcome};
 use crate::name::{Owner, SessionId};
@@ -96,7 +96,9 @@ pub const SECTION: [HoldStep; 8] = [
 /// The order in which a transition of [`FlockLease`] (`acquire`, `renew`, `release`, each
 /// attempt of a wait) takes and gives back what it holds, which the model checker's threads
 /// run too: the turn, the state, the lock (its wait for the lock holds the state: bounded by
-/// the deadline), the run, then all given back, the lock first.
+/// the deadline), the run (whose last step gives the lock back: the driver ends every run by
+/// releasing it), then all given back (the lock's descriptor closed, unlocking it if the run
+/// did not get to).
 pub const TRANSITION: [HoldStep; 7] = [
     HoldStep::Take(Hold::Turn),
     HoldStep::Take(Hold::State),
@@ -495,6 +497,7 @@ impl FlockLease {
                 HoldStep::Give(Hold::Lock) => stable = None,
                 HoldStep::Give(Hold::Turn) => turn = None,
             }
+            self.opener.faults.observe(FaultPoint::Held, &paths.lock);
         }
         debug_assert!(turn.is_none() && slot.is_none() && stable.is_none());
         Ok(out)
@@ -569,6 +572,7 @@ impl FlockLease {
                 HoldStep::Give(Hold::State) => slot = None,
                 HoldStep::Give(Hold::Turn) => turn = None,
             }
+            self.opener.faults.observe(FaultPoint::Held, &paths.lock);
         }
         debug_assert!(turn.is_none() && slot.is_none() && held.is_none());
         outcome.expect("TRANSITION runs").0
@@ -595,6 +599,15 @@ impl FlockLease {
             gate: Gate::default(),
             state: Mutex::default(),
         })
+    }
+
+    /// Whether this instance's turn on `id` and its state of `id` are taken now (for the
+    /// threads' lockstep, from a [`FaultPoint::Held`] hook).
+    #[cfg(feature = "fault-injection")]
+    #[doc(hidden)]
+    pub fn holds(&self, id: &SessionId) -> (bool, bool) {
+        let entry = self.slot(id.stem());
+        (!entry.gate.is_free(), entry.state.try_lock().is_err())
     }
 
     /// How many ids this instance keeps state for (for tests of the pruning).
