@@ -323,11 +323,13 @@ impl FlockLease {
             }
             // An instance that holds the id tries at once: its own owner's call is a refresh
             // (re-entrant), another owner's is answered held and lines up. The look never
-            // waits: another thread's call that has the state (waiting for the transition
-            // lock, up to its lock timeout) leaves the turn to the line, so the wait keeps its
-            // bound of one lock timeout past `timeout` (the model's threads check it).
-            let turn = crate::front::try_lock(&entry.state)
-                .is_some_and(|slot| slot.local.is_some())
+            // waits: when another thread's call has the state (a transition or a section, which
+            // may be waiting for the transition lock up to its lock timeout), what the instance
+            // holds cannot be read, and the call tries at once too — the attempt waits for the
+            // id's turn within its own lock timeout, so the wait keeps its bound of one lock
+            // timeout past `timeout` (the model's threads check it), and a holder's own
+            // refresh is never sent to wait in the line behind its own generation.
+            let turn = crate::front::try_lock(&entry.state).is_none_or(|slot| slot.local.is_some())
                 || line.may_try(&self.opener, &queue_path, origin.elapsed());
             if turn {
                 // The first in the line, right after the holder let go, tries the transition

@@ -133,6 +133,106 @@ fn a_fenced_section_holds_no_in_process_lock_over_the_callers_work() {
     }
 }
 
+/// A holder's own `acquire_wait` while another thread's section of the same instance has the
+/// instance's state, and another process waits in the id's line: the look cannot read what the
+/// instance holds, so the call tries at once (waiting for the id's turn, which the section
+/// has) and its attempt is a refresh of its own lease — never a place in the line behind its
+/// own generation, which would answer Held at its deadline. (A first version of the look that
+/// never waits left the turn to the line when the state was busy.) The section is paused at its
+/// lock attempt, holding the state; the holder's wait must not join the line.
+#[test]
+fn a_holders_own_wait_beside_its_section_is_a_refresh() {
+    use flocklease::fault::{FaultHook, FaultPoint};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Mutex, mpsc};
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(Timestamp::from_unix_secs(1_700_000_000).unwrap());
+    // The holder's instance: its section pauses at its lock attempt (state held) until let go;
+    // a place it takes in the line is reported.
+    let armed = Arc::new(AtomicBool::new(false));
+    let (paused_tx, paused) = mpsc::channel();
+    let (go_tx, go) = mpsc::channel::<()>();
+    let (joined_tx, joined) = mpsc::channel();
+    let pause = Mutex::new(Some((paused_tx, go)));
+    let joined_tx = Mutex::new(joined_tx);
+    let hook: FaultHook = {
+        let armed = Arc::clone(&armed);
+        Arc::new(move |point, _| {
+            if point == FaultPoint::LockStable
+                && armed.load(Ordering::SeqCst)
+                && let Some((paused, go)) = pause.lock().unwrap().take()
+            {
+                paused.send(()).unwrap();
+                let _ = go.recv();
+            }
+            if point == FaultPoint::OpenQueue {
+                let _ = joined_tx.lock().unwrap().send(());
+            }
+            None
+        })
+    };
+    let a = FlockLease::builder(dir.path())
+        .clock(Arc::new(clock.clone()))
+        .ttl(TTL)
+        .lock_timeout(Duration::from_secs(10))
+        .faults(hook)
+        .open()
+        .unwrap();
+    // The other process's waiter tells when it waits in the line (its place taken).
+    let (waiting_tx, waiting) = mpsc::channel();
+    let waiting_tx = Mutex::new(Some(waiting_tx));
+    let c_hook: FaultHook = Arc::new(move |point, _| {
+        if point == FaultPoint::OpenWait
+            && let Some(tx) = waiting_tx.lock().unwrap().take()
+        {
+            let _ = tx.send(());
+        }
+        None
+    });
+    let c = FlockLease::builder(dir.path())
+        .clock(Arc::new(clock.clone()))
+        .ttl(TTL)
+        .faults(c_hook)
+        .open()
+        .unwrap();
+    let lease = a.acquire(&id("s"), &owner("a")).unwrap().lease().unwrap();
+    armed.store(true, Ordering::SeqCst);
+    std::thread::scope(|s| {
+        let waiter = s.spawn(|| c.acquire_wait(&id("s"), &owner("c"), Duration::from_secs(10)));
+        waiting.recv().unwrap();
+        let section = s.spawn(|| a.fenced(&lease, || ()));
+        paused.recv().unwrap();
+        let refresh = s.spawn(|| a.acquire_wait(&id("s"), &owner("a"), Duration::from_secs(1)));
+        // Fixed: the refresh waits for the section's turn and never looks at the line. The
+        // mistake takes a place at once (reported here), then waits out its timeout.
+        let lined_up = joined.recv_timeout(Duration::from_millis(300)).is_ok();
+        go_tx.send(()).unwrap();
+        let got = refresh.join().unwrap();
+        assert!(
+            section.join().unwrap().unwrap().is_some(),
+            "the section ran"
+        );
+        assert!(
+            !lined_up,
+            "the holder's own wait took a place in the line: {got:?}"
+        );
+        let refreshed = match got {
+            Ok(Grant::Granted(l)) => l,
+            other => panic!("the holder's own wait was not a refresh: {other:?}"),
+        };
+        assert_eq!(refreshed.token, lease.token, "a refresh keeps the token");
+        // The waiter in the line gets the lease once the holder lets go.
+        a.release(&refreshed).unwrap();
+        let next = waiter
+            .join()
+            .unwrap()
+            .unwrap()
+            .lease()
+            .expect("granted after the release");
+        assert!(next.token > lease.token);
+    });
+}
+
 /// A waiting acquire's look at what its instance holds never waits for another thread's call
 /// that has the instance's state while it waits for the transition lock: the wait keeps its
 /// bound of `timeout` plus one lock timeout. (Its look used to take the state: it waited for
