@@ -966,9 +966,11 @@ impl FlockLease {
     /// the next grant locks a new generation's file), and if a renew has to restore a deleted
     /// liveness file, copies made earlier lock the old, unlinked file and no longer count.
     ///
-    /// It never waits for a transition lock, but it may wait for another thread's call on the
-    /// id that is waiting for one (at most that call's lock timeout); inside a fenced section
-    /// of the id it answers at once.
+    /// It never waits for a transition lock, but it may wait for another thread's transition
+    /// of the id, which holds the instance's state while it waits for the lock and while it
+    /// runs (at most that call's lock timeout plus its run's writes and syncs), or for a
+    /// section's wait for the lock (its lock timeout); inside a fenced section of the id it
+    /// answers at once.
     ///
     /// # Errors
     ///
