@@ -1190,9 +1190,11 @@ fn failover(s: &mut State) {
     }
     for p in 0..s.procs.len() {
         // The generation the process keeps (a new one its call committed, or else its local
-        // one) loses its lock: the process learns it.
-        if s.procs[p].loss.is_none()
-            && let Some(token) = LeaseModel::liveness_token(s, p)
+        // one) loses its lock: the process learns it. A loss recorded of another generation
+        // (the local one the committed call supersedes, which that call closes) gives way to
+        // it.
+        if let Some(token) = LeaseModel::liveness_token(s, p)
+            && s.procs[p].loss.is_none_or(|l| l.token != token)
         {
             s.procs[p].loss = Some(Loss {
                 token,
