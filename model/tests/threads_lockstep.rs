@@ -16,28 +16,47 @@ use std::sync::{Arc, Mutex};
 use flocklease::fault::{FaultHook, FaultPoint};
 use flocklease::flock::Hold;
 use flocklease::{FlockLease, Owner, SessionId};
-use flocklease_model::threads::{Call, Op, ops};
+use flocklease_model::threads::{Call, Op, Thread, ThreadsAction, ThreadsModel, ThreadsState, ops};
+use stateright::Model;
 
 /// What the model's thread holds after each of its steps of `call` that the adapter
-/// observes (every step but the call's begin and end).
+/// observes (every step but the call's begin and end), as the model's own `next_state` steps
+/// a thread alone with nobody else on the id.
 fn expected(call: Call) -> Vec<BTreeSet<String>> {
-    let mut held = BTreeSet::new();
+    let model = ThreadsModel::default();
+    let mut s = ThreadsState {
+        now: 0,
+        threads: vec![Thread {
+            ops: ops(call),
+            pc: 0,
+            frames: Vec::new(),
+            failed: false,
+        }],
+        turn: None,
+        state: None,
+        lock: None,
+        rival_since: None,
+        rival_left: 0,
+    };
     let mut after = Vec::new();
-    for op in ops(call) {
-        match op {
-            Op::Take(h) => {
+    while let Some(&op) = s.threads[0].ops.get(s.threads[0].pc) {
+        s = model
+            .next_state(&s, ThreadsAction::Step(0))
+            .expect("a thread's step is always a state");
+        if matches!(op, Op::Begin(_) | Op::End) {
+            continue;
+        }
+        let mut held = BTreeSet::new();
+        for (h, on) in [
+            (Hold::Turn, s.turn.is_some()),
+            (Hold::State, s.state.is_some()),
+            (Hold::Lock, s.lock.is_some()),
+        ] {
+            if on {
                 held.insert(format!("{h:?}"));
             }
-            Op::Give(h) => {
-                held.remove(&format!("{h:?}"));
-            }
-            Op::Run => {
-                held.remove(&format!("{:?}", Hold::Lock));
-            }
-            Op::Work | Op::TryState | Op::Wait => {}
-            Op::Begin(_) | Op::End => continue,
         }
-        after.push(held.clone());
+        after.push(held);
     }
     after
 }
