@@ -10,9 +10,9 @@
 //! After each join and each look, every waiter's place (its byte, how far it has passed over)
 //! and its count of the lease left free are compared with the model's, and each look's answer
 //! (may it try) with the model's: a waiter granted in the model is one whose look said "try"
-//! on a free lease. (A look's answer is compared only through that: the model's look on a
-//! held lease ends in a wait either way, so "try" and "wait" there are told apart by the
-//! places and counts, not by the answer.) The model's `F_OFD_GETLK` reports, of several locks, the one that starts
+//! on a free lease. (On a held lease the answer itself is not compared — either answer ends in
+//! the waiter seeing the holder — but what the look passed over is, through the places and
+//! counts compared after it.) The model's `F_OFD_GETLK` reports, of several locks, the one that starts
 //! last; the kernel reports any one: the rule must find the same earliest place either way.
 //!
 //! Schedules: seeded random walks of the model. A divergence fails with the seed and the
