@@ -70,8 +70,9 @@ options (applied in order, on top of the named configuration):
                      one byte at a time), whole-grace-each (every stopped place ahead costs
                      the whole 50 ms); for the threads: state-across-closure (a fenced
                      section gives the instance's state back after its closure), look-waits
-                     (acquire_wait's look at what the instance holds waits for the state);
-                     for a
+                     (acquire_wait's look at what the instance holds waits for the state),
+                     wait-past-deadline (acquire_wait attempts again after an attempt that
+                     ended past its deadline); for a
                      resource's fence: fence-admits-lower,
                      fence-no-recheck (write_file renames its target without checking its
                      admission again), fence-store-checks-lock-only (recording a token checks
@@ -225,6 +226,12 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
                     threads_model
                         .get_or_insert_with(ThreadsModel::default)
                         .planted = Some(ThreadsPlanted::LookWaits);
+                    named = true;
+                }
+                "wait-past-deadline" => {
+                    threads_model
+                        .get_or_insert_with(ThreadsModel::default)
+                        .planted = Some(ThreadsPlanted::WaitPastDeadline);
                     named = true;
                 }
                 "fence-admits-lower" => {

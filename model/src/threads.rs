@@ -33,13 +33,15 @@
 //! issue 33 found: `liveness_fd` inside the section never returned) breaks it; so does a look
 //! of `acquire_wait` that waits for the state (it then waits for another thread's wait for the
 //! lock before its own attempt waits again: two lock timeouts past its timeout, which this
-//! model found in the adapter).
+//! model found in the adapter), and so does a wait that attempts again after an attempt that
+//! ended past its deadline.
 //!
 //! What is the adapter's own and what is written here: the section's and the transition's
 //! orders are the adapter's ([`flocklease::flock::SECTION`], [`flocklease::flock::TRANSITION`],
 //! which `FlockLease::fenced` and `FlockLease`'s transitions interpret step by step);
-//! `liveness_fd`'s and `acquire_wait`'s shapes (a look at the state; a look, an attempt, a wait)
-//! are written here as the adapter's code has them.
+//! `liveness_fd`'s and `acquire_wait`'s shapes (a look at the state; a look, an attempt, the
+//! deadline's check, a wait, a look and an attempt) are written here as the adapter's code has
+//! them.
 
 use std::fmt;
 
@@ -60,7 +62,8 @@ pub enum Call {
     Transition,
     /// `liveness_fd`.
     LivenessFd,
-    /// `acquire_wait`: a look at what the instance holds, an attempt, a wait for the holder.
+    /// `acquire_wait`: a look at what the instance holds, an attempt, the deadline's check,
+    /// a wait for the holder (to the deadline at the latest), and the attempt after it.
     AcquireWait,
 }
 
@@ -109,6 +112,8 @@ pub enum Op {
     /// `acquire_wait`'s look at what the instance holds: the state if nobody has it, never a
     /// wait (`front::try_lock`).
     TryState,
+    /// `acquire_wait`'s check of its deadline after an attempt: past it, the call returns.
+    Deadline,
     /// `acquire_wait`'s wait for the holder: until its timeout, holding nothing.
     Wait,
     /// Work that holds nothing new (the check, a closure's own work).
@@ -145,10 +150,16 @@ fn program(call: Call, ops: &mut Vec<Op>) {
             }
         }
         Call::LivenessFd => ops.extend([Op::Take(Hold::State), Op::Give(Hold::State)]),
+        // The adapter's loop, its last turn unrolled: a look, an attempt, the deadline's
+        // check; a wait, which ends at the deadline at the latest (a generation that ends
+        // earlier only adds turns that start before the deadline); the look and the attempt
+        // after it, which the deadline's check then ends. That last attempt, begun by the
+        // deadline, is what may take one lock timeout past `timeout`.
         Call::AcquireWait => {
             ops.push(Op::TryState);
             program(Call::Transition, ops);
-            ops.push(Op::Wait);
+            ops.extend([Op::Deadline, Op::Wait, Op::TryState]);
+            program(Call::Transition, ops);
         }
     }
     ops.push(Op::End);
@@ -177,6 +188,9 @@ pub enum ThreadsPlanted {
     /// `acquire_wait`'s look at what the instance holds waits for the state (the adapter
     /// before this model found it).
     LookWaits,
+    /// `acquire_wait` does not check its deadline after an attempt: it waits and attempts
+    /// again after one that ended past it (two lock timeouts past `timeout`).
+    WaitPastDeadline,
 }
 
 /// The configuration.
@@ -289,6 +303,9 @@ impl ThreadsModel {
                 })
                 .collect();
         }
+        if self.planted == Some(ThreadsPlanted::WaitPastDeadline) {
+            ops.retain(|op| *op != Op::Deadline);
+        }
         if self.planted == Some(ThreadsPlanted::StateAcrossClosure)
             && let Some(give) = ops.iter().position(|o| *o == Op::Give(Hold::State))
             && let Call::Section(_) = call
@@ -318,7 +335,13 @@ impl ThreadsModel {
                 let started = th.frames.last().map_or(0, |f| f.started);
                 s.now >= started + WAIT_TIMEOUT
             }
-            Op::Begin(_) | Op::Give(_) | Op::TryState | Op::Work | Op::Run | Op::End => true,
+            Op::Begin(_)
+            | Op::Give(_)
+            | Op::TryState
+            | Op::Deadline
+            | Op::Work
+            | Op::Run
+            | Op::End => true,
         }
     }
 
@@ -384,6 +407,13 @@ impl ThreadsModel {
             }
             Op::Give(h) => Self::give(s, t, depth, h),
             Op::Run => Self::give(s, t, depth, Hold::Lock),
+            Op::Deadline => {
+                let started = s.threads[t].frames[depth].started;
+                if s.now >= started + WAIT_TIMEOUT {
+                    // Past it: on to the call's end (taken next).
+                    s.threads[t].pc = Self::end_of_call(&s.threads[t]) - 1;
+                }
+            }
             Op::TryState | Op::Wait | Op::Work => {}
             Op::End => {
                 Self::give_back(s, t, depth);
@@ -393,6 +423,22 @@ impl ThreadsModel {
         s.threads[t].pc += 1;
     }
 
+    /// Where the `End` is of the call thread `th` is in (the innermost under way at its next op).
+    fn end_of_call(th: &Thread) -> usize {
+        let mut open = 0usize;
+        let mut pc = th.pc;
+        while pc < th.ops.len() {
+            match th.ops[pc] {
+                Op::Begin(_) => open += 1,
+                Op::End if open == 0 => break,
+                Op::End => open -= 1,
+                _ => {}
+            }
+            pc += 1;
+        }
+        pc
+    }
+
     /// Thread `t`'s call fails at its deadline: it gives back what it holds and returns its
     /// error; so does an `acquire_wait` around it (the error is its too), but not a section
     /// (the closure gets the error and goes on).
@@ -400,19 +446,9 @@ impl ThreadsModel {
         loop {
             let depth = s.threads[t].frames.len() - 1;
             Self::give_back(s, t, depth);
-            // Skip to this call's end.
-            let mut open = 0usize;
+            // Past this call's end.
             let th = &mut s.threads[t];
-            while th.pc < th.ops.len() {
-                match th.ops[th.pc] {
-                    Op::Begin(_) => open += 1,
-                    Op::End if open == 0 => break,
-                    Op::End => open -= 1,
-                    _ => {}
-                }
-                th.pc += 1;
-            }
-            th.pc += 1;
+            th.pc = Self::end_of_call(th) + 1;
             th.frames.pop();
             th.failed = true;
             match th.frames.last() {
@@ -593,8 +629,11 @@ mod tests {
         // 9 480 with the lock held to the transition's end; 9 552 since the run gives it back
         // at its last step, as the adapter's does (the threads' lockstep found it); 219 026
         // since a thread may begin at any tick (the clock used to wait for every thread to
-        // begin, so every call started at tick 0: a review found it).
-        assert_eq!(checker.unique_state_count(), 219_026);
+        // begin, so every call started at tick 0: a review found it); 253 324 since
+        // `acquire_wait` checks its deadline after its attempt, waits, and attempts again (it
+        // ended after one attempt and the wait: the attempt that takes it past `timeout` was
+        // not in the model).
+        assert_eq!(checker.unique_state_count(), 253_324);
         assert!(checker.discovery(WITHIN_BOUND).is_none());
         assert!(checker.discovery(INSIDE_RETURNED).is_some());
         assert!(checker.discovery(WAITED_FOR_SECTION).is_some());
@@ -605,6 +644,7 @@ mod tests {
         for planted in [
             ThreadsPlanted::StateAcrossClosure,
             ThreadsPlanted::LookWaits,
+            ThreadsPlanted::WaitPastDeadline,
         ] {
             let model = ThreadsModel {
                 planted: Some(planted),
