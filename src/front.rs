@@ -328,16 +328,6 @@ impl Drop for Turn<'_> {
     }
 }
 
-/// Locks `m` if nobody holds it (also after a panic of another thread that held it, as
-/// [`lock`]); `None` when another holds it.
-pub(crate) fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
-    match m.try_lock() {
-        Ok(guard) => Some(guard),
-        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
-        Err(std::sync::TryLockError::WouldBlock) => None,
-    }
-}
-
 /// Locks `m`, also after a panic of another thread that held it: the crate's maps, slots,
 /// pools and flags are changed in single steps, so what a panic left is usable data.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

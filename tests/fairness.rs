@@ -346,3 +346,91 @@ fn stopped_waiters_ahead_cost_one_grace_not_one_each() {
         );
     });
 }
+
+/// A waiter on the holder's own instance keeps its place in the line while the holder's
+/// release is still under way on another thread of that instance: the release has the
+/// instance's state of the id from before its commit to the end of its cleanup, and a busy
+/// state is no turn (a look that took it for one tried at once, waited for the release's turn
+/// and could take the lease ahead of the first in the line). Here `b` (another process) is
+/// first in the line, `c` (a thread of the holder's instance, another owner) second; the
+/// release pauses after its run, once its commit and the liveness lock's end have woken both;
+/// `c` must go back to waiting (it reads the record) while the release is paused, and `b` is
+/// granted next.
+#[test]
+fn a_waiter_of_the_holders_instance_keeps_its_place_while_the_release_runs() {
+    use std::sync::{Mutex, mpsc};
+    let _turn = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let named = |name: &str| std::thread::current().name() == Some(name);
+    // The release pauses right after its run (its commit, its cleanup: the liveness file
+    // deleted and closed) until let go, its state still held (`flock::TRANSITION`); `c` reports
+    // its wait, and its look at the record once the release has paused.
+    let after_run = 1 + flocklease::flock::TRANSITION
+        .iter()
+        .position(|step| *step == flocklease::flock::HoldStep::Run)
+        .unwrap();
+    let release_steps = std::sync::atomic::AtomicUsize::new(0);
+    let (paused_tx, paused) = mpsc::channel();
+    let (go_tx, go) = mpsc::channel::<()>();
+    let (c_waits_tx, c_waits) = mpsc::channel();
+    let (c_reads_tx, c_reads) = mpsc::channel();
+    let pause = Mutex::new(Some((paused_tx, go)));
+    let is_paused = Arc::new(AtomicBool::new(false));
+    let (c_waits_tx, c_reads_tx) = (Mutex::new(c_waits_tx), Mutex::new(c_reads_tx));
+    let hook: FaultHook = {
+        let is_paused = Arc::clone(&is_paused);
+        Arc::new(move |point, _| {
+            if point == FaultPoint::Held
+                && named("release")
+                && release_steps.fetch_add(1, Ordering::SeqCst) + 1 == after_run
+                && let Some((paused, go)) = pause.lock().unwrap().take()
+            {
+                is_paused.store(true, Ordering::SeqCst);
+                paused.send(()).unwrap();
+                let _ = go.recv();
+            }
+            if named("c") {
+                if point == FaultPoint::OpenWait {
+                    let _ = c_waits_tx.lock().unwrap().send(());
+                }
+                if point == FaultPoint::OpenRecord && is_paused.load(Ordering::SeqCst) {
+                    let _ = c_reads_tx.lock().unwrap().send(());
+                }
+            }
+            None
+        })
+    };
+    let a = FlockLease::builder(dir.path())
+        .ttl(Duration::from_secs(600))
+        .faults(hook)
+        .open()
+        .unwrap();
+    let first = a.acquire(&id("s"), &owner("a")).unwrap().lease().unwrap();
+    let mut b = waiter(dir.path(), "b");
+    std::thread::scope(|s| {
+        let c = std::thread::Builder::new()
+            .name("c".into())
+            .spawn_scoped(s, || {
+                a.acquire_wait(&id("s"), &owner("c"), Duration::from_secs(3))
+            })
+            .unwrap();
+        c_waits.recv().unwrap();
+        let release = std::thread::Builder::new()
+            .name("release".into())
+            .spawn_scoped(s, || a.release(&first))
+            .unwrap();
+        paused.recv().unwrap();
+        let went_back = c_reads.recv_timeout(CHILD_WAIT).is_ok();
+        go_tx.send(()).unwrap();
+        release.join().unwrap().unwrap();
+        assert!(
+            went_back,
+            "c did not go back to waiting while the release ran: it took the busy state for a turn"
+        );
+        assert_eq!(b.line(), format!("granted {}", first.token + 1));
+        let got = c.join().unwrap().unwrap();
+        assert!(matches!(got, Grant::Held), "c: {got:?}");
+    });
+    release(&mut b);
+    b.finish();
+}

@@ -337,6 +337,36 @@ impl LeaseModel {
         })
     }
 
+    /// The lease directory's other adversaries, in bounds small enough to be checked with the
+    /// default configuration (`check` with no `--config` runs them after it, with its planted
+    /// bug and its durability): the cleaner that moves the liveness file or the lock aside and
+    /// puts it back (`moves`, without the fault and the host crash, no call past token 1:
+    /// 649 k states, 4 s), and records without a tag (`go-records` without the fault and the
+    /// host crash: 437 k states, 2.3 s). Their named configurations explore more (`moves`:
+    /// 48 M states; CI runs it with the host crash, and `go-records` whole).
+    pub fn alongside_default(&self) -> [LeaseModel; 2] {
+        let named = |name| LeaseModel::named(name).expect("a named configuration");
+        [
+            LeaseModel {
+                name: "moves (small)",
+                faults: 0,
+                max_token: 1,
+                host_crash: false,
+                planted: self.planted,
+                durable: self.durable,
+                ..named("moves")
+            },
+            LeaseModel {
+                name: "go-records (small)",
+                faults: 0,
+                host_crash: false,
+                planted: self.planted,
+                durable: self.durable,
+                ..named("go-records")
+            },
+        ]
+    }
+
     /// Every actor and action of this configuration, in one sentence: what `--help` says of
     /// each named configuration, generated from its fields so that it cannot drift.
     pub fn describe(&self) -> String {

@@ -28,8 +28,9 @@ options (applied in order, on top of the named configuration):
                      lock or moving it aside and back: PROTOCOL §9.4); `threads` the
                      threads of one instance (a fenced section whose closure calls the
                      instance, another thread's call, a rival on the lock: PROTOCOL §9.2);
-                     `check` with no --config runs these four after the default
-                     configuration
+                     `check` with no --config runs, after the default configuration, the
+                     moves and go-records configurations in small bounds (no fault, no
+                     host crash; for moves no call past token 1) and these four
   --backend B        flock or postgres (postgres: liveness can be lost while its holder runs)
   --procs N          lease-manager processes (default 2, at most 3)
   --max-time T       the clock runs from tick 0 to T (default 2)
@@ -346,6 +347,12 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
             let mut ok =
                 report::check_with(&model, counterexamples, &mut out).map_err(|e| e.to_string())?;
             if !named {
+                for extra in model.alongside_default() {
+                    println!();
+                    let extra_ok = report::check_with(&extra, counterexamples, &mut out)
+                        .map_err(|e| e.to_string())?;
+                    ok &= extra_ok;
+                }
                 println!();
                 let run_ok = flocklease_model::run::check(RunModel::default(), &mut out)
                     .map_err(|e| e.to_string())?;

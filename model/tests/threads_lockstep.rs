@@ -31,6 +31,7 @@ fn expected(call: Call) -> Vec<BTreeSet<String>> {
             pc: 0,
             frames: Vec::new(),
             failed: false,
+            waited: false,
         }],
         turn: None,
         state: None,

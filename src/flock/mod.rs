@@ -322,20 +322,20 @@ impl FlockLease {
                 return Ok(Grant::Held);
             }
             // An instance that holds the id tries at once: its own owner's call is a refresh
-            // (re-entrant), another owner's is answered held and lines up. The look never
-            // waits: when another thread's call has the state (a transition or a section, which
-            // may be waiting for the transition lock up to its lock timeout), what the instance
-            // holds cannot be read, and the call tries at once too — the attempt waits for the
-            // id's turn within its own lock timeout, so the wait keeps its bound of one lock
-            // timeout past `timeout` (the model's threads check it), and a holder's own
-            // refresh is never sent to wait in the line behind its own generation.
-            let turn = crate::front::try_lock(&entry.state).is_none_or(|slot| slot.local.is_some())
-                || line.may_try(&self.opener, &queue_path, origin.elapsed());
+            // (re-entrant), another owner's is answered held and lines up. Else the line
+            // decides. The look never waits: it reads what the instance holds from a flag, not
+            // under the state's mutex, which another thread's call may hold while it waits for
+            // the transition lock (up to its lock timeout) — so the wait keeps its bound of one
+            // lock timeout past `timeout` (the model's threads check it) and the line its order
+            // (a busy state is no turn).
+            let held_here = entry.held_here.load(std::sync::atomic::Ordering::Acquire);
+            let line_turn = !held_here && line.may_try(&self.opener, &queue_path, origin.elapsed());
+            let turn = held_here || line_turn;
             if turn {
                 // The first in the line, right after the holder let go, tries the transition
                 // lock eagerly; only one waiter per id is first, so only one spins (unqueued
                 // waiters spinning on two cores cost a quarter of the grants: BENCHMARKS.md).
-                let _eager = line.is_in().then(wait::eager);
+                let _eager = (line_turn && line.is_in()).then(wait::eager);
                 if let Grant::Granted(lease) = self.acquire(id, owner)? {
                     return Ok(Grant::Granted(lease));
                 }
@@ -596,10 +596,14 @@ impl FlockLease {
 
     /// This instance's entry for the id with file stem `stem`.
     fn slot(&self, stem: &str) -> Arc<SlotEntry> {
-        self.slots.entry(stem, || SlotEntry {
-            paths: Paths::new(&self.dir, stem.to_owned()),
-            gate: Gate::default(),
-            state: Mutex::default(),
+        self.slots.entry(stem, || {
+            let state = Slot::default();
+            SlotEntry {
+                paths: Paths::new(&self.dir, stem.to_owned()),
+                gate: Gate::default(),
+                held_here: state.held_here(),
+                state: Mutex::new(state),
+            }
         })
     }
 
@@ -798,6 +802,9 @@ impl Drop for Unlocking {
 struct SlotEntry {
     paths: Paths,
     gate: Gate,
+    /// Whether `state` holds a generation, readable without its mutex (`Slot::set_local`
+    /// keeps it).
+    held_here: Arc<std::sync::atomic::AtomicBool>,
     state: Mutex<Slot>,
 }
 

@@ -5,6 +5,8 @@ use std::fs::{self, File};
 use std::io::{self, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::files::{Access, Paths, read_bounded, standing};
 use super::live::{self, Found, Published};
@@ -18,7 +20,12 @@ use crate::record::{self, LiveTag, Record};
 /// What this instance holds for one id.
 #[derive(Debug, Default)]
 pub(super) struct Slot {
+    /// The generation this instance holds, if any; changed only through [`Slot::set_local`].
     pub(super) local: Option<LocalGen>,
+    /// Whether `local` is some, readable without the slot's mutex ([`Slot::held_here`]): a
+    /// waiting acquire's look must neither wait for another thread's call that has the slot
+    /// nor guess when it cannot read it.
+    held: Arc<AtomicBool>,
     /// A sweep of generations below this token that a takeover left to this id's next
     /// transition here (see [`FlockTx::sweep`]).
     pub(super) pending_sweep: Option<u64>,
@@ -27,6 +34,19 @@ pub(super) struct Slot {
 }
 
 impl Slot {
+    /// Sets the generation this instance holds (`None`: none), and the flag read without the
+    /// mutex with it.
+    pub(super) fn set_local(&mut self, local: Option<LocalGen>) {
+        self.held.store(local.is_some(), Ordering::Release);
+        self.local = local;
+    }
+
+    /// The flag that tells, without the slot's mutex, whether this instance holds a
+    /// generation of the id (kept by [`Slot::set_local`]).
+    pub(super) fn held_here(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.held)
+    }
+
     /// Leaves a listing below `below` to this id's next transition here.
     pub(super) fn keep_sweep(&mut self, below: u64) {
         self.pending_sweep = Some(self.pending_sweep.map_or(below, |b| b.max(below)));
@@ -445,11 +465,11 @@ impl Transaction for FlockTx<'_> {
     }
 
     fn adopt(&mut self, pending: PendingLive, local: Local) {
-        self.slot.local = Some(LocalGen {
+        self.slot.set_local(Some(LocalGen {
             local,
             committed: None,
             live: pending.0,
-        });
+        }));
     }
 }
 
@@ -614,7 +634,7 @@ impl FlockTx<'_> {
             .is_some_and(|g| g.local.token == token)
         {
             // Closing the descriptor releases the liveness lock.
-            self.slot.local = None;
+            self.slot.set_local(None);
         }
     }
 

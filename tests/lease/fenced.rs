@@ -134,12 +134,13 @@ fn a_fenced_section_holds_no_in_process_lock_over_the_callers_work() {
 }
 
 /// A holder's own `acquire_wait` while another thread's section of the same instance has the
-/// instance's state, and another process waits in the id's line: the look cannot read what the
-/// instance holds, so the call tries at once (waiting for the id's turn, which the section
-/// has) and its attempt is a refresh of its own lease — never a place in the line behind its
-/// own generation, which would answer Held at its deadline. (A first version of the look that
-/// never waits left the turn to the line when the state was busy.) The section is paused at its
-/// lock attempt, holding the state; the holder's wait must not join the line.
+/// instance's state, and another process waits in the id's line: the look reads that the
+/// instance holds the id, so the call tries at once (waiting for the id's turn, which the
+/// section has) and its attempt is a refresh of its own lease — never a place in the line
+/// behind its own generation, which would answer Held at its deadline. (A first version of the look that
+/// never waits left the turn to the line when the state was busy; the look reads a flag the
+/// state keeps now.) The section is paused at its lock attempt, holding the state; the
+/// holder's wait must not join the line.
 #[test]
 fn a_holders_own_wait_beside_its_section_is_a_refresh() {
     use flocklease::fault::{FaultHook, FaultPoint};
@@ -204,8 +205,9 @@ fn a_holders_own_wait_beside_its_section_is_a_refresh() {
         paused.recv().unwrap();
         let refresh = s.spawn(|| a.acquire_wait(&id("s"), &owner("a"), Duration::from_secs(1)));
         // Fixed: the refresh waits for the section's turn and never looks at the line. The
-        // mistake takes a place at once (reported here), then waits out its timeout.
-        let lined_up = joined.recv_timeout(Duration::from_millis(300)).is_ok();
+        // mistake takes a place (reported here) as soon as its thread runs, then waits out its
+        // timeout: the window is twice that timeout, so a slow start cannot hide it.
+        let lined_up = joined.recv_timeout(Duration::from_secs(2)).is_ok();
         go_tx.send(()).unwrap();
         let got = refresh.join().unwrap();
         assert!(
