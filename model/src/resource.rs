@@ -9,7 +9,8 @@
 //! | cleaner | delete `<fence>.lock`, or move it aside (a rename, or a hard link and an unlink) and later put it back at its name: the same inode |
 //!
 //! The properties, judged against the model's ghost baseline — the greatest token the fence
-//! recorded, or, after a rename the window excused, the token that rename put there: **the
+//! recorded, or, after a rename of the fence file the window excused, the token that rename
+//! put there (an excused rename of the target leaves it): **the
 //! fence never admits a token below one it admitted** (a recorded token never
 //! goes down), and **no stale guarded write lands after a greater admission**. Each holds
 //! unless a writer renamed after the cleaner removed its lock in the one system call between
@@ -145,7 +146,8 @@ pub struct ResourceState {
     /// The cleaner's acts left.
     pub cleaner_left: u8,
     /// Ghost: the baseline the properties judge against — the greatest token the fence
-    /// recorded since the last rename the window excused (that rename's token then).
+    /// recorded since the last rename of the fence file the window excused (that rename's
+    /// token then; an excused rename of the target leaves it).
     pub max_admitted: Option<u64>,
     /// Ghost: a writer renamed (its fence file or its target) after its lock was removed in
     /// its window (the `sometimes` property shows the window reachable; that rename alone is
