@@ -67,6 +67,11 @@ plant f-final-check-failed-renew-is-an-error $m \
 plant g-untagged-fifo-is-own $m \
   '        (AtName::File { .. }, None) => Ok(()),\n' \
   '        (AtName::File { .. }, None) => Ok(()),\n        (AtName::Fifo, None) => Ok(()),\n'
+# The commit check on the lock's identity alone (the record half dropped): caught by the
+# cleaner that moves the lock aside and back, in the moves run of `check`.
+plant h-commit-check-lock-only $m \
+  '        Some(read) if read != record_at => Err(CommitRefused::Record),' \
+  '        Some(read) if false \&\& read != record_at => Err(CommitRefused::Record),'
 
 config=${CONFIG:-default}
 # `check` with no --config runs the default configuration and those checked with it.

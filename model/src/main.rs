@@ -51,8 +51,8 @@ options (applied in order, on top of the named configuration):
   --fenced           fenced sections on
   --planted BUG      plant a known bug to see the checker catch it: create-then-lock (the
                      restore of a deleted liveness file creates it, then locks it);
-                     with --config moves: restore-keeps-tag (the restore publishes the
-                     file with the tag the record already names);
+                     restore-keeps-tag (the restore publishes the file with the tag the
+                     record already names: caught by check's moves run, or --config moves);
                      with --config postgres: relock-on-notice (a holder that sees its
                      liveness connection end locks its generation again at once, outside
                      any transition), renew-without-relock (a renew after that trusts the
