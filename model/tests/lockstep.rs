@@ -142,6 +142,41 @@ fn lockstep_with_the_real_adapter() {
     assert_eq!(divergences, 0, "the model and the real adapter diverged");
 }
 
+/// How many seeded random walks with records without a tag.
+const GO_WALKS: u64 = 3_000;
+
+/// Records without a tag, the Go package's (`--config go-records`): every process writes its
+/// records as the Go package does (the real instances through a test-only switch of the
+/// adapter's, `FlockLeaseBuilder::untagged_records`), so a probe takes any regular file at the
+/// generation's name for its own and lets the lock decide (`machine::own_liveness` with no
+/// tag); the cleaner plants FIFOs and directories there, moves the file aside and back,
+/// deletes it. Seeded random walks, compared after every step as above.
+#[test]
+fn lockstep_with_records_without_a_tag() {
+    let m = LeaseModel {
+        name: "lockstep, go-records",
+        untagged: true,
+        ..model()
+    };
+    let (mut steps, mut divergences) = (0usize, 0usize);
+    for seed in 0..GO_WALKS {
+        match walk(&m, seed) {
+            Ok(n) => steps += n,
+            Err(report) => {
+                divergences += 1;
+                eprintln!("{report}");
+                break;
+            }
+        }
+    }
+    let _ = writeln!(
+        std::io::stderr(),
+        "lockstep, records without a tag: {GO_WALKS} random walks, {steps} steps compared, \
+         {divergences} divergences"
+    );
+    assert_eq!(divergences, 0, "the model and the real adapter diverged");
+}
+
 /// A schedule the checker found once, replayed on the correct model and the real adapter:
 /// paste a divergence report's schedule here to keep it.
 #[test]
@@ -347,6 +382,8 @@ struct Real {
     go: Option<File>,
     /// Where the cleaner moves files aside (outside the lease directory).
     aside: tempfile::TempDir,
+    /// The instances write records without a tag (the Go package's).
+    untagged: bool,
 }
 
 impl Real {
@@ -365,6 +402,7 @@ impl Real {
             observer: None,
             go: None,
             aside: tempfile::tempdir().unwrap(),
+            untagged: m.untagged,
         };
         for _ in 0..m.procs {
             real.armed.push(Arc::new(AtomicIsize::new(-1)));
@@ -397,6 +435,7 @@ impl Real {
             .ttl(self.ttl)
             .durability(Durability::Full)
             .faults(hook)
+            .untagged_records(self.untagged)
             .open()
             .unwrap()
     }

@@ -165,6 +165,9 @@ pub struct FlockLease {
     watches: wait::Watches,
     /// The deferred sweeps of this instance's takeovers, and the one listing they share.
     sweeps: Mutex<tx::Sweeps>,
+    /// Records are written without the generation's tag, as the Go package writes them (a
+    /// test seam: the lockstep of such records; always false otherwise).
+    untagged_records: bool,
 }
 
 /// Options for [`FlockLease`]; start from [`FlockLease::builder`].
@@ -181,6 +184,7 @@ pub struct FlockLeaseBuilder {
     trust_foreign_owners: bool,
     faults: Faults,
     share_liveness: Option<std::os::fd::OwnedFd>,
+    untagged_records: bool,
 }
 
 impl FlockLease {
@@ -208,6 +212,7 @@ impl FlockLease {
             trust_foreign_owners: false,
             faults: Faults::default(),
             share_liveness: None,
+            untagged_records: false,
         }
     }
 
@@ -727,6 +732,17 @@ impl FlockLeaseBuilder {
         self
     }
 
+    /// Writes records without the generation's tag, as the Go package does, so that a test
+    /// can run the adapter as a directory of Go holders would have it (the lockstep with the
+    /// model's `go-records`). Not for use: a record without a tag gives up what the tag adds
+    /// (PROTOCOL §1.4).
+    #[cfg(feature = "fault-injection")]
+    #[doc(hidden)]
+    pub fn untagged_records(mut self, untagged: bool) -> Self {
+        self.untagged_records = untagged;
+        self
+    }
+
     /// Opens the lease directory, creating it if missing: mode 0700, only its last component
     /// (a missing parent is an [`Error::Io`] naming it, so a mistyped path never creates a
     /// tree), synced into its parent. A relative path is relative to the working directory
@@ -763,6 +779,7 @@ impl FlockLeaseBuilder {
             durability: self.durability,
             slots: Registry::default(),
             sweeps: Mutex::default(),
+            untagged_records: self.untagged_records,
             opener: Opener {
                 owners,
                 sticky,

@@ -568,7 +568,8 @@ impl FlockTx<'_> {
             other => other?,
         };
         self.check(FaultPoint::WriteTemp, &path)?;
-        let written = tmp.write_all(&record::encode_tagged(record, self.st.commit_tag));
+        let tag = self.st.commit_tag.filter(|_| !self.lease.untagged_records);
+        let written = tmp.write_all(&record::encode_tagged(record, tag));
         let failed = written.map_err(|e| Error::io("write", &path, e));
         // Kept even on failure, so the driver's discard removes what was created.
         self.st.temp = Some((tmp, path));
