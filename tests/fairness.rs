@@ -348,28 +348,23 @@ fn stopped_waiters_ahead_cost_one_grace_not_one_each() {
 }
 
 /// A waiter on the holder's own instance keeps its place in the line while the holder's
-/// release is still under way on another thread of that instance: the release has the
-/// instance's state of the id from before its commit to the end of its cleanup, and a busy
-/// state is no turn (a look that took it for one tried at once, waited for the release's turn
-/// and could take the lease ahead of the first in the line). Here `b` (another process) is
-/// first in the line, `c` (a thread of the holder's instance, another owner) second; the
-/// release pauses after its run, once its commit and the liveness lock's end have woken both;
-/// `c` must go back to waiting (it reads the record) while the release is paused, and `b` is
-/// granted next.
+/// release is still under way on another thread of that instance: whether the instance holds
+/// the id went down with the release's commit, before its cleanup deletes the liveness file
+/// (which wakes the waiters) and closes the generation. (Looks that read it from the state,
+/// busy during the release, or from the generation, not closed yet, tried at once, waited for
+/// the release's turn and could take the lease ahead of the first in the line.) Here `b`
+/// (another process) is first in the line, `c` (a thread of the holder's instance, another
+/// owner) second; the release pauses between the deletion and the close; `c` must go back to
+/// waiting (it reads the record) while the release is paused, and `b` is granted next.
 #[test]
 fn a_waiter_of_the_holders_instance_keeps_its_place_while_the_release_runs() {
     use std::sync::{Mutex, mpsc};
     let _turn = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let named = |name: &str| std::thread::current().name() == Some(name);
-    // The release pauses right after its run (its commit, its cleanup: the liveness file
-    // deleted and closed) until let go, its state still held (`flock::TRANSITION`); `c` reports
-    // its wait, and its look at the record once the release has paused.
-    let after_run = 1 + flocklease::flock::TRANSITION
-        .iter()
-        .position(|step| *step == flocklease::flock::HoldStep::Run)
-        .unwrap();
-    let release_steps = std::sync::atomic::AtomicUsize::new(0);
+    // The release, in its cleanup, deletes its liveness file (here, in its hook: the deletion
+    // wakes the waiters) and pauses until let go, its generation not closed yet and its state
+    // held; `c` reports its wait, and its look at the record once the release has paused.
     let (paused_tx, paused) = mpsc::channel();
     let (go_tx, go) = mpsc::channel::<()>();
     let (c_waits_tx, c_waits) = mpsc::channel();
@@ -379,12 +374,12 @@ fn a_waiter_of_the_holders_instance_keeps_its_place_while_the_release_runs() {
     let (c_waits_tx, c_reads_tx) = (Mutex::new(c_waits_tx), Mutex::new(c_reads_tx));
     let hook: FaultHook = {
         let is_paused = Arc::clone(&is_paused);
-        Arc::new(move |point, _| {
-            if point == FaultPoint::Held
+        Arc::new(move |point, path| {
+            if point == FaultPoint::Unlink
                 && named("release")
-                && release_steps.fetch_add(1, Ordering::SeqCst) + 1 == after_run
                 && let Some((paused, go)) = pause.lock().unwrap().take()
             {
+                std::fs::remove_file(path).unwrap();
                 is_paused.store(true, Ordering::SeqCst);
                 paused.send(()).unwrap();
                 let _ = go.recv();

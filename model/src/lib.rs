@@ -338,8 +338,8 @@ impl LeaseModel {
     }
 
     /// The lease directory's other adversaries, in bounds small enough to be checked with the
-    /// default configuration (`check` with no `--config` runs them after it, with its planted
-    /// bug and its durability): the cleaner that moves the liveness file or the lock aside and
+    /// default configuration (`check` with no `--config` and no option shaping the model runs
+    /// them after it, with its planted bug): the cleaner that moves the liveness file or the lock aside and
     /// puts it back (`moves`, without the fault and the host crash, no call past token 1:
     /// 649 k states, 4 s), and records without a tag (`go-records` without the fault and the
     /// host crash: 437 k states, 2.3 s). Their named configurations explore more (`moves`:
@@ -353,7 +353,6 @@ impl LeaseModel {
                 max_token: 1,
                 host_crash: false,
                 planted: self.planted,
-                durable: self.durable,
                 ..named("moves")
             },
             LeaseModel {
@@ -361,7 +360,6 @@ impl LeaseModel {
                 faults: 0,
                 host_crash: false,
                 planted: self.planted,
-                durable: self.durable,
                 ..named("go-records")
             },
         ]

@@ -12,10 +12,11 @@
 //! liveness session (`pg_terminate_backend`, then the test waits until the holder is told:
 //! the model's `LoseLiveness(p, ServerFirst)` then `NoticeLoss(p)`) come between any two of
 //! them, and so does a commit statement the server refuses (the model's `Refuse(p)`, injected
-//! by the fault hook at `PgStep::Commit`). Left to the checker: the other order of a liveness
-//! loss (the holder seeing its connection break while the server's session lives on), the loss
-//! of a new generation's session a call committed before it adopts it, and the other
-//! injected faults.
+//! by the fault hook at `PgStep::Commit`). The session ended may be that of a new generation
+//! a call committed and has not adopted yet (its transaction's connection): the test then waits
+//! until the call's connection has seen it end (`PgStepper::session_ended`) before its next
+//! statement. Left to the checker: the other order of a liveness loss (the holder seeing its
+//! connection break while the server's session lives on) and the other injected faults.
 //!
 //! After every action the test compares the step each process takes next, each call's
 //! answer, the row (owner, token, expiry) and, for every token, how many sessions hold its
@@ -90,6 +91,7 @@ fn pg_lockstep_with_the_real_adapter() {
                 Some(Scenario::TakeoverAfterLivenessLoss) => "taken over after a liveness loss",
                 Some(Scenario::TakeoverAfterCrash) => "taken over after a crash",
                 Some(Scenario::ReturnedAfterRenew) => "expired before its return, renewed",
+                Some(Scenario::LostBeforeAdopt) => "liveness ended before its call adopted it",
                 _ => continue,
             };
             *seen.entry(name).or_default() += 1;
@@ -104,7 +106,7 @@ fn pg_lockstep_with_the_real_adapter() {
         started.elapsed()
     );
     // The walks reach what they are for.
-    assert_eq!(seen.len(), 4, "{seen:?}");
+    assert_eq!(seen.len(), 5, "{seen:?}");
     assert!(refused > 0, "no commit statement was refused");
 }
 
@@ -157,20 +159,16 @@ fn walk(m: &LeaseModel, url: &str, admin: &pg::Admin, seed: u64) -> Result<Done,
     for _ in 0..WALK_LEN {
         let mut offered = vec![];
         m.actions(&s, &mut offered);
-        offered.retain(|a| match a {
-            Action::Call(..)
-            | Action::Step(..)
-            | Action::Tick
-            | Action::Crash(_)
-            | Action::Refuse(_) => true,
-            // The loss of a local generation's session; not of one a call committed and has
-            // yet to adopt (the model's "a new generation's liveness ended before its call
-            // adopted it": this harness does not run it).
-            Action::LoseLiveness(p, Cut::ServerFirst) => s.procs[*p]
-                .call
-                .as_ref()
-                .is_none_or(|c| !(c.ghost.renamed && c.run.pending().is_some())),
-            _ => false,
+        offered.retain(|a| {
+            matches!(
+                a,
+                Action::Call(..)
+                    | Action::Step(..)
+                    | Action::Tick
+                    | Action::Crash(_)
+                    | Action::Refuse(_)
+                    | Action::LoseLiveness(_, Cut::ServerFirst)
+            )
         });
         // A crash is offered to every process at every moment: drawn as often as the rest, it
         // would end most calls half-way and most lost holders before a rival takes over.
@@ -189,10 +187,18 @@ fn walk(m: &LeaseModel, url: &str, admin: &pg::Admin, seed: u64) -> Result<Done,
             break;
         };
         done.push(a);
+        // (The model's scenario of such a loss is gone once the holder has seen it, which
+        // this harness does in the same action.)
+        let before_adopt =
+            matches!(a, Action::LoseLiveness(p, _) if pending_token(&s, p).is_some());
         s = real
             .apply(m, admin, &s, a)
             .map_err(|e| divergence(seed, &done, &e))?;
-        scenarios.push(s.scenario);
+        scenarios.push(if before_adopt {
+            Some(Scenario::LostBeforeAdopt)
+        } else {
+            s.scenario
+        });
     }
     Ok(done.into_iter().zip(scenarios).collect())
 }
@@ -206,6 +212,17 @@ fn divergence(seed: u64, done: &[Action], what: &str) -> String {
         let _ = writeln!(out, "    {a:?}");
     }
     out
+}
+
+/// The new generation process `p`'s call committed and has not adopted yet, if any (the
+/// transaction's connection holds its lock).
+fn pending_token(s: &State, p: usize) -> Option<u64> {
+    s.procs[p]
+        .call
+        .as_ref()
+        .filter(|c| c.ghost.renamed)
+        .and_then(|c| c.run.pending())
+        .map(|l| l.token)
 }
 
 /// The real side: one id on the server, one `PgLease` instance per model process.
@@ -330,6 +347,35 @@ impl Real {
                 let fresh = self.instance(p);
                 drop(std::mem::replace(&mut self.insts[p], fresh));
                 m.next_state(s, a).ok_or("the model cannot crash")?
+            }
+            Action::LoseLiveness(p, Cut::ServerFirst) if pending_token(s, p).is_some() => {
+                // The new generation a call committed and has not adopted: the transaction's
+                // connection holds its lock, and the call sees its session end there.
+                let token = pending_token(s, p).expect("checked");
+                let key = admin.key(self.id.as_str());
+                let holders = admin.advisory_holders(key, gen_key(token));
+                let [pid] = holders[..] else {
+                    return Err(format!(
+                        "generation {token} (committed, not adopted) is held by sessions \
+                         {holders:?}, the model says p{p}'s"
+                    ));
+                };
+                let call = self.calls[p].as_ref().ok_or("no call under way")?;
+                if call.session_pid() != Some(pid) {
+                    return Err(format!(
+                        "generation {token} is held by session {pid}, not by p{p}'s call's \
+                         connection ({:?})",
+                        call.session_pid()
+                    ));
+                }
+                admin.terminate(pid);
+                admin.until_ended(pid);
+                pg::until("the call's connection to see its session end", || {
+                    call.session_ended()
+                });
+                let n = m.next_state(s, a).ok_or("the model cannot lose liveness")?;
+                m.next_state(&n, Action::NoticeLoss(p))
+                    .ok_or("the model cannot notice the loss")?
             }
             Action::LoseLiveness(p, Cut::ServerFirst) => {
                 let local = s.procs[p].local.clone().ok_or("no local generation")?;

@@ -167,6 +167,7 @@ pub struct FlockLease {
     sweeps: Mutex<tx::Sweeps>,
     /// Records are written without the generation's tag, as the Go package writes them (a
     /// test seam: the lockstep of such records; always false otherwise).
+    #[cfg(feature = "fault-injection")]
     untagged_records: bool,
 }
 
@@ -184,6 +185,7 @@ pub struct FlockLeaseBuilder {
     trust_foreign_owners: bool,
     faults: Faults,
     share_liveness: Option<std::os::fd::OwnedFd>,
+    #[cfg(feature = "fault-injection")]
     untagged_records: bool,
 }
 
@@ -212,6 +214,7 @@ impl FlockLease {
             trust_foreign_owners: false,
             faults: Faults::default(),
             share_liveness: None,
+            #[cfg(feature = "fault-injection")]
             untagged_records: false,
         }
     }
@@ -589,6 +592,7 @@ impl FlockLease {
     /// to it (the driver ends every run by releasing the lock, which runs it); the transition
     /// lock's descriptor is closed, which unlocks it if the run did not.
     fn end_transition(&self, slot: &mut Slot, lock: HeldLock, mut st: TxState) {
+        slot.mark_held(slot.local.is_some());
         if let Some(below) = st.carried_sweep.take() {
             slot.keep_sweep(below);
         }
@@ -779,6 +783,7 @@ impl FlockLeaseBuilder {
             durability: self.durability,
             slots: Registry::default(),
             sweeps: Mutex::default(),
+            #[cfg(feature = "fault-injection")]
             untagged_records: self.untagged_records,
             opener: Opener {
                 owners,
@@ -819,8 +824,8 @@ impl Drop for Unlocking {
 struct SlotEntry {
     paths: Paths,
     gate: Gate,
-    /// Whether `state` holds a generation, readable without its mutex (`Slot::set_local`
-    /// keeps it).
+    /// Whether this instance holds the id, readable without `state`'s mutex (the rule is
+    /// `Slot::held`'s).
     held_here: Arc<std::sync::atomic::AtomicBool>,
     state: Mutex<Slot>,
 }

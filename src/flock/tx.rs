@@ -20,11 +20,16 @@ use crate::record::{self, LiveTag, Record};
 /// What this instance holds for one id.
 #[derive(Debug, Default)]
 pub(super) struct Slot {
-    /// The generation this instance holds, if any; changed only through [`Slot::set_local`].
+    /// The generation this instance holds, if any.
     pub(super) local: Option<LocalGen>,
-    /// Whether `local` is some, readable without the slot's mutex ([`Slot::held_here`]): a
-    /// waiting acquire's look must neither wait for another thread's call that has the slot
-    /// nor guess when it cannot read it.
+    /// Whether this instance holds the id, readable without the slot's mutex
+    /// ([`Slot::held_here`]): set at each commit point to whether the record committed names
+    /// this instance's generation (a release's tombstone does not), and at the end of every
+    /// transition to whether it holds one. So it changes with the record, not later: the
+    /// release's deletion of its liveness file, which wakes the waiters, comes after the flag
+    /// went down, and an acquire's refresh tries at once from its commit on. A waiting
+    /// acquire's look reads it: it must neither wait for another thread's call that has the
+    /// slot nor guess when it cannot read it.
     held: Arc<AtomicBool>,
     /// A sweep of generations below this token that a takeover left to this id's next
     /// transition here (see [`FlockTx::sweep`]).
@@ -34,15 +39,13 @@ pub(super) struct Slot {
 }
 
 impl Slot {
-    /// Sets the generation this instance holds (`None`: none), and the flag read without the
-    /// mutex with it.
-    pub(super) fn set_local(&mut self, local: Option<LocalGen>) {
-        self.held.store(local.is_some(), Ordering::Release);
-        self.local = local;
+    /// Says, for the look that reads it without the mutex, whether this instance holds the
+    /// id ([`Slot::held`]'s rule).
+    pub(super) fn mark_held(&self, held: bool) {
+        self.held.store(held, Ordering::Release);
     }
 
-    /// The flag that tells, without the slot's mutex, whether this instance holds a
-    /// generation of the id (kept by [`Slot::set_local`]).
+    /// The flag that tells, without the slot's mutex, whether this instance holds the id.
     pub(super) fn held_here(&self) -> Arc<AtomicBool> {
         Arc::clone(&self.held)
     }
@@ -439,7 +442,12 @@ impl Transaction for FlockTx<'_> {
             (CommitStep::EnsureLive, Some(token), _) => self.ensure_live(token)?,
             (CommitStep::WriteTemp, _, Some(record)) => self.write_temp(record)?,
             (CommitStep::SyncTemp, ..) => self.sync_temp()?,
-            (CommitStep::Point, ..) => self.rename()?,
+            (CommitStep::Point, _, commit) => {
+                self.rename()?;
+                // The record names this instance's generation now, or (a release) none.
+                self.slot
+                    .mark_held(commit.as_ref().is_some_and(|r| !r.is_tombstone()));
+            }
             (CommitStep::SyncDir, ..) => self.sync_dir()?,
             _ => unreachable!("a commit step its plan does not list"),
         }
@@ -465,11 +473,11 @@ impl Transaction for FlockTx<'_> {
     }
 
     fn adopt(&mut self, pending: PendingLive, local: Local) {
-        self.slot.set_local(Some(LocalGen {
+        self.slot.local = Some(LocalGen {
             local,
             committed: None,
             live: pending.0,
-        }));
+        });
     }
 }
 
@@ -568,7 +576,10 @@ impl FlockTx<'_> {
             other => other?,
         };
         self.check(FaultPoint::WriteTemp, &path)?;
+        #[cfg(feature = "fault-injection")]
         let tag = self.st.commit_tag.filter(|_| !self.lease.untagged_records);
+        #[cfg(not(feature = "fault-injection"))]
+        let tag = self.st.commit_tag;
         let written = tmp.write_all(&record::encode_tagged(record, tag));
         let failed = written.map_err(|e| Error::io("write", &path, e));
         // Kept even on failure, so the driver's discard removes what was created.
@@ -635,7 +646,7 @@ impl FlockTx<'_> {
             .is_some_and(|g| g.local.token == token)
         {
             // Closing the descriptor releases the liveness lock.
-            self.slot.set_local(None);
+            self.slot.local = None;
         }
     }
 

@@ -73,6 +73,14 @@ impl PgStepper {
         self.conn.as_ref().map(|c| c.pid)
     }
 
+    /// Whether the connection the run holds has seen its server session end (a harness that
+    /// ends it waits for this before the call's next step, as the holder's seeing it).
+    pub fn session_ended(&self) -> bool {
+        self.conn
+            .as_ref()
+            .is_some_and(|c| c.ended.is_ended() || c.client.is_closed())
+    }
+
     /// Performs the next step on `lease` (the instance that made this stepper).
     ///
     /// # Panics
