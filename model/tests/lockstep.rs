@@ -121,16 +121,9 @@ fn lockstep_with_the_real_adapter() {
             }
         }
     }
-    for seed in 0..WALKS {
-        match walk(&m, seed) {
-            Ok(n) => steps += n,
-            Err(report) => {
-                divergences += 1;
-                eprintln!("{report}");
-                break;
-            }
-        }
-    }
+    let (walked, diverged) = walks(&m, WALKS);
+    steps += walked;
+    divergences += diverged;
     let n = schedules.len() + WALKS as usize;
     // Written to the process's stderr directly, past the test harness's capture, so that
     // `cargo test` (and CI's log) shows the count.
@@ -158,17 +151,7 @@ fn lockstep_with_records_without_a_tag() {
         untagged: true,
         ..model()
     };
-    let (mut steps, mut divergences) = (0usize, 0usize);
-    for seed in 0..GO_WALKS {
-        match walk(&m, seed) {
-            Ok(n) => steps += n,
-            Err(report) => {
-                divergences += 1;
-                eprintln!("{report}");
-                break;
-            }
-        }
-    }
+    let (steps, divergences) = walks(&m, GO_WALKS);
     let _ = writeln!(
         std::io::stderr(),
         "lockstep, records without a tag: {GO_WALKS} random walks, {steps} steps compared, \
@@ -292,6 +275,22 @@ fn regressions() {
     ] {
         replay(&m, &schedule, true).unwrap_or_else(|r| panic!("{r}"));
     }
+}
+
+/// Seeds `0..n` walked ([`walk`]) until the first divergence, which is printed. Returns the
+/// steps compared and the divergences (0 or 1).
+fn walks(m: &LeaseModel, n: u64) -> (usize, usize) {
+    let mut steps = 0;
+    for seed in 0..n {
+        match walk(m, seed) {
+            Ok(k) => steps += k,
+            Err(report) => {
+                eprintln!("{report}");
+                return (steps, 1);
+            }
+        }
+    }
+    (steps, 0)
 }
 
 /// A seeded random walk of the model, run in lockstep. Returns the steps compared.

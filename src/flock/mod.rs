@@ -41,7 +41,7 @@ mod step;
 mod tx;
 pub(crate) mod wait;
 
-use crate::front::{Gate, Idle, Registry};
+use crate::front::{Gate, Idle, Registry, Turn};
 use files::{Access, DEFAULT_FILE_MODE, HeldLock, Opener, Paths, read_bounded};
 use tx::{FlockTx, Slot, TxState};
 use wait::Cancel;
@@ -469,15 +469,7 @@ impl FlockLease {
         // explicit unlock: `Unlocking`).
         for step in SECTION {
             match step {
-                HoldStep::Take(Hold::Turn) => match entry.gate.enter(deadline) {
-                    Some(t) => turn = Some(t),
-                    None => {
-                        return Err(Error::LockTimeout {
-                            lock: crate::error::LockOf::File(paths.lock.clone()),
-                            waited: started.elapsed(),
-                        });
-                    }
-                },
+                HoldStep::Take(Hold::Turn) => turn = Some(entry.turn(deadline, started)?),
                 HoldStep::Take(Hold::State) => slot = Some(lock(&entry.state)),
                 HoldStep::Take(Hold::Lock) => {
                     stable = Some(Unlocking(self.lock_stable(
@@ -538,16 +530,7 @@ impl FlockLease {
         // Taken and given back in `TRANSITION`'s order, which the model checker's threads run.
         for step in TRANSITION {
             match step {
-                // In-process serialization of one id, bounded by this caller's own deadline.
-                HoldStep::Take(Hold::Turn) => match entry.gate.enter(deadline) {
-                    Some(t) => turn = Some(t),
-                    None => {
-                        return Err(Error::LockTimeout {
-                            lock: crate::error::LockOf::File(paths.lock.clone()),
-                            waited: started.elapsed(),
-                        });
-                    }
-                },
+                HoldStep::Take(Hold::Turn) => turn = Some(entry.turn(deadline, started)?),
                 HoldStep::Take(Hold::State) => slot = Some(lock(&entry.state)),
                 HoldStep::Take(Hold::Lock) => {
                     held = Some(self.lock_stable(&paths.lock, deadline, started)?);
@@ -828,6 +811,17 @@ struct SlotEntry {
     /// `Slot::held`'s).
     held_here: Arc<std::sync::atomic::AtomicBool>,
     state: Mutex<Slot>,
+}
+
+impl SlotEntry {
+    /// The id's in-process turn (its serialization of one id within the instance), waited
+    /// for until the caller's own `deadline` (the call `started` then).
+    fn turn(&self, deadline: Option<Instant>, started: Instant) -> Result<Turn<'_>, Error> {
+        self.gate.enter(deadline).ok_or_else(|| Error::LockTimeout {
+            lock: crate::error::LockOf::File(self.paths.lock.clone()),
+            waited: started.elapsed(),
+        })
+    }
 }
 
 impl Idle for SlotEntry {
