@@ -429,3 +429,100 @@ fn a_waiter_of_the_holders_instance_keeps_its_place_while_the_release_runs() {
     release(&mut b);
     b.finish();
 }
+
+/// A holder's own `acquire_wait` while another thread's acquire of the same instance has
+/// committed its generation and not adopted it yet (here: a takeover of an expired lease,
+/// paused at its directory sync) is a refresh tried at once, never a place in the line
+/// behind the other waiters: whether the instance holds the id goes up with the commit, not
+/// with the adoption. Here `h` held the lease and expired, `b` waits in the line, `a` takes
+/// over and, from another thread, asks again.
+#[test]
+fn a_holders_wait_between_its_commit_and_its_adoption_is_a_refresh() {
+    use flocklease::{ManualClock, Timestamp};
+    use std::sync::{Mutex, mpsc};
+    let _turn = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(Timestamp::from_unix_secs(1_700_000_000).unwrap());
+    let ttl = Duration::from_secs(600);
+    let named = |name: &str| std::thread::current().name() == Some(name);
+    let open = |hook: FaultHook| {
+        FlockLease::builder(dir.path())
+            .clock(Arc::new(clock.clone()))
+            .ttl(ttl)
+            .faults(hook)
+            .open()
+            .unwrap()
+    };
+    // `b` tells when it waits in the line; `a`'s takeover pauses at its directory sync until
+    // let go, and `a`'s second call tells if it takes a place in the line.
+    let (b_waits_tx, b_waits) = mpsc::channel();
+    let b_waits_tx = Mutex::new(Some(b_waits_tx));
+    let b = open(Arc::new(move |point, _| {
+        if point == FaultPoint::OpenWait
+            && let Some(tx) = b_waits_tx.lock().unwrap().take()
+        {
+            let _ = tx.send(());
+        }
+        None
+    }));
+    let (paused_tx, paused) = mpsc::channel();
+    let (go_tx, go) = mpsc::channel::<()>();
+    let (joined_tx, joined) = mpsc::channel();
+    let pause = Mutex::new(Some((paused_tx, go)));
+    let joined_tx = Mutex::new(joined_tx);
+    let a = open(Arc::new(move |point, _| {
+        if point == FaultPoint::SyncDir
+            && named("takeover")
+            && let Some((paused, go)) = pause.lock().unwrap().take()
+        {
+            paused.send(()).unwrap();
+            let _ = go.recv();
+        }
+        if point == FaultPoint::OpenQueue && named("again") {
+            let _ = joined_tx.lock().unwrap().send(());
+        }
+        None
+    }));
+    let h = open(Arc::new(|_, _| None));
+    let first = h.acquire(&id("s"), &owner("h")).unwrap().lease().unwrap();
+    std::thread::scope(|s| {
+        let waiter = s.spawn(|| b.acquire_wait(&id("s"), &owner("b"), CHILD_WAIT));
+        b_waits.recv().unwrap();
+        clock.advance(ttl + Duration::from_secs(1));
+        let takeover = std::thread::Builder::new()
+            .name("takeover".into())
+            .spawn_scoped(s, || a.acquire(&id("s"), &owner("a")))
+            .unwrap();
+        paused.recv().unwrap();
+        let again = std::thread::Builder::new()
+            .name("again".into())
+            .spawn_scoped(s, || {
+                a.acquire_wait(&id("s"), &owner("a"), Duration::from_secs(1))
+            })
+            .unwrap();
+        // Fixed: the second call waits for the takeover's turn and never looks at the line.
+        // The mistake takes a place as soon as its thread runs (reported here).
+        let lined_up = joined.recv_timeout(Duration::from_secs(2)).is_ok();
+        go_tx.send(()).unwrap();
+        let taken = takeover
+            .join()
+            .unwrap()
+            .unwrap()
+            .lease()
+            .expect("taken over");
+        assert_eq!(taken.token, first.token + 1);
+        let got = again.join().unwrap();
+        assert!(
+            !lined_up,
+            "the holder's own wait took a place in the line: {got:?}"
+        );
+        let refreshed = got.unwrap().lease().expect("a refresh");
+        assert_eq!(refreshed.token, taken.token, "a refresh keeps the token");
+        // The waiter gets the lease once the holder lets go and `h` (whose generation it
+        // watches) is gone.
+        a.release(&refreshed).unwrap();
+        drop(h);
+        let next = waiter.join().unwrap().unwrap().lease().expect("granted");
+        assert_eq!(next.token, taken.token + 1);
+    });
+}
