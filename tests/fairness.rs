@@ -409,12 +409,12 @@ fn a_waiter_of_the_holders_instance_keeps_its_place_while_the_release_runs() {
                 a.acquire_wait(&id("s"), &owner("c"), Duration::from_secs(3))
             })
             .unwrap();
-        c_waits.recv().unwrap();
+        c_waits.recv_timeout(CHILD_WAIT).unwrap();
         let release = std::thread::Builder::new()
             .name("release".into())
             .spawn_scoped(s, || a.release(&first))
             .unwrap();
-        paused.recv().unwrap();
+        paused.recv_timeout(CHILD_WAIT).unwrap();
         let went_back = c_reads.recv_timeout(CHILD_WAIT).is_ok();
         go_tx.send(()).unwrap();
         release.join().unwrap().unwrap();
@@ -487,13 +487,13 @@ fn a_holders_wait_between_its_commit_and_its_adoption_is_a_refresh() {
     let first = h.acquire(&id("s"), &owner("h")).unwrap().lease().unwrap();
     std::thread::scope(|s| {
         let waiter = s.spawn(|| b.acquire_wait(&id("s"), &owner("b"), CHILD_WAIT));
-        b_waits.recv().unwrap();
+        b_waits.recv_timeout(CHILD_WAIT).unwrap();
         clock.advance(ttl + Duration::from_secs(1));
         let takeover = std::thread::Builder::new()
             .name("takeover".into())
             .spawn_scoped(s, || a.acquire(&id("s"), &owner("a")))
             .unwrap();
-        paused.recv().unwrap();
+        paused.recv_timeout(CHILD_WAIT).unwrap();
         let again = std::thread::Builder::new()
             .name("again".into())
             .spawn_scoped(s, || {

@@ -354,12 +354,14 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
             let mut out = std::io::stdout();
             let mut ok =
                 report::check_with(&model, counterexamples, &mut out).map_err(|e| e.to_string())?;
-            if !named && !shaped {
-                for extra in model.alongside_default() {
-                    println!();
-                    let extra_ok = report::check_with(&extra, counterexamples, &mut out)
-                        .map_err(|e| e.to_string())?;
-                    ok &= extra_ok;
+            if !named {
+                if !shaped {
+                    for extra in model.alongside_default() {
+                        println!();
+                        let extra_ok = report::check_with(&extra, counterexamples, &mut out)
+                            .map_err(|e| e.to_string())?;
+                        ok &= extra_ok;
+                    }
                 }
                 println!();
                 let run_ok = flocklease_model::run::check(RunModel::default(), &mut out)

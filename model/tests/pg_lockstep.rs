@@ -16,7 +16,8 @@
 //! a call committed and has not adopted yet (its transaction's connection): the test then waits
 //! until the call's connection has seen it end (`PgStepper::session_ended`) before its next
 //! statement. Left to the checker: the other order of a liveness loss (the holder seeing its
-//! connection break while the server's session lives on) and the other injected faults.
+//! connection break while the server's session lives on), a call's steps between a loss and
+//! its holder seeing it (the test does both in one action), and the other injected faults.
 //!
 //! After every action the test compares the step each process takes next, each call's
 //! answer, the row (owner, token, expiry) and, for every token, how many sessions hold its
@@ -366,6 +367,11 @@ impl Real {
                         "generation {token} is held by session {pid}, not by p{p}'s call's \
                          connection ({:?})",
                         call.session_pid()
+                    ));
+                }
+                if call.session_ended() {
+                    return Err(format!(
+                        "p{p}'s call's connection ended before its session did"
                     ));
                 }
                 admin.terminate(pid);

@@ -331,12 +331,12 @@ impl FlockLease {
             }
             // An instance that holds the id tries at once: its own owner's call is a refresh
             // (re-entrant), another owner's is answered held and lines up. Else the line
-            // decides. The look never waits: it reads what the instance holds from a flag, not
-            // under the state's mutex, which another thread's call may hold while it waits for
-            // the transition lock (up to its lock timeout) — so the wait keeps its bound of one
-            // lock timeout past `timeout` (the model's threads check it) and the line its order
-            // (a busy state is no turn).
-            let held_here = entry.held_here.load(std::sync::atomic::Ordering::Acquire);
+            // decides. The look never waits: it reads until when the instance holds the id
+            // (the expiry it last committed, `Slot::held`), not under the state's mutex, which
+            // another thread's call may hold while it waits for the transition lock (up to its
+            // lock timeout) — so the wait keeps its bound of one lock timeout past `timeout`
+            // (the model's threads check it) and the line its order (a busy state is no turn).
+            let held_here = tx::held_at(&entry.held_until, self.clock.now());
             let line_turn = !held_here && line.may_try(&self.opener, &queue_path, origin.elapsed());
             let turn = held_here || line_turn;
             if turn {
@@ -575,7 +575,9 @@ impl FlockLease {
     /// to it (the driver ends every run by releasing the lock, which runs it); the transition
     /// lock's descriptor is closed, which unlocks it if the run did not.
     fn end_transition(&self, slot: &mut Slot, lock: HeldLock, mut st: TxState) {
-        slot.mark_held(slot.local.is_some());
+        if slot.local.is_none() {
+            slot.mark_held(None);
+        }
         if let Some(below) = st.carried_sweep.take() {
             slot.keep_sweep(below);
         }
@@ -593,7 +595,7 @@ impl FlockLease {
             SlotEntry {
                 paths: Paths::new(&self.dir, stem.to_owned()),
                 gate: Gate::default(),
-                held_here: state.held_here(),
+                held_until: state.held_until(),
                 state: Mutex::new(state),
             }
         })
@@ -807,9 +809,9 @@ impl Drop for Unlocking {
 struct SlotEntry {
     paths: Paths,
     gate: Gate,
-    /// Whether this instance holds the id, readable without `state`'s mutex (the rule is
-    /// `Slot::held`'s).
-    held_here: Arc<std::sync::atomic::AtomicBool>,
+    /// Until when this instance holds the id, readable without `state`'s mutex (the rule is
+    /// `Slot::held`'s; `tx::held_at` reads it).
+    held_until: Arc<std::sync::atomic::AtomicI64>,
     state: Mutex<Slot>,
 }
 

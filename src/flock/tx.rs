@@ -6,31 +6,50 @@ use std::io::{self, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicI64, Ordering};
 
 use super::files::{Access, Paths, read_bounded, standing};
 use super::live::{self, Found, Published};
 use super::{Durability, FlockLease};
+use crate::Timestamp;
 use crate::driver::{Begun, CommitStep, Grain, Transaction};
 use crate::error::Error;
 use crate::fault::FaultPoint;
 use crate::machine::{self, Cleanup, Liveness, Local, Plan};
 use crate::record::{self, LiveTag, Record};
 
+/// Whether an instance whose [`Slot::held`] reads `until` holds the id at `now`.
+pub(super) fn held_at(until: &AtomicI64, now: Timestamp) -> bool {
+    nanos(now) < until.load(Ordering::Acquire)
+}
+
+/// `t` in Unix nanoseconds, within `i64` (years 1677 to 2262; beyond, the nearest end).
+fn nanos(t: Timestamp) -> i64 {
+    i64::try_from(t.unix_nanos()).unwrap_or(if t.unix_nanos() < 0 {
+        i64::MIN
+    } else {
+        i64::MAX
+    })
+}
+
 /// What this instance holds for one id.
 #[derive(Debug, Default)]
 pub(super) struct Slot {
     /// The generation this instance holds, if any.
     pub(super) local: Option<LocalGen>,
-    /// Whether this instance holds the id, readable without the slot's mutex
-    /// ([`Slot::held_here`]): set at each commit point to whether the record committed names
-    /// this instance's generation (a release's tombstone does not), and at the end of every
-    /// transition to whether it holds one. So it changes with the record, not later: the
-    /// release's deletion of its liveness file, which wakes the waiters, comes after the flag
-    /// went down, and an acquire's refresh tries at once from its commit on. A waiting
-    /// acquire's look reads it: it must neither wait for another thread's call that has the
-    /// slot nor guess when it cannot read it.
-    held: Arc<AtomicBool>,
+    /// Until when this instance holds the id (Unix nanoseconds; `i64::MIN`, or 0 as built:
+    /// not held), readable without the slot's mutex ([`Slot::held_until`]): set at each commit
+    /// point to the expiry of the record committed when it names this instance's generation,
+    /// to none when it does not (a release's tombstone), and to none at the end of a
+    /// transition that leaves the instance without a generation. So it changes with the
+    /// record, not later: the release's deletion of its liveness file, which wakes the
+    /// waiters, comes after it went down, and an acquire's refresh tries at once from its
+    /// commit on; and it lapses with the lease's expiry. (A takeover by another process before
+    /// the expiry, which needs this holder's liveness lock gone, shows here only at this
+    /// instance's next transition on the id; so does a commit whose transition then failed.)
+    /// A waiting acquire's look reads it: it must neither wait for another thread's call that
+    /// has the slot nor guess when it cannot read it.
+    held: Arc<AtomicI64>,
     /// A sweep of generations below this token that a takeover left to this id's next
     /// transition here (see [`FlockTx::sweep`]).
     pub(super) pending_sweep: Option<u64>,
@@ -39,14 +58,16 @@ pub(super) struct Slot {
 }
 
 impl Slot {
-    /// Says, for the look that reads it without the mutex, whether this instance holds the
-    /// id ([`Slot::held`]'s rule).
-    pub(super) fn mark_held(&self, held: bool) {
-        self.held.store(held, Ordering::Release);
+    /// Says, for the look that reads it without the mutex, until when this instance holds
+    /// the id (`None`: it does not; [`Slot::held`]'s rule).
+    pub(super) fn mark_held(&self, until: Option<Timestamp>) {
+        self.held
+            .store(until.map_or(i64::MIN, nanos), Ordering::Release);
     }
 
-    /// The flag that tells, without the slot's mutex, whether this instance holds the id.
-    pub(super) fn held_here(&self) -> Arc<AtomicBool> {
+    /// Until when this instance holds the id, readable without the slot's mutex
+    /// ([`held_at`] reads it).
+    pub(super) fn held_until(&self) -> Arc<AtomicI64> {
         Arc::clone(&self.held)
     }
 
@@ -445,8 +466,12 @@ impl Transaction for FlockTx<'_> {
             (CommitStep::Point, _, commit) => {
                 self.rename()?;
                 // The record names this instance's generation now, or (a release) none.
-                self.slot
-                    .mark_held(commit.as_ref().is_some_and(|r| !r.is_tombstone()));
+                self.slot.mark_held(
+                    commit
+                        .as_ref()
+                        .filter(|r| !r.is_tombstone())
+                        .map(|r| r.expiry),
+                );
             }
             (CommitStep::SyncDir, ..) => self.sync_dir()?,
             _ => unreachable!("a commit step its plan does not list"),
@@ -671,5 +696,31 @@ impl FlockTx<'_> {
         let mut sweeps = super::lock(&self.lease.sweeps);
         sweeps.since += 1;
         sweeps.pending.insert(self.paths.stem.clone());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The instance holds the id until the committed record's expiry, not at it (the expiry
+    /// instant belongs to the next holder, `machine::is_expired`), and not after a release or
+    /// before any commit.
+    #[test]
+    fn the_held_flag_lapses_at_the_expiry() {
+        let expiry = Timestamp::from_unix_secs(1_700_000_030).unwrap();
+        let before = Timestamp::from_unix_secs(1_700_000_029).unwrap();
+        let slot = Slot::default();
+        let until = slot.held_until();
+        assert!(!held_at(&until, before), "held before any commit");
+        slot.mark_held(Some(expiry));
+        assert!(held_at(&until, before));
+        assert!(!held_at(&until, expiry), "held at the expiry instant");
+        assert_eq!(
+            held_at(&until, expiry),
+            !crate::machine::is_expired(expiry, expiry)
+        );
+        slot.mark_held(None);
+        assert!(!held_at(&until, before), "held after a release");
     }
 }
