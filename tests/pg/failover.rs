@@ -85,9 +85,14 @@ fn a_commit_the_standby_never_confirmed_is_never_a_grant() {
         matches!(stalled, Err(Error::CommitUnknown { .. })),
         "an acquire the standby never confirmed: {stalled:?}"
     );
-    // The commit is on the primary, visible there: the row says so.
-    let row = primary.admin().row("failover");
-    assert_eq!(row.map(|r| r.0), Some("stalled".to_owned()));
+    // The commit is on the primary, visible there: the row says so, once the session the
+    // library ended has finished (ending it only signals it: the call may return before its
+    // transaction leaves the server's list of those under way, and until then others still
+    // see the row as it was).
+    let admin = primary.admin();
+    pg::until("the unconfirmed commit to show on the primary", || {
+        admin.row("failover").map(|r| r.0).as_deref() == Some("stalled")
+    });
 
     // The primary dies (the stopped walsender gets SIGKILL from the postmaster); the standby
     // takes over.
