@@ -72,9 +72,32 @@ impl Scene {
         self.tmp.path().join(name)
     }
 
-    /// `flocklease run --dir LEASES --id ID EXTRA... -- CMD...`, output piped.
+    /// `flocklease run --dir LEASES --id ID EXTRA... -- CMD...`, output piped, with the
+    /// default action for every signal `run` forwards (a test run started under `nohup`, or as
+    /// a background job of a shell without job control, inherits SIGHUP, SIGINT and SIGQUIT
+    /// ignored, which `run` and the job's shell would keep: its traps could never fire).
+    #[allow(unsafe_code)]
     pub fn run(&self, id: &str, extra: &[&str], cmd: &[&str]) -> Command {
+        use std::os::unix::process::CommandExt;
         let mut c = Command::new(BIN);
+        // SAFETY: between fork and exec only `sigaction`, which is async-signal-safe.
+        unsafe {
+            c.pre_exec(|| {
+                use nix::sys::signal::{SigHandler, signal};
+                for sig in [
+                    Signal::SIGHUP,
+                    Signal::SIGINT,
+                    Signal::SIGQUIT,
+                    Signal::SIGTERM,
+                    Signal::SIGUSR1,
+                    Signal::SIGUSR2,
+                    Signal::SIGWINCH,
+                ] {
+                    signal(sig, SigHandler::SigDfl)?;
+                }
+                Ok(())
+            });
+        }
         c.arg("run")
             .arg("--dir")
             .arg(&self.leases)
