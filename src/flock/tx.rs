@@ -18,9 +18,14 @@ use crate::fault::FaultPoint;
 use crate::machine::{self, Cleanup, Liveness, Local, Plan};
 use crate::record::{self, LiveTag, Record};
 
-/// Whether an instance whose [`Slot::held`] reads `until` holds the id at `now`.
+/// Whether an instance whose [`Slot::held`] reads `until` holds the id at `now`: until the
+/// committed expiry, by the machine's one definition of expiry.
 pub(super) fn held_at(until: &AtomicI64, now: Timestamp) -> bool {
-    nanos(now) < until.load(Ordering::Acquire)
+    match until.load(Ordering::Acquire) {
+        i64::MIN => false,
+        at => Timestamp::from_unix_nanos(i128::from(at))
+            .is_some_and(|expiry| !machine::is_expired(expiry, now)),
+    }
 }
 
 /// `t` in Unix nanoseconds, within `i64` (years 1677 to 2262; beyond, the nearest end).
