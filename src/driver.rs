@@ -84,6 +84,52 @@ pub fn commit_steps(grain: Grain, plan: &Plan) -> Vec<CommitStep> {
     steps
 }
 
+/// What a fenced section or a transition holds of an id (PROTOCOL §9.2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Hold {
+    /// The id's in-process turn (`front::Gate`): waited for until the call's deadline.
+    Turn,
+    /// This instance's state of the id (a mutex): waited for without a deadline, so never
+    /// held across a wait without one.
+    State,
+    /// The id's transition lock (flock: `<stem>.lock`; PostgreSQL: the transaction's
+    /// connection, whose first statement locks the row; memory: the store): waited for until
+    /// the call's deadline.
+    Lock,
+}
+
+/// One step of what a transition ([`TRANSITION`]) or a fenced section (`flock::SECTION`) holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HoldStep {
+    /// Takes what it names.
+    Take(Hold),
+    /// The machine's check (`machine::fence_holds`) of the record and the state: the section
+    /// runs nothing if it fails.
+    Check,
+    /// Gives back what it names.
+    Give(Hold),
+    /// The section's closure; the transition's run.
+    Run,
+}
+
+/// The order in which a transition of every backend (`acquire`, `renew`, `release`, each
+/// attempt of a wait) takes and gives back what it holds. The crate's front runs it for every
+/// backend, and the model checker's threads run it too:
+/// - the turn, the state, the lock (its wait for the lock holds the state, bounded by the
+///   deadline);
+/// - the run (whose last step gives the lock back: the driver ends every run by releasing it);
+/// - then everything given back (flock: the lock's descriptor closed, which unlocks it if the
+///   run did not get to it).
+pub const TRANSITION: [HoldStep; 7] = [
+    HoldStep::Take(Hold::Turn),
+    HoldStep::Take(Hold::State),
+    HoldStep::Take(Hold::Lock),
+    HoldStep::Run,
+    HoldStep::Give(Hold::Lock),
+    HoldStep::Give(Hold::State),
+    HoldStep::Give(Hold::Turn),
+];
+
 /// What a transition reads when it begins, under the id's lock.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Begun {

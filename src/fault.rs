@@ -69,7 +69,7 @@ pub enum FaultPoint {
     UnlockFence,
     /// A fenced section or a transition of [`FlockLease`](crate::FlockLease) has just taken
     /// one step of what it holds (the id's turn, its state, its lock: `flock::SECTION`,
-    /// `flock::TRANSITION`), named by the lock's path: a point to observe, never failed (what
+    /// `driver::TRANSITION`), named by the lock's path: a point to observe, never failed (what
     /// the hook answers is ignored).
     Held,
 }

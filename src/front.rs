@@ -1,29 +1,258 @@
-//! The front every backend shares, between the public calls and one transition: the per-id
-//! [`Registry`] of an instance, each id's in-process turn ([`Gate`], with each caller's own
-//! deadline), and the one [`SessionLease`](crate::SessionLease) path — an acquire, renew or release as a machine
-//! event, its outcome as the caller's [`Grant`], never a grant already expired
-//! ([`checked`]). A backend gives the front one transition of an id and its clock
-//! ([`Backend`]); [`session_lease!`] and [`lease_methods!`] give it the trait and the same
-//! inherent `acquire`, `renew`, `release`, `acquire_guard` methods as every other backend.
+//! The front every backend shares, between the public calls and the driver's run:
+//! - the per-id [`Registry`] of an instance;
+//! - each id's in-process turn ([`Gate`], with each caller's own deadline);
+//! - one [`transition`] in [`TRANSITION`]'s order, its lock taken by the one bounded
+//!   begin-or-wait loop ([`begin_or_wait`]);
+//! - the one [`SessionLease`](crate::SessionLease) path: an acquire, renew or release as a
+//!   machine event, its outcome as the caller's [`Grant`], never a grant already expired
+//!   ([`checked`]).
+//!
+//! A backend gives the front its entries, one attempt at an id's lock, the transaction under
+//! it and its end ([`Backend`]); [`session_lease!`] gives it the trait and the same inherent
+//! `acquire`, `renew`, `release`, `acquire_guard` methods as every other backend.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::clock::Clock;
-use crate::error::Error;
+use crate::driver::{self, Hold, HoldStep, TRANSITION, Transaction};
+#[cfg(feature = "fault-injection")]
+use crate::driver::{Grain, Io, Run, Step};
+use crate::error::{Error, LockOf};
 use crate::lease::{Grant, Lease};
 use crate::machine::{self, Event, Outcome};
 use crate::name::{Owner, SessionId};
 
-/// What a backend gives the front.
+/// What a backend gives the front: its entry for an id, one attempt at the id's transition
+/// lock ([`Backend::begin`]), the transaction that runs under it ([`Backend::tx`]) and the
+/// end of it ([`Backend::end`]). The front does the rest, the same for every backend
+/// ([`transition`]): the registry's entry, the turn with the caller's deadline, the bounded
+/// begin-or-wait loop, the run, the end — in [`TRANSITION`]'s order — and above it the one
+/// [`SessionLease`](crate::SessionLease) path with its grant and final expiry check.
 pub(crate) trait Backend {
-    /// Runs one transition for `event` on `id` (the backend's registry entry, turn, lock,
-    /// run and end) and returns the machine's outcome.
-    fn transition(&self, id: &SessionId, event: Event) -> Result<Outcome, Error>;
+    /// What the instance keeps for one id: made on first use, pruned when idle.
+    type Entry: Idle;
+    /// The part of an entry a transition changes, under the entry's mutex.
+    type State;
+    /// The id's transition lock once taken, with what the run carries to its end.
+    type Held;
+    /// A new generation's liveness lock, taken and not adopted yet.
+    type Pending;
+    /// One transition under the lock.
+    type Tx<'a>: Transaction<Pending = Self::Pending>
+    where
+        Self: 'a;
+    /// What a transition hands its caller besides the outcome (PostgreSQL: the wait for the
+    /// holder an acquire was answered held by).
+    type After;
+
+    /// This instance's entry for `id`.
+    fn entry(&self, id: &SessionId) -> Arc<Self::Entry>;
+
+    /// An entry's turn and state.
+    fn parts(entry: &Self::Entry) -> (&Gate, &Mutex<Self::State>);
+
+    /// How long a call may wait for an id's turn and transition lock (`Duration::MAX`: no
+    /// limit).
+    fn lock_timeout(&self) -> Duration;
+
+    /// The lease time-to-live.
+    fn ttl(&self) -> Duration;
+
+    /// The lock an [`Error::LockTimeout`] on `id` names.
+    fn lock_of(&self, id: &SessionId, entry: &Self::Entry) -> LockOf;
+
+    /// One attempt at `id`'s transition lock for `event`, waiting for it until `deadline` at
+    /// most. `Ok(None)`: not taken (busy to the deadline, or the lock was replaced while
+    /// waited for); [`begin_or_wait`] tries again while the deadline has not passed.
+    ///
+    /// # Errors
+    ///
+    /// I/O failure; nothing is held then.
+    fn begin(
+        &self,
+        id: &SessionId,
+        entry: &Self::Entry,
+        state: &mut Self::State,
+        event: &Event,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Self::Held>, Error>;
+
+    /// The transaction of one run under `held`.
+    fn tx<'a>(
+        &'a self,
+        id: &'a SessionId,
+        entry: &'a Self::Entry,
+        state: &'a mut Self::State,
+        held: &'a mut Self::Held,
+    ) -> Self::Tx<'a>;
+
+    /// Ends a run that answered `outcome`: gives back the lock if the run did not, keeps what
+    /// the instance keeps.
+    fn end(
+        &self,
+        entry: &Self::Entry,
+        state: &mut Self::State,
+        held: Self::Held,
+        outcome: &Result<Outcome, Error>,
+    ) -> Self::After;
+
+    /// Called after each step of [`TRANSITION`] (the flock backend's fault hook).
+    fn observe(&self, entry: &Self::Entry) {
+        let _ = entry;
+    }
 
     /// The clock expiry is judged by as a call returns ([`checked`]).
     fn lease_clock(&self) -> Arc<dyn Clock>;
+
+    /// [`SessionLease::on_liveness_lost`](crate::SessionLease::on_liveness_lost); the default
+    /// drops `notify` (a backend that cannot tell).
+    fn on_liveness_lost(&self, lease: &Lease, notify: Box<dyn FnOnce() + Send>) {
+        let _ = (lease, notify);
+    }
+}
+
+/// One transition for `event` on `id`, the same for every backend: [`TRANSITION`]'s steps —
+/// the id's turn by the caller's deadline (this call's lock timeout from now), the state, the
+/// transition lock ([`begin_or_wait`]), the run ([`driver::run`]), the end.
+///
+/// # Errors
+///
+/// [`Error::LockTimeout`] when the turn or the lock is not had by the deadline; whatever
+/// [`Backend::begin`] or the run reports.
+pub(crate) fn transition<B: Backend + ?Sized>(
+    b: &B,
+    id: &SessionId,
+    event: Event,
+) -> Result<(Outcome, B::After), Error> {
+    let started = Instant::now();
+    let deadline = deadline_after(b.lock_timeout());
+    let entry = b.entry(id);
+    let (gate, state) = B::parts(&entry);
+    let timeout = || Error::LockTimeout {
+        lock: b.lock_of(id, &entry),
+        waited: started.elapsed(),
+    };
+    let (mut turn, mut slot, mut held) = (None, None, None);
+    let (mut event, mut outcome, mut after) = (Some(event), None, None);
+    for step in TRANSITION {
+        match step {
+            HoldStep::Take(Hold::Turn) => turn = Some(gate.enter(deadline).ok_or_else(timeout)?),
+            HoldStep::Take(Hold::State) => slot = Some(lock(state)),
+            HoldStep::Take(Hold::Lock) => {
+                let st = slot.as_mut().expect("TRANSITION takes the state first");
+                let ev = event.as_ref().expect("TRANSITION locks before it runs");
+                held = Some(begin_or_wait(deadline, timeout, || {
+                    b.begin(id, &entry, st, ev, deadline)
+                })?);
+            }
+            // A transition's checks are the machine's, in its run.
+            HoldStep::Check => {}
+            HoldStep::Run => {
+                let st = slot.as_mut().expect("TRANSITION takes the state first");
+                let h = held.as_mut().expect("TRANSITION takes the lock first");
+                let event = event.take().expect("TRANSITION runs once");
+                let mut tx = b.tx(id, &entry, st, h);
+                outcome = Some(driver::run(&mut tx, id, b.ttl(), event));
+            }
+            HoldStep::Give(Hold::Lock) => {
+                if let (Some(st), Some(h), Some(o)) = (slot.as_mut(), held.take(), &outcome) {
+                    after = Some(b.end(&entry, st, h, o));
+                }
+            }
+            HoldStep::Give(Hold::State) => slot = None,
+            HoldStep::Give(Hold::Turn) => turn = None,
+        }
+        b.observe(&entry);
+    }
+    debug_assert!(turn.is_none() && slot.is_none() && held.is_none());
+    let outcome = outcome.expect("TRANSITION runs")?;
+    Ok((outcome, after.expect("TRANSITION ends the run")))
+}
+
+/// The bounded begin-or-wait loop every lock of the crate is taken by: `attempt` (which may
+/// wait until `deadline` itself) until it answers the lock, fails, or answers `None` with the
+/// deadline past ([`Error::LockTimeout`] by `timeout`).
+///
+/// # Errors
+///
+/// `attempt`'s, or `timeout`'s at the deadline.
+pub(crate) fn begin_or_wait<T>(
+    deadline: Option<Instant>,
+    timeout: impl Fn() -> Error,
+    mut attempt: impl FnMut() -> Result<Option<T>, Error>,
+) -> Result<T, Error> {
+    loop {
+        if let Some(taken) = attempt()? {
+            return Ok(taken);
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(timeout());
+        }
+    }
+}
+
+/// One transition advanced one step at a time, for the lockstep harnesses: the very
+/// [`Backend::begin`], [`Backend::tx`] and [`Backend::end`] a call runs, without the turn (the
+/// harness never runs two calls of one instance at once) and with the deadline the harness
+/// gives (the flock stepper's: one attempt per step, [`Step::Blocked`] while another
+/// transition holds the lock).
+#[cfg(feature = "fault-injection")]
+pub(crate) struct Steps<B: Backend> {
+    pub(crate) id: SessionId,
+    pub(crate) entry: Arc<B::Entry>,
+    pub(crate) run: Run<B::Pending>,
+    pub(crate) held: Option<B::Held>,
+    /// The lock could not be had for an error: the run ended before its first step.
+    pub(crate) failed: bool,
+}
+
+#[cfg(feature = "fault-injection")]
+impl<B: Backend> Steps<B> {
+    /// A transition of `b` for `event` on `id`, at `grain`, not started.
+    pub(crate) fn new(b: &B, id: &SessionId, event: Event, grain: Grain) -> Self {
+        Steps {
+            id: id.clone(),
+            entry: b.entry(id),
+            run: Run::new(grain, event, b.ttl()),
+            held: None,
+            failed: false,
+        }
+    }
+
+    /// The step the next call of [`Steps::next`] performs (`None`: the run is over).
+    pub(crate) fn peek(&self) -> Option<Io> {
+        if self.failed { None } else { self.run.peek() }
+    }
+
+    /// Performs the next step on `b` (the instance that made these steps); the lock, when it
+    /// is not held yet, is begun with `deadline` (a deadline already past: one attempt).
+    pub(crate) fn next(&mut self, b: &B, deadline: Option<Instant>) -> Step {
+        let entry = Arc::clone(&self.entry);
+        let mut state = lock(B::parts(&entry).1);
+        if self.held.is_none() {
+            match b.begin(&self.id, &entry, &mut state, self.run.event(), deadline) {
+                Ok(Some(held)) => self.held = Some(held),
+                Ok(None) => return Step::Blocked,
+                Err(e) => {
+                    // Nothing was started: the run ends here, as the call would.
+                    self.failed = true;
+                    return Step::Done(Err(e));
+                }
+            }
+        }
+        let held = self.held.as_mut().expect("locked before the run's steps");
+        let mut tx = b.tx(&self.id, &entry, &mut state, held);
+        let step = self.run.next(&mut tx, &self.id);
+        drop(tx);
+        if let Step::Done(outcome) = &step
+            && let Some(held) = self.held.take()
+        {
+            b.end(&entry, &mut state, held, outcome);
+        }
+        step
+    }
 }
 
 /// [`SessionLease::acquire`](crate::SessionLease::acquire) for every backend.
@@ -35,7 +264,7 @@ pub(crate) fn acquire<B: Backend + ?Sized>(
     let event = Event::Acquire {
         owner: owner.clone(),
     };
-    checked(b, id, owner, b.transition(id, event))
+    checked(b, id, owner, transition(b, id, event).map(|(o, _)| o))
 }
 
 /// [`SessionLease::renew`](crate::SessionLease::renew) for every backend.
@@ -44,7 +273,7 @@ pub(crate) fn renew<B: Backend + ?Sized>(b: &B, lease: &Lease) -> Result<Grant, 
         owner: lease.owner.clone(),
         token: lease.token,
     };
-    let answer = b.transition(&lease.session_id, event);
+    let answer = transition(b, &lease.session_id, event).map(|(o, _)| o);
     checked(b, &lease.session_id, &lease.owner, answer)
 }
 
@@ -54,7 +283,7 @@ pub(crate) fn release<B: Backend + ?Sized>(b: &B, lease: &Lease) -> Result<(), E
         owner: lease.owner.clone(),
         token: lease.token,
     };
-    b.transition(&lease.session_id, event).map(drop)
+    transition(b, &lease.session_id, event).map(drop)
 }
 
 /// `answer` (an acquire's or a renew's, for `owner` on `id`) as the caller gets it from `b`:
@@ -76,7 +305,7 @@ pub(crate) fn checked<B: Backend + ?Sized>(
             machine::Then::Return(answer) => return answer.map(|o| grant(o, id, owner)),
             machine::Then::Renew { token } => {
                 let owner = owner.clone();
-                answer = b.transition(id, Event::Renew { owner, token });
+                answer = transition(b, id, Event::Renew { owner, token }).map(|(o, _)| o);
             }
         }
     }
@@ -126,6 +355,10 @@ macro_rules! session_lease {
 
             fn release(&self, lease: &$crate::Lease) -> Result<(), $crate::Error> {
                 $crate::front::release(self, lease)
+            }
+
+            fn on_liveness_lost(&self, lease: &$crate::Lease, notify: Box<dyn FnOnce() + Send>) {
+                $crate::front::Backend::on_liveness_lost(self, lease, notify)
             }
         }
 

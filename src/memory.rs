@@ -7,13 +7,14 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::clock::Clock;
-use crate::driver::{self, Begun, CommitStep, Grain, Transaction};
-use crate::error::Error;
+use crate::driver::{Begun, CommitStep, Grain, Transaction};
+use crate::error::{Error, LockOf};
+use crate::front::{Gate, Idle, Registry};
 use crate::lease::DEFAULT_TTL;
-use crate::machine::{Cleanup, Event, Liveness, Local, Plan};
+use crate::machine::{Cleanup, Event, Liveness, Local, Outcome, Plan};
 use crate::name::SessionId;
 use crate::record::Record;
 
@@ -87,6 +88,7 @@ pub struct MemLease {
     instance: u64,
     clock: Arc<dyn Clock>,
     ttl: Duration,
+    ids: Registry<MemEntry>,
 }
 
 impl MemLease {
@@ -98,27 +100,83 @@ impl MemLease {
             instance,
             clock,
             ttl: if ttl.is_zero() { DEFAULT_TTL } else { ttl },
+            ids: Registry::default(),
         }
     }
+}
 
-    fn transition(&self, id: &SessionId, event: Event) -> Result<crate::machine::Outcome, Error> {
-        let mut state = self.store.lock();
-        let mut tx = MemTx {
-            state: &mut state,
-            instance: self.instance,
-            id,
-            now: self.clock.now(),
-            temp: None,
-        };
-        // The store's mutex is the transition lock: held for the whole run.
-        driver::run(&mut tx, id, self.ttl, event)
+/// One id's in-process turn in a [`MemLease`] (the store's mutex is the transition lock).
+#[derive(Debug, Default)]
+pub(crate) struct MemEntry {
+    gate: Gate,
+    state: Mutex<()>,
+}
+
+impl Idle for MemEntry {
+    fn idle(&self) -> bool {
+        self.gate.is_free()
     }
 }
 
 impl crate::front::Backend for MemLease {
-    fn transition(&self, id: &SessionId, event: Event) -> Result<crate::machine::Outcome, Error> {
-        MemLease::transition(self, id, event)
+    type Entry = MemEntry;
+    type State = ();
+    type Held = ();
+    type Pending = u64;
+    type Tx<'a> = MemTx<'a>;
+    type After = ();
+
+    fn entry(&self, id: &SessionId) -> Arc<MemEntry> {
+        self.ids.entry(id.as_str(), MemEntry::default)
     }
+
+    fn parts(entry: &MemEntry) -> (&Gate, &Mutex<()>) {
+        (&entry.gate, &entry.state)
+    }
+
+    /// No limit: a transition holds the store's mutex for a few map operations only.
+    fn lock_timeout(&self) -> Duration {
+        Duration::MAX
+    }
+
+    fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// Never named: memory waits without a deadline.
+    fn lock_of(&self, id: &SessionId, _entry: &MemEntry) -> LockOf {
+        LockOf::Row(id.clone())
+    }
+
+    /// Always free: the transaction takes the store's mutex, for the whole run.
+    fn begin(
+        &self,
+        _id: &SessionId,
+        _entry: &MemEntry,
+        _state: &mut (),
+        _event: &Event,
+        _deadline: Option<Instant>,
+    ) -> Result<Option<()>, Error> {
+        Ok(Some(()))
+    }
+
+    fn tx<'a>(
+        &'a self,
+        id: &'a SessionId,
+        _entry: &'a MemEntry,
+        _state: &'a mut (),
+        _held: &'a mut (),
+    ) -> MemTx<'a> {
+        MemTx {
+            state: self.store.lock(),
+            instance: self.instance,
+            id,
+            now: self.clock.now(),
+            temp: None,
+        }
+    }
+
+    fn end(&self, _: &MemEntry, _: &mut (), _: (), _: &Result<Outcome, Error>) {}
 
     fn lease_clock(&self) -> Arc<dyn Clock> {
         Arc::clone(&self.clock)
@@ -141,8 +199,8 @@ impl Drop for MemLease {
     }
 }
 
-struct MemTx<'a> {
-    state: &'a mut StoreState,
+pub(crate) struct MemTx<'a> {
+    state: MutexGuard<'a, StoreState>,
     instance: u64,
     id: &'a SessionId,
     now: crate::Timestamp,
@@ -158,7 +216,8 @@ impl MemTx<'_> {
     /// Unlocks generation `token`'s liveness lock if this instance holds it.
     fn release_live(&mut self, token: u64) {
         let instance = self.instance;
-        if let Some(holder) = self.state.live.get_mut(&self.key(token))
+        let key = self.key(token);
+        if let Some(holder) = self.state.live.get_mut(&key)
             && *holder == Some(instance)
         {
             *holder = None;
@@ -199,7 +258,8 @@ impl Transaction for MemTx<'_> {
         let token = plan.prepared_token();
         match (step, token) {
             (CommitStep::LockLive, Some(token)) => {
-                let slot = self.state.live.entry(self.key(token)).or_insert(None);
+                let key = self.key(token);
+                let slot = self.state.live.entry(key).or_insert(None);
                 if slot.is_some() {
                     // Only possible when the record was moved back under a live holder.
                     return Err(Error::LiveLockBusy {

@@ -3,7 +3,7 @@
 //! transition lock. Each step takes or gives back one thing, or waits for one (a futex
 //! operation, a `flock(2)` attempt): the steps the adapter's calls take, in the adapter's own
 //! orders — [`flocklease::flock::SECTION`] for a fenced section and
-//! [`flocklease::flock::TRANSITION`] for a transition, which `FlockLease::fenced` and its
+//! [`flocklease::driver::TRANSITION`] for a transition, which `FlockLease::fenced` and its
 //! transitions run step by step.
 //!
 //! | actor | steps |
@@ -38,7 +38,7 @@
 //! ended past its deadline.
 //!
 //! What is the adapter's own and what is written here: the section's and the transition's
-//! orders are the adapter's ([`flocklease::flock::SECTION`], [`flocklease::flock::TRANSITION`],
+//! orders are the adapter's ([`flocklease::flock::SECTION`], [`flocklease::driver::TRANSITION`],
 //! which `FlockLease::fenced` and `FlockLease`'s transitions interpret step by step);
 //! `liveness_fd`'s and `acquire_wait`'s shapes (a look at the state; a look, an attempt, the
 //! deadline's check, a wait, a look and an attempt) are written here as the adapter's code has
@@ -46,7 +46,8 @@
 
 use std::fmt;
 
-use flocklease::flock::{Hold, HoldStep, SECTION, TRANSITION};
+use flocklease::driver::{Hold, HoldStep, TRANSITION};
+use flocklease::flock::SECTION;
 use stateright::{Checker, Model, Property};
 
 /// The lock timeout, in ticks.

@@ -3,7 +3,7 @@
 //! section run with a fault hook that observes each step of what they hold
 //! ([`FaultPoint::Held`]); after each step, whether the instance's turn on the id, its state
 //! of the id and the id's transition lock are held is compared with what the model's thread
-//! holds after the same step of the same order (`flock::TRANSITION`, `flock::SECTION`). The
+//! holds after the same step of the same order (`driver::TRANSITION`, `flock::SECTION`). The
 //! model runs the orders as data; this checks that the adapter's steps do what the data says
 //! (a step that forgets to give back, or gives back the wrong thing, diverges).
 
@@ -13,8 +13,8 @@ use std::collections::BTreeSet;
 use std::fs::File;
 use std::sync::{Arc, Mutex};
 
+use flocklease::driver::Hold;
 use flocklease::fault::{FaultHook, FaultPoint};
-use flocklease::flock::Hold;
 use flocklease::{FlockLease, Owner, SessionId};
 use flocklease_model::threads::{Call, Op, Thread, ThreadsAction, ThreadsModel, ThreadsState, ops};
 use stateright::Model;

@@ -465,35 +465,39 @@ pub(crate) fn lock_at_path(
         lock: LockOf::File(path.to_owned()),
         waited: started.elapsed(),
     };
-    let past = || deadline.is_some_and(|d| Instant::now() >= d);
-    loop {
-        let lock = HeldLock::open(path, &open)?;
-        faults.check(FaultPoint::LockStable, path)?;
-        let taken = match lock.file.try_lock() {
-            Ok(()) => true,
-            // Busy: wait for it only while it is still the file at the path.
-            Err(fs::TryLockError::WouldBlock) if lock.still_at(path) => {
-                super::wait::try_lock_until(&lock.file, deadline)
-                    .map_err(|e| Error::io("lock", path, e))?
-            }
-            Err(fs::TryLockError::WouldBlock) => false,
-            Err(fs::TryLockError::Error(e)) => return Err(Error::io("lock", path, e)),
-        };
-        if !taken {
-            // Still the file at the path: its holder kept it to the deadline.
-            if lock.still_at(path) || past() {
-                return Err(timeout());
-            }
-            continue;
+    crate::front::begin_or_wait(deadline, timeout, || {
+        lock_once(path, faults, &open, deadline)
+    })
+}
+
+/// One attempt of [`lock_at_path`]: opens the path, locks the file, waiting for it until
+/// `deadline` while it is still the file at the path, and checks it is. `None`: not taken by
+/// the deadline, or the file locked is not the one at the path any more.
+pub(crate) fn lock_once(
+    path: &Path,
+    faults: &Faults,
+    open: impl Fn() -> Result<File, Error>,
+    deadline: Option<Instant>,
+) -> Result<Option<HeldLock>, Error> {
+    let lock = HeldLock::open(path, open)?;
+    faults.check(FaultPoint::LockStable, path)?;
+    let taken = match lock.file.try_lock() {
+        Ok(()) => true,
+        // Busy: wait for it only while it is still the file at the path.
+        Err(fs::TryLockError::WouldBlock) if lock.still_at(path) => {
+            super::wait::try_lock_until(&lock.file, deadline)
+                .map_err(|e| Error::io("lock", path, e))?
         }
-        if let Some(meta) = lock.at(path, faults)? {
-            keep_fresh(&lock.file, &meta);
-            return Ok(lock);
-        }
-        if past() {
-            return Err(timeout());
-        }
+        Err(fs::TryLockError::WouldBlock) => false,
+        Err(fs::TryLockError::Error(e)) => return Err(Error::io("lock", path, e)),
+    };
+    if !taken {
+        return Ok(None);
     }
+    Ok(lock.at(path, faults)?.map(|meta| {
+        keep_fresh(&lock.file, &meta);
+        lock
+    }))
 }
 
 /// How old a lock file's modification time may grow before a transition touches it.

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::clock::{Clock, SystemClock};
-use crate::driver;
+use crate::driver::{Hold, HoldStep};
 use crate::error::Error;
 use crate::fault::{FaultPoint, Faults};
 use crate::lease::{DEFAULT_TTL, Grant, Lease};
@@ -51,32 +51,6 @@ pub use step::{LineStepper, Stepper};
 #[cfg(feature = "internals")]
 pub use tx::SWEEP_SHARE;
 
-/// What a fenced section or a transition holds of an id (PROTOCOL §9.2).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Hold {
-    /// The id's in-process turn (`front::Gate`): waited for until the call's deadline.
-    Turn,
-    /// This instance's state of the id (a mutex): waited for without a deadline, so never
-    /// held across a wait without one.
-    State,
-    /// The id's transition lock, `<stem>.lock`: waited for until the call's deadline.
-    Lock,
-}
-
-/// One step of what a fenced section ([`SECTION`]) or a transition ([`TRANSITION`]) holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum HoldStep {
-    /// Takes what it names.
-    Take(Hold),
-    /// The machine's check (`machine::fence_holds`) of the record and the state: the section
-    /// runs nothing if it fails.
-    Check,
-    /// Gives back what it names.
-    Give(Hold),
-    /// The section's closure; the transition's run.
-    Run,
-}
-
 /// The order in which [`FlockLease::fenced`] takes and gives back what it holds, which the
 /// model checker's threads of one instance run too (`check --config threads`): the turn, the
 /// state, the lock; the check; the state given back **before** the caller's closure (which may
@@ -90,22 +64,6 @@ pub const SECTION: [HoldStep; 8] = [
     HoldStep::Give(Hold::State),
     HoldStep::Run,
     HoldStep::Give(Hold::Lock),
-    HoldStep::Give(Hold::Turn),
-];
-
-/// The order in which a transition of [`FlockLease`] (`acquire`, `renew`, `release`, each
-/// attempt of a wait) takes and gives back what it holds, which the model checker's threads
-/// run too: the turn, the state, the lock (its wait for the lock holds the state: bounded by
-/// the deadline), the run (whose last step gives the lock back: the driver ends every run by
-/// releasing it), then all given back (the lock's descriptor closed, unlocking it if the run
-/// did not get to).
-pub const TRANSITION: [HoldStep; 7] = [
-    HoldStep::Take(Hold::Turn),
-    HoldStep::Take(Hold::State),
-    HoldStep::Take(Hold::Lock),
-    HoldStep::Run,
-    HoldStep::Give(Hold::Lock),
-    HoldStep::Give(Hold::State),
     HoldStep::Give(Hold::Turn),
 ];
 
@@ -520,57 +478,6 @@ impl FlockLease {
             })
     }
 
-    fn transition(&self, id: &SessionId, event: Event) -> Result<Outcome, Error> {
-        let started = Instant::now();
-        let deadline = wait::deadline_after(self.lock_timeout);
-        let entry = self.slot(id.stem());
-        let paths = &entry.paths;
-        let (mut turn, mut slot, mut held) = (None, None, None);
-        let (mut event, mut outcome) = (Some(event), None);
-        // Taken and given back in `TRANSITION`'s order, which the model checker's threads run.
-        for step in TRANSITION {
-            match step {
-                HoldStep::Take(Hold::Turn) => turn = Some(entry.turn(deadline, started)?),
-                HoldStep::Take(Hold::State) => slot = Some(lock(&entry.state)),
-                HoldStep::Take(Hold::Lock) => {
-                    held = Some(self.lock_stable(&paths.lock, deadline, started)?);
-                }
-                // A transition's checks are the machine's, in its run.
-                HoldStep::Check => {}
-                HoldStep::Run => {
-                    let slot = slot.as_mut().expect("TRANSITION takes the state first");
-                    let lock = held.as_ref().expect("TRANSITION takes the lock first");
-                    let mut st = TxState {
-                        carried_sweep: slot.pending_sweep.take(),
-                        ..TxState::default()
-                    };
-                    let mut tx = FlockTx {
-                        lease: self,
-                        paths,
-                        slot,
-                        stable: &lock.file,
-                        stable_id: (lock.dev, lock.ino),
-                        st: &mut st,
-                    };
-                    let event = event.take().expect("TRANSITION runs once");
-                    outcome = Some((driver::run(&mut tx, id, self.ttl, event), st));
-                }
-                HoldStep::Give(Hold::Lock) => {
-                    if let (Some(slot), Some(lock), Some((_, st))) =
-                        (slot.as_mut(), held.take(), outcome.as_mut())
-                    {
-                        self.end_transition(slot, lock, std::mem::take(st));
-                    }
-                }
-                HoldStep::Give(Hold::State) => slot = None,
-                HoldStep::Give(Hold::Turn) => turn = None,
-            }
-            self.opener.faults.observe(FaultPoint::Held, &paths.lock);
-        }
-        debug_assert!(turn.is_none() && slot.is_none() && held.is_none());
-        outcome.expect("TRANSITION runs").0
-    }
-
     /// After a run: the carried listing waits for the next transition if the run did not get
     /// to it (the driver ends every run by releasing the lock, which runs it); the transition
     /// lock's descriptor is closed, which unlocks it if the run did not.
@@ -782,8 +689,87 @@ impl FlockLeaseBuilder {
 }
 
 impl crate::front::Backend for FlockLease {
-    fn transition(&self, id: &SessionId, event: Event) -> Result<Outcome, Error> {
-        FlockLease::transition(self, id, event)
+    type Entry = SlotEntry;
+    type State = Slot;
+    type Held = (HeldLock, TxState);
+    type Pending = tx::PendingLive;
+    type Tx<'a> = FlockTx<'a>;
+    type After = ();
+
+    fn entry(&self, id: &SessionId) -> Arc<SlotEntry> {
+        self.slot(id.stem())
+    }
+
+    fn parts(entry: &SlotEntry) -> (&Gate, &Mutex<Slot>) {
+        (&entry.gate, &entry.state)
+    }
+
+    fn lock_timeout(&self) -> Duration {
+        self.lock_timeout
+    }
+
+    fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    fn lock_of(&self, _id: &SessionId, entry: &SlotEntry) -> crate::error::LockOf {
+        crate::error::LockOf::File(entry.paths.lock.clone())
+    }
+
+    /// One attempt at `<stem>.lock` ([`files::lock_once`]); taken, the run carries the
+    /// listing an earlier takeover of this instance left to it.
+    fn begin(
+        &self,
+        _id: &SessionId,
+        entry: &SlotEntry,
+        slot: &mut Slot,
+        _event: &Event,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Self::Held>, Error> {
+        let path = &entry.paths.lock;
+        let open = || self.relieved(|| self.opener.open(path, Access::LockCreate));
+        let taken = files::lock_once(path, &self.opener.faults, open, deadline)?;
+        Ok(taken.map(|lock| {
+            let st = TxState {
+                carried_sweep: slot.pending_sweep.take(),
+                ..TxState::default()
+            };
+            (lock, st)
+        }))
+    }
+
+    fn tx<'a>(
+        &'a self,
+        _id: &'a SessionId,
+        entry: &'a SlotEntry,
+        slot: &'a mut Slot,
+        held: &'a mut Self::Held,
+    ) -> FlockTx<'a> {
+        let (lock, st) = held;
+        FlockTx {
+            lease: self,
+            paths: &entry.paths,
+            slot,
+            stable: &lock.file,
+            stable_id: (lock.dev, lock.ino),
+            st,
+        }
+    }
+
+    fn end(
+        &self,
+        _entry: &SlotEntry,
+        slot: &mut Slot,
+        (lock, st): Self::Held,
+        _outcome: &Result<Outcome, Error>,
+    ) {
+        self.end_transition(slot, lock, st);
+    }
+
+    fn observe(&self, entry: &SlotEntry) {
+        self.opener
+            .faults
+            .observe(FaultPoint::Held, &entry.paths.lock);
     }
 
     fn lease_clock(&self) -> Arc<dyn Clock> {
@@ -806,7 +792,7 @@ impl Drop for Unlocking {
 
 /// One id's cached paths, its in-process turn, and what this instance holds for it.
 #[derive(Debug)]
-struct SlotEntry {
+pub(crate) struct SlotEntry {
     paths: Paths,
     gate: Gate,
     /// Until when this instance holds the id, readable without `state`'s mutex (the rule is

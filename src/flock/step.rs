@@ -4,22 +4,19 @@
 //! harness's clock, for the line's lockstep (feature `fault-injection`; never for production
 //! use).
 //!
-//! A stepper does what [`FlockLease`]'s calls do, but for the in-process turn on the id (the
-//! harness never runs two calls of one instance at once) and the wait for the transition
-//! lock: its [`Io::Lock`] step is the production lock loop with a deadline already
-//! past — one attempt: open (creating) `<stem>.lock`, a non-blocking lock, the identity check
-//! — and answers [`Step::Blocked`] when another transition holds the lock.
+//! A stepper runs the front's own steps (`front::Steps`): the very begin, transaction and end
+//! a call runs, but for the in-process turn on the id (the harness never runs two calls of
+//! one instance at once) and the wait for the transition lock: its [`Io::Lock`] step is one
+//! attempt of the production lock — open (creating) `<stem>.lock`, a non-blocking lock, the
+//! identity check — and answers [`Step::Blocked`] when another transition holds the lock.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::files::HeldLock;
+use super::FlockLease;
 use super::queue;
-use super::tx::{FlockTx, PendingLive, TxState};
-use super::{FlockLease, SlotEntry, lock};
-use crate::driver::{Grain, Io, Run, Step};
-use crate::error::Error;
+use crate::driver::{Grain, Io, Step};
+use crate::front::Steps;
 use crate::line;
 use crate::machine::Event;
 use crate::name::SessionId;
@@ -28,85 +25,45 @@ use crate::name::SessionId;
 ///
 /// Dropping it mid-way closes what it holds (the transition lock, a new generation's liveness
 /// file): what a crash of the process would do to them.
-#[derive(Debug)]
-pub struct Stepper {
-    id: SessionId,
-    entry: Arc<SlotEntry>,
-    run: Run<PendingLive>,
-    lock: Option<HeldLock>,
-    st: TxState,
-    /// The first step failed before the run started.
-    failed: bool,
+pub struct Stepper(Steps<FlockLease>);
+
+impl std::fmt::Debug for Stepper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stepper")
+            .field("id", &self.0.id)
+            .field("next", &self.peek())
+            .finish_non_exhaustive()
+    }
 }
 
 impl FlockLease {
     /// A transition for `event` on `id`, not started: see [`Stepper`].
     pub fn stepper(&self, id: &SessionId, event: Event) -> Stepper {
-        Stepper {
-            id: id.clone(),
-            entry: self.slot(id.stem()),
-            run: Run::new(Grain::SystemCall, event, self.ttl),
-            lock: None,
-            st: TxState::default(),
-            failed: false,
-        }
+        Stepper(Steps::new(self, id, event, Grain::SystemCall))
     }
 }
 
 impl Stepper {
     /// The step the next call of [`Stepper::next`] performs (`None`: the run is over).
     pub fn peek(&self) -> Option<Io> {
-        if self.failed {
-            return None;
-        }
-        self.run.peek()
+        self.0.peek()
     }
 
     /// The temporary record this transition wrote and has not renamed yet.
     pub fn temp_path(&self) -> Option<&Path> {
-        self.st.temp.as_ref().map(|(_, p)| p.as_path())
+        let (_, st) = self.0.held.as_ref()?;
+        st.temp.as_ref().map(|(_, p)| p.as_path())
     }
 
-    /// Performs the next I/O step on `lease` (the instance that made this stepper).
+    /// Performs the next I/O step on `lease` (the instance that made this stepper): the
+    /// front's own steps ([`Steps::next`]).
     ///
     /// # Panics
     ///
     /// When called after [`Step::Done`].
     pub fn next(&mut self, lease: &FlockLease) -> Step {
-        let entry = Arc::clone(&self.entry);
-        let mut slot = lock(&entry.state);
-        if self.run.peek() == Some(Io::Lock) && self.lock.is_none() {
-            // The production lock loop, with a deadline already past: one attempt.
-            let now = Instant::now();
-            match lease.lock_stable(&entry.paths.lock, Some(now), now) {
-                Ok(l) => {
-                    self.lock = Some(l);
-                    self.st.carried_sweep = slot.pending_sweep.take();
-                }
-                Err(Error::LockTimeout { .. }) => return Step::Blocked,
-                Err(e) => {
-                    // Nothing was started: the run ends here, as the call would.
-                    self.failed = true;
-                    return Step::Done(Err(e));
-                }
-            }
-        }
-        let lock = self.lock.as_ref().expect("locked before the run's steps");
-        let mut tx = FlockTx {
-            lease,
-            paths: &entry.paths,
-            slot: &mut slot,
-            stable: &lock.file,
-            stable_id: (lock.dev, lock.ino),
-            st: &mut self.st,
-        };
-        let step = self.run.next(&mut tx, &self.id);
-        if matches!(step, Step::Done(_))
-            && let Some(lock) = self.lock.take()
-        {
-            lease.end_transition(&mut slot, lock, std::mem::take(&mut self.st));
-        }
-        step
+        // One attempt at the lock: a deadline already past.
+        self.0.next(lease, Some(Instant::now()))
     }
 }
 

@@ -39,7 +39,7 @@ fn nanos(t: Timestamp) -> i64 {
 
 /// What this instance holds for one id.
 #[derive(Debug, Default)]
-pub(super) struct Slot {
+pub(crate) struct Slot {
     /// The generation this instance holds, if any.
     pub(super) local: Option<LocalGen>,
     /// Until when this instance holds the id (Unix nanoseconds; `i64::MIN`, or 0 as built:
@@ -149,9 +149,9 @@ pub(super) struct LocalGen {
 /// present, unlocked file lets the next acquire see it dead and replace it at once; otherwise
 /// the next takeover publishes over it.
 #[derive(Debug)]
-pub(super) struct PendingLive(Published);
+pub(crate) struct PendingLive(Published);
 
-pub(super) struct FlockTx<'a> {
+pub(crate) struct FlockTx<'a> {
     pub(super) lease: &'a FlockLease,
     pub(super) paths: &'a Paths,
     pub(super) slot: &'a mut Slot,
@@ -165,7 +165,7 @@ pub(super) struct FlockTx<'a> {
 
 /// What one transition carries from one of its steps to the next.
 #[derive(Debug, Default)]
-pub(super) struct TxState {
+pub(crate) struct TxState {
     /// The temporary record this transition created (under a name of its own) and has not
     /// renamed yet.
     pub(super) temp: Option<(File, std::path::PathBuf)>,

@@ -474,7 +474,7 @@ where
 
 /// A wait for the end of a holder's generation `(key, token)`, at most `wait` long.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct HolderWait {
+pub(crate) struct HolderWait {
     pub(super) key: i32,
     pub(super) token: u64,
     pub(super) wait: Duration,

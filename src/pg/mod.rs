@@ -141,7 +141,7 @@ use std::time::{Duration, Instant};
 use crate::clock::Clock;
 use crate::driver;
 use crate::error::Error;
-use crate::lease::{DEFAULT_TTL, Grant, Lease, SessionLease};
+use crate::lease::{DEFAULT_TTL, Grant, Lease};
 use crate::machine::{Event, Outcome};
 use crate::name::{Owner, SessionId};
 use crate::record::Record;
@@ -181,7 +181,7 @@ pub use sessions::PgSession;
 pub use tls::PgTls;
 /// The statement parameter and result row types of [`PgFenced`] (from `tokio-postgres`).
 pub use tokio_postgres::{Row, types::ToSql};
-use tx::{IdState, PgTx, TxData};
+use tx::{IdState, PendingLive, PgTx, TxData};
 
 /// The default bound on waiting for a lease row locked by another transition: 5 seconds.
 pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -333,145 +333,203 @@ impl PgLease {
     /// Runs one transition of `id`, after waiting for a holder's end if `wait` says so (an
     /// acquire only). Returns the outcome, and for an acquire answered [`Outcome::Held`], the
     /// wait for that holder (as of the instant the row was read).
-    #[allow(clippy::type_complexity)]
     fn transition(
         &self,
         id: &SessionId,
         event: Event,
         wait: Option<HolderWait>,
-    ) -> Result<(Outcome, Option<(HolderWait, Instant)>), Error> {
-        let inner = &self.inner;
-        // This caller's own bound on waiting for its turn and the row, whoever queued first
-        // (from when the turn is asked for: a wait for a holder is bounded on its own).
-        let bound = |started: Instant| started.checked_add(inner.lock_timeout);
-        let timeout = |started: Instant| Error::LockTimeout {
-            lock: crate::error::LockOf::Row(id.clone()),
-            waited: started.elapsed(),
-        };
-        let entry = inner.id_state(id);
-        let acquire = matches!(event, Event::Acquire { .. });
-        // An acquire may need a probe: send it speculatively in the first round trip, except
-        // for the generation this instance holds (which it may have to lock again).
-        let local_of = |s: &IdState| s.local.as_ref().map(|g| g.local.token as i64);
-        let mut data = TxData::default();
-        let mut begun = None;
-        if let Some(wait) = wait.filter(|_| acquire) {
-            // A wait for the holder must not keep the id's in-process lock: this instance's
-            // other calls on the id (a renew of the lease another thread holds) go on
-            // meanwhile. So the wait, and the first round trip behind it, go out before the
-            // lock is taken, and the lock is only tried once the row is locked, for a moment
-            // (waiting for it longer could deadlock with a call that holds it and waits for
-            // the row; a call that released the lease holds it until its unlock's reply). If
-            // it stays busy, or the instance's generation changed meanwhile, the transaction
-            // is rolled back and the transition starts over below, in order.
-            let local = {
-                let started = Instant::now();
-                let Some(_turn) = entry.gate.enter(bound(started)) else {
-                    return Err(timeout(started));
-                };
-                local_of(&lock(&entry.state))
-            };
-            let conn = inner.live_conn(id)?;
-            match inner.first_round(id, &conn, Some(local), Some(wait), None) {
-                Err(e) => {
-                    inner.end_tx(conn, false);
-                    return Err(e);
-                }
-                Ok(first) => match entry.gate.enter(front::deadline_after(IN_PROCESS_HANDOFF)) {
-                    Some(turn) => {
-                        let state = lock(&entry.state);
-                        if local_of(&state) == local {
-                            data.first = Some(first);
-                            begun = Some((turn, state, conn));
-                        } else {
-                            drop(state);
-                            inner.end_tx(conn, false);
-                        }
-                    }
-                    None => inner.end_tx(conn, false),
-                },
-            }
+    ) -> Result<(Outcome, Waited), Error> {
+        if let Some(wait) = wait.filter(|_| matches!(event, Event::Acquire { .. }))
+            && let Some(done) = self.after_wait(id, &event, wait)?
+        {
+            return done;
         }
-        let (_turn, mut state, mut conn) = match begun {
-            Some(begun) => begun,
-            None => {
-                // In-process serialization of one id, bounded by this caller's own deadline;
-                // across processes the row lock does it.
-                let started = Instant::now();
-                let deadline = bound(started);
-                let Some(turn) = entry.gate.enter(deadline) else {
-                    return Err(timeout(started));
-                };
-                // The row lock's wait gets what is left of the caller's bound, if its turn
-                // took a noticeable part of it (else the session's own `lock_timeout`).
-                let left = deadline
-                    .map(|d| d.saturating_duration_since(Instant::now()))
-                    .filter(|left| inner.lock_timeout - *left >= Duration::from_millis(1));
-                if left == Some(Duration::ZERO) {
-                    return Err(timeout(started));
-                }
-                let state = lock(&entry.state);
-                let (conn, probe) = inner.run_conn(id, acquire, &state)?;
-                data.ask = (probe, left);
-                (turn, state, conn)
+        front::transition(self, id, event)
+    }
+
+    /// An acquire's transition behind a wait for the holder: the wait and the first round
+    /// trip go out before the id's turn is taken, so this instance's other calls on the id
+    /// (a renew of the lease another thread holds) go on meanwhile. The turn is only tried
+    /// once the row is locked, for a moment (waiting for it longer could deadlock with a call
+    /// that holds it and waits for the row; a call that released the lease holds it until its
+    /// unlock's reply). `None` when it stays busy, or the instance's generation changed
+    /// meanwhile: the transaction is rolled back and the caller runs the transition in order
+    /// ([`front::transition`]).
+    #[allow(clippy::type_complexity)]
+    fn after_wait(
+        &self,
+        id: &SessionId,
+        event: &Event,
+        wait: HolderWait,
+    ) -> Result<Option<Result<(Outcome, Waited), Error>>, Error> {
+        let inner = &self.inner;
+        let entry = inner.id_state(id);
+        let local_of = |s: &IdState| s.local.as_ref().map(|g| g.local.token as i64);
+        let local = {
+            let started = Instant::now();
+            let bound = started.checked_add(inner.lock_timeout);
+            let Some(_turn) = entry.gate.enter(bound) else {
+                return Err(Error::LockTimeout {
+                    lock: crate::error::LockOf::Row(id.clone()),
+                    waited: started.elapsed(),
+                });
+            };
+            local_of(&lock(&entry.state))
+        };
+        let conn = inner.live_conn(id)?;
+        let first = match inner.first_round(id, &conn, Some(local), Some(wait), None) {
+            Ok(first) => first,
+            Err(e) => {
+                inner.end_tx(conn, false);
+                return Err(e);
             }
         };
-        let mut tx = PgTx {
-            inner,
-            id,
-            conn: &mut conn,
-            state: &mut state,
-            d: &mut data,
+        let Some(_turn) = entry.gate.enter(front::deadline_after(IN_PROCESS_HANDOFF)) else {
+            inner.end_tx(conn, false);
+            return Ok(None);
         };
-        let outcome = driver::run(&mut tx, id, inner.ttl, event);
-        // What a waiting acquire told "held" waits for: the machine says (the record as read).
-        let next = match (&outcome, &data.first) {
-            (Ok(Outcome::Held), Some(first)) if acquire => first.record.as_ref().and_then(|r| {
-                crate::machine::wait_for(r, first.now).map(|w| {
-                    let wait = HolderWait {
-                        key: first.key,
-                        token: w.token,
-                        wait: w.until_expiry,
-                    };
-                    (wait, first.read_at)
-                })
-            }),
-            _ => None,
+        let mut state = lock(&entry.state);
+        if local_of(&state) != local {
+            drop(state);
+            inner.end_tx(conn, false);
+            return Ok(None);
+        }
+        let mut held = PgHeld {
+            conn,
+            data: TxData {
+                first: Some(first),
+                ..TxData::default()
+            },
+            acquire: true,
         };
-        inner.end_run(&mut state, conn, data);
-        Ok((outcome?, next))
+        use front::Backend;
+        let mut tx = self.tx(id, &entry, &mut state, &mut held);
+        let outcome = driver::run(&mut tx, id, inner.ttl, event.clone());
+        let waited = self.end(&entry, &mut state, held, &outcome);
+        Ok(Some(outcome.map(|o| (o, waited))))
     }
 }
 
-front::lease_methods!(PgLease);
+/// A PostgreSQL transition's lock, begun: the connection whose first statement (the run's
+/// begin) locks the row, and what the run carries from step to step.
+pub(crate) struct PgHeld {
+    conn: Conn,
+    data: TxData,
+    acquire: bool,
+}
+
+/// The wait for the holder an acquire was answered held by, as of the instant the row was
+/// read (for [`PgLease::acquire_wait`]'s next attempt).
+type Waited = Option<(HolderWait, Instant)>;
 
 impl front::Backend for PgLease {
-    fn transition(&self, id: &SessionId, event: Event) -> Result<Outcome, Error> {
-        PgLease::transition(self, id, event, None).map(|(outcome, _)| outcome)
+    type Entry = IdEntry;
+    type State = IdState;
+    type Held = PgHeld;
+    type Pending = PendingLive;
+    type Tx<'a> = PgTx<'a>;
+    type After = Waited;
+
+    fn entry(&self, id: &SessionId) -> Arc<IdEntry> {
+        self.inner.id_state(id)
+    }
+
+    fn parts(entry: &IdEntry) -> (&Gate, &Mutex<IdState>) {
+        (&entry.gate, &entry.state)
+    }
+
+    fn lock_timeout(&self) -> Duration {
+        self.inner.lock_timeout
+    }
+
+    fn ttl(&self) -> Duration {
+        self.inner.ttl
+    }
+
+    fn lock_of(&self, id: &SessionId, _entry: &IdEntry) -> crate::error::LockOf {
+        crate::error::LockOf::Row(id.clone())
+    }
+
+    /// The transition's connection (an acquire's: an idle liveness connection, which keeps
+    /// the new generation's lock if one is taken) and what its first statement asks: the
+    /// speculative probe, and the row lock's wait — what is left of the caller's bound if its
+    /// turn took a noticeable part of it (else the session's own `lock_timeout`); nothing
+    /// left: not begun. The row lock itself is the run's first step, in the server.
+    fn begin(
+        &self,
+        id: &SessionId,
+        _entry: &IdEntry,
+        state: &mut IdState,
+        event: &Event,
+        deadline: Option<Instant>,
+    ) -> Result<Option<PgHeld>, Error> {
+        let inner = &self.inner;
+        let left = deadline
+            .map(|d| d.saturating_duration_since(Instant::now()))
+            .filter(|left| inner.lock_timeout.saturating_sub(*left) >= Duration::from_millis(1));
+        if left == Some(Duration::ZERO) {
+            return Ok(None);
+        }
+        let acquire = matches!(event, Event::Acquire { .. });
+        let (conn, probe) = inner.run_conn(id, acquire, state)?;
+        let data = TxData {
+            ask: (probe, left),
+            ..TxData::default()
+        };
+        Ok(Some(PgHeld {
+            conn,
+            data,
+            acquire,
+        }))
+    }
+
+    fn tx<'a>(
+        &'a self,
+        id: &'a SessionId,
+        _entry: &'a IdEntry,
+        state: &'a mut IdState,
+        held: &'a mut PgHeld,
+    ) -> PgTx<'a> {
+        PgTx {
+            inner: &self.inner,
+            id,
+            conn: &mut held.conn,
+            state,
+            d: &mut held.data,
+        }
+    }
+
+    /// Ends the run ([`Inner::end_run`]); what a waiting acquire answered held waits for
+    /// next: the machine says (the record as read).
+    fn end(
+        &self,
+        _entry: &IdEntry,
+        state: &mut IdState,
+        held: PgHeld,
+        outcome: &Result<Outcome, Error>,
+    ) -> Waited {
+        let next = match (outcome, &held.data.first) {
+            (Ok(Outcome::Held), Some(first)) if held.acquire => {
+                first.record.as_ref().and_then(|r| {
+                    crate::machine::wait_for(r, first.now).map(|w| {
+                        let wait = HolderWait {
+                            key: first.key,
+                            token: w.token,
+                            wait: w.until_expiry,
+                        };
+                        (wait, first.read_at)
+                    })
+                })
+            }
+            _ => None,
+        };
+        self.inner.end_run(state, held.conn, held.data);
+        next
     }
 
     /// [`PgLease::clock`]: the server's clock as estimated on this host.
     fn lease_clock(&self) -> Arc<dyn Clock> {
         PgLease::clock(self)
-    }
-}
-
-impl SessionLease for PgLease {
-    fn acquire(&self, id: &SessionId, owner: &Owner) -> Result<Grant, Error> {
-        front::acquire(self, id, owner)
-    }
-
-    fn renew(&self, lease: &Lease) -> Result<Grant, Error> {
-        front::renew(self, lease)
-    }
-
-    /// [`PgLease::clock`]: the server's clock as estimated on this host.
-    fn clock(&self) -> Arc<dyn Clock> {
-        PgLease::clock(self)
-    }
-
-    fn release(&self, lease: &Lease) -> Result<(), Error> {
-        front::release(self, lease)
     }
 
     /// Calls `notify` when the liveness connection of `lease`'s generation ends (at once if
@@ -496,6 +554,8 @@ impl SessionLease for PgLease {
         }
     }
 }
+
+front::session_lease!(PgLease);
 
 impl Drop for PgLease {
     /// Unlocks every liveness lock this instance holds (as the server would after a crash,
@@ -708,7 +768,7 @@ impl Clock for ServerClock {
 
 /// One id's in-process turn and what this instance holds for it.
 #[derive(Default)]
-struct IdEntry {
+pub(crate) struct IdEntry {
     /// Taken for a whole transition: one at a time per id, each caller waiting for its own
     /// deadline.
     gate: Gate,

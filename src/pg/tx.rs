@@ -17,7 +17,7 @@ use crate::timestamp::Timestamp;
 
 /// What this instance holds for one id.
 #[derive(Default)]
-pub(super) struct IdState {
+pub(crate) struct IdState {
     pub(super) local: Option<LiveGen>,
 }
 
@@ -40,7 +40,7 @@ pub(super) fn gen_key(token: u64) -> i32 {
 /// transaction runs on the idle liveness connection that is to hold its new generation. So the
 /// lock is held before the commit, as the driver's schedule requires, without a round trip of
 /// its own.
-pub(super) struct PendingLive;
+pub(crate) struct PendingLive;
 
 /// Where a planned generation lock stands on the transaction's connection.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -71,7 +71,7 @@ pub(super) struct First {
 
 /// What one transition carries from step to step (a stepper keeps it between its calls).
 #[derive(Default)]
-pub(super) struct TxData {
+pub(crate) struct TxData {
     /// The first round trip, once made: by the front when it waited for a holder first, else
     /// by [`Transaction::begin`].
     pub(super) first: Option<First>,
@@ -91,7 +91,7 @@ pub(super) struct TxData {
 }
 
 /// One transition's transaction on `conn`.
-pub(super) struct PgTx<'a> {
+pub(crate) struct PgTx<'a> {
     pub(super) inner: &'a Inner,
     pub(super) id: &'a SessionId,
     pub(super) conn: &'a mut Conn,

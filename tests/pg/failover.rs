@@ -86,11 +86,17 @@ fn a_commit_the_standby_never_confirmed_is_never_a_grant() {
         "an acquire the standby never confirmed: {stalled:?}"
     );
     // The commit is on the primary, visible there: the row says so, once the session the
-    // library ended has finished (ending it only signals it: the call may return before its
-    // transaction leaves the server's list of those under way, and until then others still
-    // see the row as it was).
+    // library ended has finished. Ending it only signals it, and the library waits for that
+    // at most half its reply bound: under load the call returns before its transaction
+    // leaves the server's list of those under way (others still see the row as it was), or
+    // before the signal got through at all. So the test ends any session still waiting for
+    // the standby, as the library asked, until the row shows the commit.
     let admin = primary.admin();
     pg::until("the unconfirmed commit to show on the primary", || {
+        admin.query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE wait_event = 'SyncRep'",
+            &[],
+        );
         admin.row("failover").map(|r| r.0).as_deref() == Some("stalled")
     });
 
