@@ -154,8 +154,9 @@ pub trait Transaction {
     fn grain(&self) -> Grain;
 
     /// Takes the id's lock without blocking: `Ok(false)` when another transition holds it
-    /// (the run then waits at this step). An adapter that takes the lock itself before the
-    /// run, with its own bounded wait, keeps this default.
+    /// (the run then waits at this step). The crate's backends keep this default: the front
+    /// takes the lock before the run (`front::Backend::begin`, in its bounded begin-or-wait
+    /// loop); the model checker's transaction takes it here.
     ///
     /// # Errors
     ///

@@ -13,8 +13,8 @@
 //! record's tag as the generation's. A transition commits only while the `<stem>.lock` it holds
 //! is still the file at that path.
 //!
-//! This module only does file work; every decision comes from [`machine`]
-//! through [`driver::run`].
+//! This module only does file work; every decision comes from [`machine`], through the front
+//! and [`driver::run`](crate::driver::run).
 
 use std::fs::File;
 use std::io;

@@ -56,7 +56,7 @@ impl Stepper {
     }
 
     /// Performs the next I/O step on `lease` (the instance that made this stepper): the
-    /// front's own steps ([`Steps::next`]).
+    /// front's own steps (`front::Steps::next`).
     ///
     /// # Panics
     ///

@@ -50,7 +50,7 @@
 //! sees the generation dead and takes over before the expiry, while the old holder may still
 //! believe it holds. So:
 //!
-//! - the holder is told at once: [`SessionLease::on_liveness_lost`] fires when the liveness
+//! - the holder is told at once: [`SessionLease::on_liveness_lost`](crate::SessionLease::on_liveness_lost) fires when the liveness
 //!   connection ends, and a [`KeepAlive`](crate::KeepAlive) reports
 //!   [`Loss::LivenessLost`](crate::Loss::LivenessLost) without waiting for its next renew;
 //! - property 1 holds as "at most one holder whose liveness lock is intact, and it is the
@@ -274,7 +274,7 @@ impl PgLease {
     /// host's clock just before it was sent: never behind the server's
     /// clock (ahead by at most the one-way latency, and by any pause of this process between
     /// the two), so a lease never looks valid here after the server sees it expired.
-    /// [`KeepAlive`](crate::KeepAlive) uses it by default ([`SessionLease::clock`]).
+    /// [`KeepAlive`](crate::KeepAlive) uses it by default ([`SessionLease::clock`](crate::SessionLease::clock)).
     pub fn clock(&self) -> Arc<dyn Clock> {
         match &self.inner.clock {
             Some(c) => Arc::clone(c),
@@ -298,7 +298,7 @@ impl PgLease {
     ///
     /// # Errors
     ///
-    /// Any error of [`SessionLease::acquire`].
+    /// Any error of [`SessionLease::acquire`](crate::SessionLease::acquire).
     pub fn acquire_wait(
         &self,
         id: &SessionId,
