@@ -333,7 +333,8 @@ pub(crate) fn grant(outcome: Outcome, id: &SessionId, owner: &Owner) -> Grant {
 }
 
 /// Implements [`SessionLease`](crate::SessionLease) for a [`Backend`] through the front, and
-/// gives it the inherent methods of [`lease_methods!`].
+/// gives it inherent `acquire`, `renew`, `release` and `acquire_guard` methods that call it, so
+/// that callers of every backend need not import the trait.
 macro_rules! session_lease {
     ($adapter:ty) => {
         impl $crate::SessionLease for $adapter {
@@ -362,16 +363,6 @@ macro_rules! session_lease {
             }
         }
 
-        $crate::front::lease_methods!($adapter);
-    };
-}
-pub(crate) use session_lease;
-
-/// Gives a lease manager inherent `acquire`, `renew`, `release` and `acquire_guard` methods
-/// that call its [`SessionLease`](crate::SessionLease) implementation, so that callers of every
-/// backend need not import the trait.
-macro_rules! lease_methods {
-    ($adapter:ty) => {
         impl $adapter {
             /// [`SessionLease::acquire`](crate::SessionLease::acquire), callable without
             /// importing the trait.
@@ -422,7 +413,7 @@ macro_rules! lease_methods {
         }
     };
 }
-pub(crate) use lease_methods;
+pub(crate) use session_lease;
 
 /// The per-id entries of one instance: one per id in use, made on first use; idle ones are
 /// pruned when the map grows past [`PRUNE_AT`], then past twice the size left after pruning,
