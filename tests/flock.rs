@@ -238,6 +238,33 @@ fn replaced_stable_lock_file_is_detected_and_retried() {
 }
 
 #[test]
+fn a_lock_file_deleted_between_its_open_and_its_lock_is_opened_again_within_the_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = lock_path(dir.path(), "s");
+    let deleted = Arc::new(Mutex::new(false));
+    let hook_deleted = Arc::clone(&deleted);
+    let hook: flocklease::fault::FaultHook = Arc::new(move |point, p| {
+        let mut deleted = hook_deleted.lock().unwrap();
+        if point == FaultPoint::LockStable && !*deleted {
+            // A tmp cleaner deletes the lock file the transition has just opened.
+            fs::remove_file(p).unwrap();
+            *deleted = true;
+        }
+        None
+    });
+    let leases = FlockLease::builder(dir.path()).faults(hook).open().unwrap();
+    // The attempt locks the deleted file, sees it is not the one at the path, and the front's
+    // begin-or-wait loop tries again at once: a new lock file, taken well within the deadline.
+    let lease = leases
+        .acquire(&id("s"), &owner("a"))
+        .unwrap()
+        .lease()
+        .unwrap();
+    assert_eq!(lease.token, 1);
+    assert!(*deleted.lock().unwrap() && path.exists());
+}
+
+#[test]
 fn a_missing_liveness_file_is_not_proof_of_death_and_probing_creates_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(START);
