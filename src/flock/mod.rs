@@ -27,7 +27,7 @@ use crate::driver::{Hold, HoldStep};
 use crate::error::Error;
 use crate::fault::{FaultPoint, Faults};
 use crate::lease::{DEFAULT_TTL, Grant, Lease};
-use crate::machine::{self, Event, Outcome};
+use crate::machine;
 use crate::name::{Owner, SessionId};
 use crate::record::{self, LiveTag, Record};
 
@@ -43,7 +43,7 @@ pub(crate) mod wait;
 
 use crate::front::{Gate, Idle, Registry, Turn};
 use files::{Access, DEFAULT_FILE_MODE, HeldLock, Opener, Paths, read_bounded};
-use tx::{FlockTx, Slot, TxState};
+use tx::Slot;
 use wait::Cancel;
 
 #[cfg(all(feature = "fault-injection", feature = "internals"))]
@@ -478,25 +478,8 @@ impl FlockLease {
             })
     }
 
-    /// After a run: the carried listing waits for the next transition if the run did not get
-    /// to it (the driver ends every run by releasing the lock, which runs it); the transition
-    /// lock's descriptor is closed, which unlocks it if the run did not.
-    fn end_transition(&self, slot: &mut Slot, lock: HeldLock, mut st: TxState) {
-        if slot.local.is_none() {
-            slot.mark_held(None);
-        }
-        if let Some(below) = st.carried_sweep.take() {
-            slot.keep_sweep(below);
-        }
-        // Unlocked explicitly, not only by closing: a copy of the descriptor in a process
-        // forked meanwhile (without exec) must not keep the lock.
-        if !st.unlocked {
-            let _ = lock.file.unlock();
-        }
-    }
-
     /// This instance's entry for the id with file stem `stem`.
-    fn slot(&self, stem: &str) -> Arc<SlotEntry> {
+    pub(crate) fn slot(&self, stem: &str) -> Arc<SlotEntry> {
         self.slots.entry(stem, || {
             let state = Slot::default();
             SlotEntry {
@@ -685,95 +668,6 @@ impl FlockLeaseBuilder {
                 share: self.share_liveness.map(Arc::new),
             },
         })
-    }
-}
-
-impl crate::front::Backend for FlockLease {
-    type Entry = SlotEntry;
-    type State = Slot;
-    type Held = (HeldLock, TxState);
-    type Pending = tx::PendingLive;
-    type Tx<'a> = FlockTx<'a>;
-    type After = ();
-
-    fn entry(&self, id: &SessionId) -> Arc<SlotEntry> {
-        self.slot(id.stem())
-    }
-
-    fn parts(entry: &SlotEntry) -> (&Gate, &Mutex<Slot>) {
-        (&entry.gate, &entry.state)
-    }
-
-    fn lock_timeout(&self) -> Duration {
-        self.lock_timeout
-    }
-
-    fn ttl(&self) -> Duration {
-        self.ttl
-    }
-
-    fn lock_of(&self, _id: &SessionId, entry: &SlotEntry) -> crate::error::LockOf {
-        crate::error::LockOf::File(entry.paths.lock.clone())
-    }
-
-    /// One attempt at `<stem>.lock` ([`files::lock_once`]); taken, the run carries the
-    /// listing an earlier takeover of this instance left to it.
-    fn begin(
-        &self,
-        _id: &SessionId,
-        entry: &SlotEntry,
-        slot: &mut Slot,
-        _event: &Event,
-        deadline: Option<Instant>,
-    ) -> Result<Option<Self::Held>, Error> {
-        let path = &entry.paths.lock;
-        let open = || self.relieved(|| self.opener.open(path, Access::LockCreate));
-        let taken = files::lock_once(path, &self.opener.faults, open, deadline)?;
-        Ok(taken.map(|lock| {
-            let st = TxState {
-                carried_sweep: slot.pending_sweep.take(),
-                ..TxState::default()
-            };
-            (lock, st)
-        }))
-    }
-
-    fn tx<'a>(
-        &'a self,
-        _id: &'a SessionId,
-        entry: &'a SlotEntry,
-        slot: &'a mut Slot,
-        held: &'a mut Self::Held,
-    ) -> FlockTx<'a> {
-        let (lock, st) = held;
-        FlockTx {
-            lease: self,
-            paths: &entry.paths,
-            slot,
-            stable: &lock.file,
-            stable_id: (lock.dev, lock.ino),
-            st,
-        }
-    }
-
-    fn end(
-        &self,
-        _entry: &SlotEntry,
-        slot: &mut Slot,
-        (lock, st): Self::Held,
-        _outcome: &Result<Outcome, Error>,
-    ) {
-        self.end_transition(slot, lock, st);
-    }
-
-    fn observe(&self, entry: &SlotEntry) {
-        self.opener
-            .faults
-            .observe(FaultPoint::Held, &entry.paths.lock);
-    }
-
-    fn lease_clock(&self) -> Arc<dyn Clock> {
-        Arc::clone(&self.clock)
     }
 }
 

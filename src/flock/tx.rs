@@ -1,5 +1,7 @@
-//! The transaction: the primitive steps of one transition on files, done under the id's
-//! transition lock, for [`driver::run`](crate::driver::run), which orders them.
+//! One transition of the flock backend: what it gives the front (`front::Backend`: the id's
+//! entry, one attempt at `<stem>.lock`, the end), and the transaction — the primitive steps of
+//! one transition on files, done under the id's transition lock, for
+//! [`driver::run`](crate::driver::run), which orders them.
 
 use std::fs::{self, File};
 use std::io::{self, Write};
@@ -8,14 +10,21 @@ use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use super::files::{Access, Paths, read_bounded, standing};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::files::{self, Access, HeldLock, Paths, read_bounded, standing};
 use super::live::{self, Found, Published};
-use super::{Durability, FlockLease};
+use super::{Durability, FlockLease, SlotEntry};
 use crate::Timestamp;
+use crate::clock::Clock;
 use crate::driver::{Begun, CommitStep, Grain, Transaction};
 use crate::error::Error;
 use crate::fault::FaultPoint;
+use crate::front::Gate;
 use crate::machine::{self, Cleanup, Liveness, Local, Plan};
+use crate::machine::{Event, Outcome};
+use crate::name::SessionId;
 use crate::record::{self, LiveTag, Record};
 
 /// Whether an instance whose [`Slot::held`] reads `until` holds the id at `now`: until the
@@ -701,6 +710,111 @@ impl FlockTx<'_> {
         let mut sweeps = super::lock(&self.lease.sweeps);
         sweeps.since += 1;
         sweeps.pending.insert(self.paths.stem.clone());
+    }
+}
+
+/// What the flock backend gives the front (PROTOCOL §4): its entry for an id, one attempt at
+/// `<stem>.lock`, the transaction of one run under it, and the end.
+impl crate::front::Backend for FlockLease {
+    type Entry = SlotEntry;
+    type State = Slot;
+    type Held = (HeldLock, TxState);
+    type Pending = PendingLive;
+    type Tx<'a> = FlockTx<'a>;
+    type After = ();
+
+    fn entry(&self, id: &SessionId) -> Arc<SlotEntry> {
+        self.slot(id.stem())
+    }
+
+    fn parts(entry: &SlotEntry) -> (&Gate, &Mutex<Slot>) {
+        (&entry.gate, &entry.state)
+    }
+
+    fn lock_timeout(&self) -> Duration {
+        self.lock_timeout
+    }
+
+    fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    fn lock_of(&self, _id: &SessionId, entry: &SlotEntry) -> crate::error::LockOf {
+        crate::error::LockOf::File(entry.paths.lock.clone())
+    }
+
+    /// One attempt at `<stem>.lock` ([`files::lock_once`]); taken, the run carries the
+    /// listing an earlier takeover of this instance left to it.
+    fn begin(
+        &self,
+        _id: &SessionId,
+        entry: &SlotEntry,
+        slot: &mut Slot,
+        _event: &Event,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Self::Held>, Error> {
+        let path = &entry.paths.lock;
+        let open = || self.relieved(|| self.opener.open(path, Access::LockCreate));
+        let taken = files::lock_once(path, &self.opener.faults, open, deadline)?;
+        Ok(taken.map(|lock| {
+            let st = TxState {
+                carried_sweep: slot.pending_sweep.take(),
+                ..TxState::default()
+            };
+            (lock, st)
+        }))
+    }
+
+    fn tx<'a>(
+        &'a self,
+        _id: &'a SessionId,
+        entry: &'a SlotEntry,
+        slot: &'a mut Slot,
+        held: &'a mut Self::Held,
+    ) -> FlockTx<'a> {
+        let (lock, st) = held;
+        FlockTx {
+            lease: self,
+            paths: &entry.paths,
+            slot,
+            stable: &lock.file,
+            stable_id: (lock.dev, lock.ino),
+            st,
+        }
+    }
+
+    fn end(
+        &self,
+        _entry: &SlotEntry,
+        slot: &mut Slot,
+        (lock, st): Self::Held,
+        _outcome: &Result<Outcome, Error>,
+    ) {
+        if slot.local.is_none() {
+            slot.mark_held(None);
+        }
+        // The carried listing waits for the next transition if the run did not get to it (the
+        // driver ends every run by releasing the lock, which runs it).
+        let mut st = st;
+        if let Some(below) = st.carried_sweep.take() {
+            slot.keep_sweep(below);
+        }
+        // The transition lock's descriptor is closed, which unlocks it; unlocked explicitly
+        // first if the run did not: a copy of the descriptor in a process forked meanwhile
+        // (without exec) must not keep the lock.
+        if !st.unlocked {
+            let _ = lock.file.unlock();
+        }
+    }
+
+    fn observe(&self, entry: &SlotEntry) {
+        self.opener
+            .faults
+            .observe(FaultPoint::Held, &entry.paths.lock);
+    }
+
+    fn lease_clock(&self) -> Arc<dyn Clock> {
+        Arc::clone(&self.clock)
     }
 }
 
