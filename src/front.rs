@@ -209,6 +209,16 @@ pub(crate) struct Steps<B: Backend> {
 }
 
 #[cfg(feature = "fault-injection")]
+impl<B: Backend> std::fmt::Debug for Steps<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Steps")
+            .field("id", &self.id)
+            .field("next", &self.peek())
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(feature = "fault-injection")]
 impl<B: Backend> Steps<B> {
     /// A transition of `b` for `event` on `id`, at `grain`, not started.
     pub(crate) fn new(b: &B, id: &SessionId, event: Event, grain: Grain) -> Self {

@@ -25,16 +25,8 @@ use crate::name::SessionId;
 ///
 /// Dropping it mid-way closes what it holds (the transition lock, a new generation's liveness
 /// file): what a crash of the process would do to them.
+#[derive(Debug)]
 pub struct Stepper(Steps<FlockLease>);
-
-impl std::fmt::Debug for Stepper {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Stepper")
-            .field("id", &self.0.id)
-            .field("next", &self.peek())
-            .finish_non_exhaustive()
-    }
-}
 
 impl FlockLease {
     /// A transition for `event` on `id`, not started: see [`Stepper`].

@@ -20,16 +20,8 @@ use crate::name::SessionId;
 ///
 /// Dropping it mid-way drops its connection: the server ends the session, and with it the
 /// row lock and any advisory lock it took — what a crash of the process does.
+#[derive(Debug)]
 pub struct PgStepper(Steps<PgLease>);
-
-impl std::fmt::Debug for PgStepper {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PgStepper")
-            .field("id", &self.0.id)
-            .field("next", &self.peek())
-            .finish_non_exhaustive()
-    }
-}
 
 impl PgLease {
     /// A transition for `event` on `id`, not started: see [`PgStepper`].
