@@ -671,8 +671,6 @@ impl FlockLeaseBuilder {
     }
 }
 
-crate::front::session_lease!(FlockLease);
-
 /// A transition lock given up by an explicit unlock when dropped (also while unwinding): a
 /// copy of its descriptor in a process forked meanwhile (a fenced section's closure may fork)
 /// must not keep it locked, as closing alone would.

@@ -713,6 +713,9 @@ impl FlockTx<'_> {
     }
 }
 
+// `FlockLease`'s `SessionLease` and its inherent `acquire`, `renew`, `release`: the front's.
+crate::front::session_lease!(FlockLease);
+
 /// What the flock backend gives the front (PROTOCOL §4): its entry for an id, one attempt at
 /// `<stem>.lock`, the transaction of one run under it, and the end.
 impl crate::front::Backend for FlockLease {
