@@ -92,9 +92,10 @@ pub enum Hold {
     /// This instance's state of the id (a mutex): waited for without a deadline, so never
     /// held across a wait without one.
     State,
-    /// The id's transition lock (flock: `<stem>.lock`; PostgreSQL: the transaction's
-    /// connection, whose first statement locks the row; memory: the store): waited for until
-    /// the call's deadline.
+    /// The id's transition lock, waited for until the call's deadline (flock: `<stem>.lock`;
+    /// PostgreSQL: the transaction's connection, whose first statement, in the run, locks the
+    /// row in the server; memory: nothing of its own — its transaction takes the store's
+    /// mutex for the run, without a deadline).
     Lock,
 }
 
@@ -116,7 +117,7 @@ pub enum HoldStep {
 /// attempt of a wait) takes and gives back what it holds. The crate's front runs it for every
 /// backend, and the model checker's threads run it too:
 /// - the turn, the state, the lock (its wait for the lock holds the state, bounded by the
-///   deadline);
+///   deadline where the backend has one);
 /// - the run (whose last step gives the lock back: the driver ends every run by releasing it);
 /// - then everything given back (flock: the lock's descriptor closed, which unlocks it if the
 ///   run did not get to it).

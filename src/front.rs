@@ -171,9 +171,10 @@ pub(crate) fn transition<B: Backend + ?Sized>(
     Ok((outcome, after.expect("TRANSITION ends the run")))
 }
 
-/// The bounded begin-or-wait loop every lock of the crate is taken by: `attempt` (which may
-/// wait until `deadline` itself) until it answers the lock, fails, or answers `None` with the
-/// deadline past ([`Error::LockTimeout`] by `timeout`).
+/// The bounded begin-or-wait loop an id's transition lock is taken by, for every backend (and
+/// a fence's lock and a fenced section's, through `flock::files::lock_at_path`): `attempt`
+/// (which may wait until `deadline` itself) until it answers the lock, fails, or answers
+/// `None` with the deadline past ([`Error::LockTimeout`] by `timeout`).
 ///
 /// # Errors
 ///
@@ -241,7 +242,9 @@ impl<B: Backend> Steps<B> {
     pub(crate) fn next(&mut self, b: &B, deadline: Option<Instant>) -> Step {
         let entry = Arc::clone(&self.entry);
         let mut state = lock(B::parts(&entry).1);
-        if self.held.is_none() {
+        // Begun at the run's first step only (after the last, `Run::next` panics as documented,
+        // having taken nothing).
+        if self.held.is_none() && self.run.peek().is_some() {
             match b.begin(&self.id, &entry, &mut state, self.run.event(), deadline) {
                 Ok(Some(held)) => self.held = Some(held),
                 Ok(None) => return Step::Blocked,

@@ -446,14 +446,36 @@ pub(crate) fn standing(path: &Path) -> io::Result<Option<fs::Metadata>> {
     }
 }
 
-/// Locks the lock file at `path` by `deadline` (a deadline already past: one attempt, as the
-/// lockstep harness's step makes it), on the file that is at the path once it is locked: a
-/// cleaner or an operator may have deleted or replaced it meanwhile, and then the path is
-/// opened again (`open` opens it, creating it), within the same deadline. Waits only while
-/// the file it waits for is still the one at the path. A lock older than an hour is touched
-/// ([`keep_fresh`]). [`Error::LockTimeout`] at the deadline. The one "lock the file at this
-/// path" of the crate: the flock adapter's transition lock and a [`Fence`](crate::Fence)'s
-/// lock both take it here.
+impl super::FlockLease {
+    /// Opens (creating) the transition lock at `path` ([`Access::LockCreate`], relieved).
+    pub(crate) fn open_lock(&self, path: &Path) -> Result<File, Error> {
+        self.relieved(|| self.opener.open(path, Access::LockCreate))
+    }
+
+    /// Runs `open` (a step whose only descriptor-making call is its open: retrying it after
+    /// that failed repeats nothing); if the process is out of descriptors, gives back the idle
+    /// inotify instances this instance keeps only to save work and tries once more. So a
+    /// call, a release above all, never fails for want of a descriptor the instance could
+    /// have closed.
+    pub(crate) fn relieved<T>(
+        &self,
+        mut open: impl FnMut() -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        match open() {
+            Err(Error::TooManyOpenFiles { .. }) if self.watches.give_back() > 0 => open(),
+            other => other,
+        }
+    }
+}
+
+/// Locks the lock file at `path` by `deadline`, on the file that is at the path once it is
+/// locked: a cleaner or an operator may have deleted or replaced it meanwhile, and then the
+/// path is opened again (`open` opens it, creating it), within the same deadline. Waits only
+/// while the file it waits for is still the one at the path. A lock older than an hour is
+/// touched ([`keep_fresh`]). [`Error::LockTimeout`] at the deadline. The one "lock the file at
+/// this path" of the crate: the front's bounded begin-or-wait loop around [`lock_once`], which
+/// a [`Fence`](crate::Fence)'s lock and a fenced section's take here, and the front's
+/// transition takes through `front::Backend::begin` (the lockstep's stepper: one attempt).
 pub(crate) fn lock_at_path(
     path: &Path,
     faults: &Faults,

@@ -41,9 +41,9 @@ mod step;
 mod tx;
 pub(crate) mod wait;
 
-use crate::front::{Gate, Idle, Registry, Turn};
-use files::{Access, DEFAULT_FILE_MODE, HeldLock, Opener, Paths, read_bounded};
-use tx::Slot;
+use crate::front::Registry;
+use files::{Access, DEFAULT_FILE_MODE, HeldLock, Opener, read_bounded};
+use tx::{Slot, SlotEntry};
 use wait::Cancel;
 
 #[cfg(all(feature = "fault-injection", feature = "internals"))]
@@ -478,19 +478,6 @@ impl FlockLease {
             })
     }
 
-    /// This instance's entry for the id with file stem `stem`.
-    pub(crate) fn slot(&self, stem: &str) -> Arc<SlotEntry> {
-        self.slots.entry(stem, || {
-            let state = Slot::default();
-            SlotEntry {
-                paths: Paths::new(&self.dir, stem.to_owned()),
-                gate: Gate::default(),
-                held_until: state.held_until(),
-                state: Mutex::new(state),
-            }
-        })
-    }
-
     /// Whether this instance's turn on `id` and its state of `id` are taken now (for the
     /// threads' lockstep, from a [`FaultPoint::Held`] hook).
     #[cfg(feature = "fault-injection")]
@@ -506,31 +493,15 @@ impl FlockLease {
         self.slots.len()
     }
 
-    /// Takes `<stem>.lock` by `deadline` ([`files::lock_at_path`]; a deadline already past:
-    /// one attempt, as the lockstep harness's step makes it).
+    /// Takes `<stem>.lock` by `deadline` ([`files::lock_at_path`]), for a fenced section.
     pub(crate) fn lock_stable(
         &self,
         path: &Path,
         deadline: Option<Instant>,
         started: Instant,
     ) -> Result<HeldLock, Error> {
-        let open = || self.relieved(|| self.opener.open(path, Access::LockCreate));
+        let open = || self.open_lock(path);
         files::lock_at_path(path, &self.opener.faults, open, deadline, started)
-    }
-
-    /// Runs `open` (a step whose only descriptor-making call is its open: retrying it after
-    /// that failed repeats nothing); if the process is out of descriptors, gives back the idle
-    /// inotify instances this instance keeps only to save work and tries once more. So a
-    /// call, a release above all, never fails for want of a descriptor the instance could
-    /// have closed.
-    pub(crate) fn relieved<T>(
-        &self,
-        mut open: impl FnMut() -> Result<T, Error>,
-    ) -> Result<T, Error> {
-        match open() {
-            Err(Error::TooManyOpenFiles { .. }) if self.watches.give_back() > 0 => open(),
-            other => other,
-        }
     }
 }
 
@@ -679,38 +650,6 @@ struct Unlocking(HeldLock);
 impl Drop for Unlocking {
     fn drop(&mut self) {
         let _ = self.0.file.unlock();
-    }
-}
-
-/// One id's cached paths, its in-process turn, and what this instance holds for it.
-#[derive(Debug)]
-pub(crate) struct SlotEntry {
-    paths: Paths,
-    gate: Gate,
-    /// Until when this instance holds the id, readable without `state`'s mutex (the rule is
-    /// `Slot::held`'s; `tx::held_at` reads it).
-    held_until: Arc<std::sync::atomic::AtomicI64>,
-    state: Mutex<Slot>,
-}
-
-impl SlotEntry {
-    /// The id's in-process turn (its serialization of one id within the instance), waited
-    /// for until the caller's own `deadline` (the call `started` then).
-    fn turn(&self, deadline: Option<Instant>, started: Instant) -> Result<Turn<'_>, Error> {
-        self.gate.enter(deadline).ok_or_else(|| Error::LockTimeout {
-            lock: crate::error::LockOf::File(self.paths.lock.clone()),
-            waited: started.elapsed(),
-        })
-    }
-}
-
-impl Idle for SlotEntry {
-    fn idle(&self) -> bool {
-        self.gate.is_free()
-            && self
-                .state
-                .try_lock()
-                .is_ok_and(|slot| slot.local.is_none() && slot.pending_sweep.is_none())
     }
 }
 

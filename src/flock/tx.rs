@@ -15,13 +15,13 @@ use std::time::{Duration, Instant};
 
 use super::files::{self, Access, HeldLock, Paths, read_bounded, standing};
 use super::live::{self, Found, Published};
-use super::{Durability, FlockLease, SlotEntry};
+use super::{Durability, FlockLease};
 use crate::Timestamp;
 use crate::clock::Clock;
 use crate::driver::{Begun, CommitStep, Grain, Transaction};
 use crate::error::Error;
 use crate::fault::FaultPoint;
-use crate::front::Gate;
+use crate::front::{Gate, Idle, Turn};
 use crate::machine::{self, Cleanup, Liveness, Local, Plan};
 use crate::machine::{Event, Outcome};
 use crate::name::SessionId;
@@ -713,6 +713,57 @@ impl FlockTx<'_> {
     }
 }
 
+/// One id's cached paths, its in-process turn, and what this instance holds for it.
+#[derive(Debug)]
+pub(crate) struct SlotEntry {
+    pub(super) paths: Paths,
+    pub(super) gate: Gate,
+    /// Until when this instance holds the id, readable without `state`'s mutex (the rule is
+    /// `Slot::held`'s; `held_at` reads it).
+    pub(super) held_until: Arc<AtomicI64>,
+    pub(super) state: Mutex<Slot>,
+}
+
+impl SlotEntry {
+    /// The id's in-process turn (its serialization of one id within the instance), waited
+    /// for until the caller's own `deadline` (the call `started` then).
+    pub(super) fn turn(
+        &self,
+        deadline: Option<Instant>,
+        started: Instant,
+    ) -> Result<Turn<'_>, Error> {
+        self.gate.enter(deadline).ok_or_else(|| Error::LockTimeout {
+            lock: crate::error::LockOf::File(self.paths.lock.clone()),
+            waited: started.elapsed(),
+        })
+    }
+}
+
+impl Idle for SlotEntry {
+    fn idle(&self) -> bool {
+        self.gate.is_free()
+            && self
+                .state
+                .try_lock()
+                .is_ok_and(|slot| slot.local.is_none() && slot.pending_sweep.is_none())
+    }
+}
+
+impl FlockLease {
+    /// This instance's entry for the id with file stem `stem`.
+    pub(crate) fn slot(&self, stem: &str) -> Arc<SlotEntry> {
+        self.slots.entry(stem, || {
+            let state = Slot::default();
+            SlotEntry {
+                paths: Paths::new(&self.dir, stem.to_owned()),
+                gate: Gate::default(),
+                held_until: state.held_until(),
+                state: Mutex::new(state),
+            }
+        })
+    }
+}
+
 // `FlockLease`'s `SessionLease` and its inherent `acquire`, `renew`, `release`: the front's.
 crate::front::session_lease!(FlockLease);
 
@@ -757,7 +808,7 @@ impl crate::front::Backend for FlockLease {
         deadline: Option<Instant>,
     ) -> Result<Option<Self::Held>, Error> {
         let path = &entry.paths.lock;
-        let open = || self.relieved(|| self.opener.open(path, Access::LockCreate));
+        let open = || self.open_lock(path);
         let taken = files::lock_once(path, &self.opener.faults, open, deadline)?;
         Ok(taken.map(|lock| {
             let st = TxState {

@@ -187,7 +187,7 @@ use tx::{IdState, PendingLive, PgTx, TxData};
 pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long a waiting acquire whose row lock was granted tries for the id's in-process lock
-/// (see `PgLease::transition`) before it starts over.
+/// (see `PgLease::after_wait`) before it starts over.
 const IN_PROCESS_HANDOFF: Duration = Duration::from_millis(2);
 
 /// Lease manager over a PostgreSQL database shared by cooperating processes on any number of
@@ -370,7 +370,7 @@ impl PgLease {
             let bound = started.checked_add(inner.lock_timeout);
             let Some(_turn) = entry.gate.enter(bound) else {
                 return Err(Error::LockTimeout {
-                    lock: crate::error::LockOf::Row(id.clone()),
+                    lock: front::Backend::lock_of(self, id, &entry),
                     waited: started.elapsed(),
                 });
             };
