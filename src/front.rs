@@ -17,7 +17,10 @@ use std::time::{Duration, Instant};
 
 use crate::clock::Clock;
 use crate::driver::{self, Hold, HoldStep, TRANSITION, Transaction};
-#[cfg(feature = "fault-injection")]
+#[cfg(all(
+    feature = "fault-injection",
+    any(feature = "internals", feature = "postgres")
+))]
 use crate::driver::{Grain, Io, Run, Step};
 use crate::error::{Error, LockOf};
 use crate::lease::{Grant, Lease};
@@ -199,17 +202,24 @@ pub(crate) fn begin_or_wait<T>(
 /// harness never runs two calls of one instance at once) and with the deadline the harness
 /// gives (the flock stepper's: one attempt per step, [`Step::Blocked`] while another
 /// transition holds the lock).
-#[cfg(feature = "fault-injection")]
+#[cfg(all(
+    feature = "fault-injection",
+    any(feature = "internals", feature = "postgres")
+))]
 pub(crate) struct Steps<B: Backend> {
-    pub(crate) id: SessionId,
-    pub(crate) entry: Arc<B::Entry>,
-    pub(crate) run: Run<B::Pending>,
+    id: SessionId,
+    entry: Arc<B::Entry>,
+    run: Run<B::Pending>,
+    /// The lock and what the run carries, once begun (the steppers read it).
     pub(crate) held: Option<B::Held>,
     /// The lock could not be had for an error: the run ended before its first step.
-    pub(crate) failed: bool,
+    failed: bool,
 }
 
-#[cfg(feature = "fault-injection")]
+#[cfg(all(
+    feature = "fault-injection",
+    any(feature = "internals", feature = "postgres")
+))]
 impl<B: Backend> std::fmt::Debug for Steps<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Steps")
@@ -219,7 +229,10 @@ impl<B: Backend> std::fmt::Debug for Steps<B> {
     }
 }
 
-#[cfg(feature = "fault-injection")]
+#[cfg(all(
+    feature = "fault-injection",
+    any(feature = "internals", feature = "postgres")
+))]
 impl<B: Backend> Steps<B> {
     /// A transition of `b` for `event` on `id`, at `grain`, not started.
     pub(crate) fn new(b: &B, id: &SessionId, event: Event, grain: Grain) -> Self {
@@ -242,8 +255,9 @@ impl<B: Backend> Steps<B> {
     pub(crate) fn next(&mut self, b: &B, deadline: Option<Instant>) -> Step {
         let entry = Arc::clone(&self.entry);
         let mut state = lock(B::parts(&entry).1);
-        // Begun at the run's first step only (after the last, `Run::next` panics as documented,
-        // having taken nothing).
+        assert!(!self.failed, "a step after the run failed to begin");
+        // Begun at the run's first step only: after its last there is no lock to take (and the
+        // call panics below, as documented).
         if self.held.is_none() && self.run.peek().is_some() {
             match b.begin(&self.id, &entry, &mut state, self.run.event(), deadline) {
                 Ok(Some(held)) => self.held = Some(held),

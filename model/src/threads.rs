@@ -1,10 +1,10 @@
 //! Threads of one instance (PROTOCOL §9.2): what the calls of one `FlockLease` hold of an id
 //! while threads of its process call it at once, and a rival process that takes the id's
 //! transition lock. Each step takes or gives back one thing, or waits for one (a futex
-//! operation, a `flock(2)` attempt): the steps the adapter's calls take, in the adapter's own
+//! operation, a `flock(2)` attempt): the steps the adapter's calls take, in the library's own
 //! orders — [`flocklease::flock::SECTION`] for a fenced section and
-//! [`flocklease::driver::TRANSITION`] for a transition, which `FlockLease::fenced` and its
-//! transitions run step by step.
+//! [`flocklease::driver::TRANSITION`] for a transition, which `FlockLease::fenced` and the
+//! front's transitions run step by step.
 //!
 //! | actor | steps |
 //! | --- | --- |
@@ -38,7 +38,7 @@
 //! ended past its deadline.
 //!
 //! What is the adapter's own and what is written here: the section's and the transition's
-//! orders are the adapter's ([`flocklease::flock::SECTION`], [`flocklease::driver::TRANSITION`],
+//! orders are the library's ([`flocklease::flock::SECTION`], [`flocklease::driver::TRANSITION`],
 //! which `FlockLease::fenced` and `FlockLease`'s transitions interpret step by step);
 //! `liveness_fd`'s and `acquire_wait`'s shapes (a look at the state; a look, an attempt, the
 //! deadline's check, a wait, a look and an attempt) are written here as the adapter's code has

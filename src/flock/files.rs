@@ -390,8 +390,6 @@ pub(crate) fn create_dir(dir: &Path) -> Result<(), Error> {
     }
 }
 
-/// Reads a whole record file: one `read` for any record of normal size (a short read of a
-/// regular file means end of file), never more than the size limit plus one byte.
 /// An open lock file, locked, and which file it is (its device and inode): an id's
 /// `<stem>.lock`, or a fence's `<fence file>.lock`.
 #[derive(Debug)]
@@ -538,6 +536,8 @@ fn keep_fresh(file: &File, meta: &fs::Metadata) {
     }
 }
 
+/// Reads a whole record file: one `read` for any record of normal size (a short read of a
+/// regular file means end of file), never more than the size limit plus one byte.
 pub(crate) fn read_bounded(mut file: &File) -> io::Result<Vec<u8>> {
     let mut buf = vec![0u8; 4096];
     let mut len = 0;

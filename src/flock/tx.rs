@@ -751,7 +751,7 @@ impl Idle for SlotEntry {
 
 impl FlockLease {
     /// This instance's entry for the id with file stem `stem`.
-    pub(crate) fn slot(&self, stem: &str) -> Arc<SlotEntry> {
+    pub(super) fn slot(&self, stem: &str) -> Arc<SlotEntry> {
         self.slots.entry(stem, || {
             let state = Slot::default();
             SlotEntry {

@@ -2,7 +2,7 @@
 //! the lockstep harness that runs the model's PostgreSQL schedules against a real server
 //! (features `postgres` and `fault-injection`; never for production use).
 //!
-//! A stepper runs the very `PgTx` and [`Run`] a call runs, at [`Grain::Statement`]: its
+//! A stepper runs the very `PgTx` and `Run` a call runs (the front's own steps, `front::Steps`), at [`Grain::Statement`]: its
 //! [`Io::Begin`] step is the transition's first round trip (the row locked and read with the
 //! server's clock), its commit point the one statement that takes the new generation's lock,
 //! updates the row and commits, and its end the call's own (the connection kept as the new
