@@ -569,6 +569,16 @@ pub fn commit_check<L: PartialEq, R: PartialEq>(
     }
 }
 
+/// Until when the instance that has just committed `committed` holds the id: the record's
+/// expiry, or none for a release's tombstone. The flock backend sets the flag its waiting
+/// acquires' look reads (`acquire_wait`: an instance that holds the id tries at once, out of
+/// the line's order) from it at each commit point — at the commit, not at the generation's
+/// close, so a release's waiters of the same instance keep their places (PROTOCOL §9.2); the
+/// line model's release sets its holder's flag from it too.
+pub fn held_until(committed: Option<&Record>) -> Option<Timestamp> {
+    committed.filter(|r| !r.is_tombstone()).map(|r| r.expiry)
+}
+
 /// Whether a lease expiring at `expiry` is expired at `now`: `now >= expiry` (the boundary
 /// instant belongs to the next holder). The one definition of expiry, for adapters, the
 /// keep-alive and status reports alike.
@@ -932,6 +942,14 @@ mod tests {
             cleanup,
             outcome: granted(token, now),
         }
+    }
+
+    // PROTOCOL §9.2: the held flag follows the committed record.
+    #[test]
+    fn the_instance_holds_until_the_committed_expiry_and_not_after_a_release() {
+        assert_eq!(held_until(rec("a", 3, 30).as_ref()), Some(t(30)));
+        assert_eq!(held_until(rec("", 3, 30).as_ref()), None);
+        assert_eq!(held_until(None), None);
     }
 
     // PROTOCOL §3.1, row 1: absent or tombstone -> takeover with old + 1.

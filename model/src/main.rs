@@ -70,7 +70,9 @@ options (applied in order, on top of the named configuration):
                      (the old design: only the job's inherited descriptor keeps the lease);
                      for the line: pass-over-first-byte (a lock of several bytes is passed
                      one byte at a time), whole-grace-each (every stopped place ahead costs
-                     the whole 50 ms); for the threads: state-across-closure (a fenced
+                     the whole 50 ms), held-until-close (the held flag of the holder's
+                     instance goes down at its release's close, not at its commit); for the
+                     threads: state-across-closure (a fenced
                      section gives the instance's state back after its closure), look-waits
                      (acquire_wait's look at what the instance holds waits for the state),
                      wait-past-deadline (acquire_wait attempts again after an attempt that
@@ -223,6 +225,11 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
                 "whole-grace-each" => {
                     line_model.get_or_insert_with(LineModel::default).planted =
                         Some(LinePlanted::WholeGraceEach);
+                    named = true;
+                }
+                "held-until-close" => {
+                    line_model.get_or_insert_with(LineModel::default).planted =
+                        Some(LinePlanted::HeldUntilClose);
                     named = true;
                 }
                 "state-across-closure" => {

@@ -130,7 +130,9 @@ fn walk(m: &LineModel, seed: u64) -> Result<Reached, String> {
             looks += 1;
             let now = TICK * u32::from(s.now);
             let waiter = real[w].as_mut().unwrap();
-            let tries = waiter.may_try(now);
+            // The adapter's look: an instance that holds the id tries at once, without asking
+            // the line (its flag is the model's: the harness has one instance per waiter).
+            let tries = LineModel::held_here(&s, w) || waiter.may_try(now);
             let free = s.holder.is_none();
             if tries && free {
                 // Granted: its call returns and its place is gone.

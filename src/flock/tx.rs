@@ -480,12 +480,7 @@ impl Transaction for FlockTx<'_> {
             (CommitStep::Point, _, commit) => {
                 self.rename()?;
                 // The record names this instance's generation now, or (a release) none.
-                self.slot.mark_held(
-                    commit
-                        .as_ref()
-                        .filter(|r| !r.is_tombstone())
-                        .map(|r| r.expiry),
-                );
+                self.slot.mark_held(machine::held_until(commit.as_ref()));
             }
             (CommitStep::SyncDir, ..) => self.sync_dir()?,
             _ => unreachable!("a commit step its plan does not list"),
