@@ -74,13 +74,6 @@ plant g-untagged-fifo-is-own $m \
 plant h-commit-check-lock-only $m \
   '        Some(read) if read != record_at => Err(CommitRefused::Record),' \
   '        Some(read) if false \&\& read != record_at => Err(CommitRefused::Record),'
-# The held flag kept up by a release's tombstone (it then goes down only at the transition's
-# end): a waiter of the holder's instance jumps the line between the release's commit and its
-# close; caught by the line model that `check` runs.
-plant i-held-flag-kept-by-tombstone $m \
-  '    committed.filter(|r| !r.is_tombstone()).map(|r| r.expiry)' \
-  '    committed.map(|r| r.expiry)'
-
 config=${CONFIG:-default}
 # `check` with no --config runs the default configuration and those checked with it.
 with_config=()

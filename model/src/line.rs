@@ -123,8 +123,9 @@ pub struct LineState {
     pub past_stopped: bool,
     /// Ghost: a waiter was granted past a stray lock of more than one byte.
     pub past_span: bool,
-    /// The holder's instance's held flag (`Slot::held`: until when the instance holds the id).
-    pub held: bool,
+    /// The holder's instance's held flag (`Slot::held`): until when the instance holds the id
+    /// (`None`: it does not).
+    pub held: Option<flocklease::Timestamp>,
     /// The holder's release committed, its transition not ended yet.
     pub closing: bool,
     /// Ghost: the sibling skipped the line while its instance did not hold the lease.
@@ -159,6 +160,16 @@ pub const OWN_ORDER: &str =
     "a waiter of the holder's instance skips the line only while its instance holds the lease";
 /// Reachability: the sibling looks while its instance holds the lease.
 pub const OWN_LOOK: &str = "a waiter of the holder's instance looks while its instance holds";
+
+/// The model's tick `now` as a timestamp (tick 0 at the Unix epoch).
+fn at(now: u8) -> flocklease::Timestamp {
+    flocklease::Timestamp::from_unix_nanos((TICK * u32::from(now)).as_nanos() as i128)
+        .expect("a tick is a timestamp")
+}
+
+/// The holder's record's expiry: beyond the model's clock (its release, an expiry or a crash
+/// ends its hold, as a step).
+const HOLDER_EXPIRY: u8 = u8::MAX;
 
 fn covers((start, len): Span, at: i64) -> bool {
     start <= at && (len == 0 || at < start + len)
@@ -245,10 +256,13 @@ impl LineModel {
         !running_ahead && s.now - since > Self::bound(k)
     }
 
-    /// Whether waiter `w`'s instance holds the id by its flag (the adapter's `held_here`): it
-    /// then tries at once, and its look does not ask the line.
+    /// Whether waiter `w`'s instance holds the id by its flag at the model's time (the
+    /// adapter's `held_here`: until the flag's expiry, by `machine::is_expired`): it then tries
+    /// at once, and its look does not ask the line.
     pub fn held_here(s: &LineState, w: usize) -> bool {
-        s.waiters[w].sibling && s.held
+        s.waiters[w].sibling
+            && s.held
+                .is_some_and(|until| !flocklease::machine::is_expired(until, at(s.now)))
     }
 
     fn look(&self, s: &mut LineState, w: usize) {
@@ -362,8 +376,8 @@ impl Model for LineModel {
                     free_since: None,
                     past_stopped: false,
                     past_span: false,
-                    // The holder's instance holds the id.
-                    held: self.sibling,
+                    // The holder's instance holds the id, until its record's expiry.
+                    held: self.sibling.then(|| at(HOLDER_EXPIRY)),
                     closing: false,
                     skipped: false,
                     own_look: false,
@@ -409,12 +423,13 @@ impl Model for LineModel {
                     // The release's commit point: the tombstone, and the instance's flag from
                     // it (planted: left as it was, for the close to take down).
                     if self.planted != Some(LinePlanted::HeldUntilClose) {
+                        // A tombstone keeps the token and expires at the release's time.
                         let tombstone = flocklease::Record {
                             owner: String::new(),
                             token: s.token,
-                            expiry: flocklease::Timestamp::UNIX_EPOCH,
+                            expiry: at(s.now),
                         };
-                        s.held = flocklease::machine::held_until(Some(&tombstone)).is_some();
+                        s.held = flocklease::machine::held_until(Some(&tombstone));
                     }
                     s.closing = true;
                 }
@@ -423,7 +438,7 @@ impl Model for LineModel {
             }
             LineAction::Close => {
                 // The transition ends without a generation: the flag is down.
-                s.held = false;
+                s.held = None;
                 s.closing = false;
             }
             LineAction::Look(w) => self.look(&mut s, w),
@@ -460,8 +475,8 @@ impl fmt::Display for LineState {
             Some(Who::Holder) => write!(f, "held by the holder")?,
             Some(Who::Waiter(w)) => write!(f, "held by w{w}")?,
         }
-        if self.held {
-            write!(f, " | the holder's instance's flag up")?;
+        if self.held.is_some() {
+            write!(f, " | the holder's instance's flag set")?;
         }
         if self.closing {
             write!(f, " (its release not ended)")?;
