@@ -131,7 +131,8 @@ fn walk(m: &LineModel, seed: u64) -> Result<Reached, String> {
             let now = TICK * u32::from(s.now);
             let waiter = real[w].as_mut().unwrap();
             // The adapter's look: an instance that holds the id tries at once, without asking
-            // the line (its flag is the model's: the harness has one instance per waiter).
+            // the line. The flag is the model's (a line stepper has none): what is compared is
+            // the real line, asked when the flag is down.
             let tries = LineModel::held_here(&s, w) || waiter.may_try(now);
             let free = s.holder.is_none();
             if tries && free {
