@@ -132,16 +132,15 @@ pub(crate) fn transition<B: Backend + ?Sized>(
     let started = Instant::now();
     let deadline = deadline_after(b.lock_timeout());
     let entry = b.entry(id);
-    let (gate, state) = B::parts(&entry);
-    let timeout = || Error::LockTimeout {
-        lock: b.lock_of(id, &entry),
-        waited: started.elapsed(),
-    };
+    let state = B::parts(&entry).1;
+    let timeout = || timed_out(b, id, &entry, started);
     let (mut turn, mut slot, mut held) = (None, None, None);
     let (mut event, mut outcome, mut after) = (Some(event), None, None);
     for step in TRANSITION {
         match step {
-            HoldStep::Take(Hold::Turn) => turn = Some(gate.enter(deadline).ok_or_else(timeout)?),
+            HoldStep::Take(Hold::Turn) => {
+                turn = Some(self::turn(b, id, &entry, deadline, started)?)
+            }
             HoldStep::Take(Hold::State) => slot = Some(lock(state)),
             HoldStep::Take(Hold::Lock) => {
                 let st = slot.as_mut().expect("TRANSITION takes the state first");
@@ -172,6 +171,38 @@ pub(crate) fn transition<B: Backend + ?Sized>(
     debug_assert!(turn.is_none() && slot.is_none() && held.is_none());
     let outcome = outcome.expect("TRANSITION runs")?;
     Ok((outcome, after.expect("TRANSITION ends the run")))
+}
+
+/// `id`'s in-process turn on `b` by `deadline` (`None`: no limit), or the call's
+/// [`Error::LockTimeout`] (it `started` waiting then): a transition's, a fenced section's, and
+/// a waiting PostgreSQL acquire's first look at what its instance holds.
+pub(crate) fn turn<'e, B: Backend + ?Sized>(
+    b: &B,
+    id: &SessionId,
+    entry: &'e B::Entry,
+    deadline: Option<Instant>,
+    started: Instant,
+) -> Result<Turn<'e>, Error>
+where
+    B::State: 'e,
+{
+    B::parts(entry)
+        .0
+        .enter(deadline)
+        .ok_or_else(|| timed_out(b, id, entry, started))
+}
+
+/// The [`Error::LockTimeout`] of a call on `id` that `started` waiting for `b`'s lock of it.
+fn timed_out<B: Backend + ?Sized>(
+    b: &B,
+    id: &SessionId,
+    entry: &B::Entry,
+    started: Instant,
+) -> Error {
+    Error::LockTimeout {
+        lock: b.lock_of(id, entry),
+        waited: started.elapsed(),
+    }
 }
 
 /// The bounded begin-or-wait loop an id's transition lock is taken by, for every backend (and

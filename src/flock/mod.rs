@@ -427,7 +427,10 @@ impl FlockLease {
         // explicit unlock: `Unlocking`).
         for step in SECTION {
             match step {
-                HoldStep::Take(Hold::Turn) => turn = Some(entry.turn(deadline, started)?),
+                HoldStep::Take(Hold::Turn) => {
+                    let id = &lease.session_id;
+                    turn = Some(crate::front::turn(self, id, &entry, deadline, started)?);
+                }
                 HoldStep::Take(Hold::State) => slot = Some(lock(&entry.state)),
                 HoldStep::Take(Hold::Lock) => {
                     stable = Some(Unlocking(self.lock_stable(

@@ -7,10 +7,8 @@ use std::fs::{self, File};
 use std::io::{self, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
-
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::files::{self, Access, HeldLock, Paths, read_bounded, standing};
@@ -21,9 +19,8 @@ use crate::clock::Clock;
 use crate::driver::{Begun, CommitStep, Grain, Transaction};
 use crate::error::Error;
 use crate::fault::FaultPoint;
-use crate::front::{Gate, Idle, Turn};
-use crate::machine::{self, Cleanup, Liveness, Local, Plan};
-use crate::machine::{Event, Outcome};
+use crate::front::{Gate, Idle};
+use crate::machine::{self, Cleanup, Event, Liveness, Local, Outcome, Plan};
 use crate::name::SessionId;
 use crate::record::{self, LiveTag, Record};
 
@@ -719,21 +716,6 @@ pub(crate) struct SlotEntry {
     pub(super) state: Mutex<Slot>,
 }
 
-impl SlotEntry {
-    /// The id's in-process turn (its serialization of one id within the instance), waited
-    /// for until the caller's own `deadline` (the call `started` then).
-    pub(super) fn turn(
-        &self,
-        deadline: Option<Instant>,
-        started: Instant,
-    ) -> Result<Turn<'_>, Error> {
-        self.gate.enter(deadline).ok_or_else(|| Error::LockTimeout {
-            lock: crate::error::LockOf::File(self.paths.lock.clone()),
-            waited: started.elapsed(),
-        })
-    }
-}
-
 impl Idle for SlotEntry {
     fn idle(&self) -> bool {
         self.gate.is_free()
@@ -836,7 +818,7 @@ impl crate::front::Backend for FlockLease {
         &self,
         _entry: &SlotEntry,
         slot: &mut Slot,
-        (lock, st): Self::Held,
+        (lock, mut st): Self::Held,
         _outcome: &Result<Outcome, Error>,
     ) {
         if slot.local.is_none() {
@@ -844,7 +826,6 @@ impl crate::front::Backend for FlockLease {
         }
         // The carried listing waits for the next transition if the run did not get to it (the
         // driver ends every run by releasing the lock, which runs it).
-        let mut st = st;
         if let Some(below) = st.carried_sweep.take() {
             slot.keep_sweep(below);
         }

@@ -368,12 +368,7 @@ impl PgLease {
         let local = {
             let started = Instant::now();
             let bound = started.checked_add(inner.lock_timeout);
-            let Some(_turn) = entry.gate.enter(bound) else {
-                return Err(Error::LockTimeout {
-                    lock: front::Backend::lock_of(self, id, &entry),
-                    waited: started.elapsed(),
-                });
-            };
+            let _turn = front::turn(self, id, &entry, bound, started)?;
             local_of(&lock(&entry.state))
         };
         let conn = inner.live_conn(id)?;
