@@ -128,6 +128,292 @@ pub fn margin(ttl: std::time::Duration) -> std::time::Duration {
     )
 }
 
+/// `run`'s own side of the supervision (PROTOCOL §7): what its main loop does with what it
+/// saw. The loop reaps, reads its events and the clock, feeds each here as a [`Seen`], and
+/// performs the [`Do`]s in the order given — every signal before the message that tells of
+/// it, so a stderr that blocks or fails never delays an act. The exit status's priority is
+/// [`RunSide::status`], in one place.
+///
+/// Time is the caller's monotonic count, as for [`next`]; `deadline` is the hard deadline
+/// (the last confirmed expiry less the margin) when the call is made.
+///
+/// # Examples
+///
+/// ```
+/// use flocklease::supervise::{Do, Exit, RunSide, Said, Seen};
+///
+/// let mut run = RunSide::new(50);
+/// // The watchdog stopped listening: the job is stopped while `run` holds the lease.
+/// assert_eq!(
+///     run.step(Seen::WatchdogGone, 10, Some(1_000)),
+///     vec![Do::Term, Do::Say(Said::WatchdogGone)]
+/// );
+/// // The job ends on SIGTERM with status 0; its group is empty.
+/// run.step(Seen::Exited { status: 0, by_sigkill: false }, 20, Some(1_000));
+/// assert_eq!(run.step(Seen::GroupGone, 20, Some(1_000)), vec![Do::Exit(Exit::WatchdogGone)]);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RunSide {
+    grace: u64,
+    /// The command's exit status, once reaped.
+    exit: Option<u8>,
+    /// The command was ended by SIGKILL.
+    exit_by_sigkill: bool,
+    /// Why `run` began to stop the job, first reason only.
+    stopping: Option<Stop>,
+    /// When SIGKILL goes to the group, once stopping began.
+    kill_at: Option<u64>,
+    /// SIGKILL was sent by `run`.
+    killed: bool,
+    /// The lease was lost.
+    lost: bool,
+    /// The job was killed at the hard deadline, by `run` or by its watchdog.
+    deadline_killed: bool,
+    /// The watchdog was asked whether it killed the job.
+    asked: bool,
+    /// What the command left in its group got SIGTERM.
+    leftovers_termed: bool,
+    /// The watchdog said it killed the job.
+    watchdog_killed: bool,
+}
+
+/// Why `run` began to stop its job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Stop {
+    /// A forwarded SIGTERM or SIGINT: an ordinary stop.
+    Signal,
+    /// The command exited, leaving processes in its group.
+    Leftovers,
+    /// The lease was lost.
+    Lost,
+    /// The watchdog died or stopped listening: nothing would stop the job if `run` died now.
+    WatchdogGone,
+}
+
+/// What `run`'s loop saw.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Seen {
+    /// The command (the group's leader) was reaped: the status `run` would exit with for it
+    /// (its code, or 128 + the signal), and whether SIGKILL ended it.
+    Exited {
+        /// The exit status for it.
+        status: u8,
+        /// SIGKILL ended it.
+        by_sigkill: bool,
+    },
+    /// No process of the job's group is left (after [`Seen::Exited`]). The loop feeds, after
+    /// each reap, `GroupGone` if the group is empty and [`Seen::Tick`] otherwise.
+    GroupGone,
+    /// The lease was lost (the keep-alive said so).
+    Lost,
+    /// A signal to forward to the job; `stops`: it asks the job to stop (SIGTERM, SIGINT),
+    /// so the grace period starts.
+    Signal {
+        /// It asks the job to stop.
+        stops: bool,
+    },
+    /// The watchdog said it killed the job at the hard deadline.
+    WatchdogKilled,
+    /// The watchdog is gone (its socket ended) or does not listen (it has read no deadline
+    /// for longer than the TTL, or its socket is full).
+    WatchdogGone,
+    /// Time passed (also the look after every event).
+    Tick,
+}
+
+/// What `run`'s loop does next, in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Do {
+    /// Forward the signal just seen to the job's group.
+    Forward,
+    /// SIGTERM, then SIGCONT, to the group.
+    Term,
+    /// SIGKILL to the group.
+    Kill,
+    /// Ask the watchdog whether it killed the job (bounded), and feed the answer back
+    /// ([`Seen::WatchdogKilled`], then [`Seen::GroupGone`] again).
+    AskWatchdog,
+    /// Tell the user (queued, never blocking).
+    Say(Said),
+    /// Release the lease and exit with this status.
+    Exit(Exit),
+}
+
+/// A message of `run`'s, for the loop to word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Said {
+    /// The lease was lost; the job is being stopped (or, if it is over, was stopped).
+    Lost,
+    /// The command exited; what it left in its group is being stopped.
+    Leftovers,
+    /// No renew confirmed before the hard deadline: `run` killed the job.
+    DeadlineKill,
+    /// The watchdog killed the job at the hard deadline.
+    WatchdogKilled,
+    /// The grace period ended: the job was killed.
+    GraceOver,
+    /// The watchdog died or stopped listening: the job is being stopped.
+    WatchdogGone,
+}
+
+/// `run`'s exit status, by cause.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Exit {
+    /// The job's own status.
+    Job(u8),
+    /// The lease was lost.
+    Lost,
+    /// The job was killed at the hard deadline.
+    Deadline,
+    /// The job was stopped because the watchdog died or stopped listening.
+    WatchdogGone,
+}
+
+impl RunSide {
+    /// A job just started, with `grace` between SIGTERM and SIGKILL.
+    pub fn new(grace: u64) -> RunSide {
+        RunSide {
+            grace,
+            exit: None,
+            exit_by_sigkill: false,
+            stopping: None,
+            kill_at: None,
+            killed: false,
+            lost: false,
+            deadline_killed: false,
+            asked: false,
+            leftovers_termed: false,
+            watchdog_killed: false,
+        }
+    }
+
+    /// What to do about `seen` at `now`, with the hard deadline `deadline`.
+    pub fn step(&mut self, seen: Seen, now: u64, deadline: Option<u64>) -> Vec<Do> {
+        let mut out = Vec::new();
+        match seen {
+            Seen::Exited { status, by_sigkill } => {
+                self.exit = Some(status);
+                self.exit_by_sigkill = by_sigkill;
+            }
+            Seen::GroupGone => {
+                if self.exit_by_sigkill
+                    && !self.killed
+                    && !self.watchdog_killed
+                    && !self.lost
+                    && !self.asked
+                {
+                    // Killed, not by `run`: the watchdog may have done it at its deadline,
+                    // and its word may still be on the way (the job's end can overtake it).
+                    self.asked = true;
+                    return vec![Do::AskWatchdog];
+                }
+                out.push(Do::Exit(self.status()));
+                return out;
+            }
+            Seen::Lost => {
+                if !self.lost {
+                    self.lost = true;
+                    self.stop(Stop::Lost, now, &mut out);
+                    out.push(Do::Say(Said::Lost));
+                }
+            }
+            Seen::Signal { stops } => {
+                out.push(Do::Forward);
+                if stops {
+                    self.stopping.get_or_insert(Stop::Signal);
+                    self.start_grace(now);
+                }
+            }
+            Seen::WatchdogKilled => {
+                self.deadline_killed = true;
+                if !self.watchdog_killed {
+                    self.watchdog_killed = true;
+                    out.push(Do::Say(Said::WatchdogKilled));
+                }
+            }
+            Seen::WatchdogGone => {
+                // Only a stop that has not begun is the watchdog's doing: an ordinary stop
+                // (the unit's SIGTERM to every process at once) keeps the job's status.
+                if self.stopping.is_none() {
+                    self.stop(Stop::WatchdogGone, now, &mut out);
+                    out.push(Do::Say(Said::WatchdogGone));
+                }
+            }
+            Seen::Tick => {
+                if self.exit.is_some() && !self.leftovers_termed {
+                    // What the command left behind (background jobs of a script ignore SIGINT
+                    // and SIGQUIT, so a forwarded signal may not have ended them) gets
+                    // SIGTERM; the message only when this begins the stop.
+                    self.leftovers_termed = true;
+                    if self.stopping.is_none() {
+                        out.push(Do::Term);
+                        out.push(Do::Say(Said::Leftovers));
+                    } else {
+                        out.push(Do::Term);
+                    }
+                    self.stopping.get_or_insert(Stop::Leftovers);
+                    self.start_grace(now);
+                }
+            }
+        }
+        if !self.deadline_killed && deadline.is_some_and(|d| now >= d) {
+            // `run` applies the hard deadline too: a renewer late while this loop runs never
+            // leaves the job running past the lease.
+            self.deadline_killed = true;
+            self.killed = true;
+            out.push(Do::Kill);
+            out.push(Do::Say(Said::DeadlineKill));
+        }
+        if !self.killed && self.kill_at.is_some_and(|k| now >= k) {
+            self.killed = true;
+            out.push(Do::Kill);
+            out.push(Do::Say(Said::GraceOver));
+        }
+        out
+    }
+
+    /// The next instant at which [`RunSide::step`] with [`Seen::Tick`] may act without news
+    /// (the hard deadline, the grace period's end).
+    pub fn wake_at(&self, deadline: Option<u64>) -> Option<u64> {
+        let grace_end = self.kill_at.filter(|_| !self.killed);
+        let hard = deadline.filter(|_| !self.deadline_killed);
+        match (grace_end, hard) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The command has exited (its group may still have processes).
+    pub fn command_exited(&self) -> bool {
+        self.exit.is_some()
+    }
+
+    /// `run`'s exit status, once the job is over: a lost lease first, then a kill at the
+    /// deadline, then a stop the watchdog's end caused, else the job's own status.
+    pub fn status(&self) -> Exit {
+        if self.lost {
+            Exit::Lost
+        } else if self.deadline_killed {
+            Exit::Deadline
+        } else if self.stopping == Some(Stop::WatchdogGone) {
+            Exit::WatchdogGone
+        } else {
+            Exit::Job(self.exit.unwrap_or(0))
+        }
+    }
+
+    fn stop(&mut self, why: Stop, now: u64, out: &mut Vec<Do>) {
+        self.stopping.get_or_insert(why);
+        out.push(Do::Term);
+        self.start_grace(now);
+    }
+
+    fn start_grace(&mut self, now: u64) {
+        let at = now.saturating_add(self.grace);
+        self.kill_at = Some(self.kill_at.map_or(at, |k| k.min(at)));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,6 +10,7 @@ mod duration;
 mod fence;
 mod job;
 mod run;
+mod say;
 mod signals;
 mod status;
 mod watchdog;
@@ -110,7 +111,12 @@ fn main() -> ExitCode {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if args.get(1).is_some_and(|a| a == "__watchdog") {
         return match WatchdogCli::try_parse_from(&args[1..]) {
-            Ok(w) => ExitCode::from(watchdog::main(&w.args)),
+            Ok(w) => {
+                let code = watchdog::main(&w.args);
+                // Its messages, if stderr takes them soon (the job is over by now).
+                say::flush(std::time::Duration::from_secs(1));
+                ExitCode::from(code)
+            }
             Err(e) => {
                 let _ = e.print();
                 ExitCode::from(EXIT_USAGE)
@@ -129,7 +135,13 @@ fn main() -> ExitCode {
         }
     };
     ExitCode::from(match cli.command {
-        Cmd::Run(args) => run::main(args),
+        Cmd::Run(args) => {
+            let code = run::main(args);
+            // `run` speaks through `say` (never blocking): what is queued is written now, if
+            // stderr takes it within a bound (the lease is released by now).
+            say::flush(std::time::Duration::from_secs(1));
+            code
+        }
         Cmd::Status(args) => status::main(&args),
         Cmd::Fence(args) => fence::main(&args),
         Cmd::Man { command } => man(command.as_deref()),

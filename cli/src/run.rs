@@ -32,7 +32,10 @@ use flocklease::{
 };
 use nix::sys::signal::Signal;
 
+use flocklease::supervise::{Do, Exit as RunExit, RunSide, Said, Seen};
+
 use crate::job::{self, Exit, Job};
+use crate::say::say;
 use crate::signals::{self, Event, Route, Signals};
 use crate::watchdog::{Channel, Deadlines, Heard, Watchdog, boot_nanos};
 use crate::{
@@ -223,7 +226,7 @@ fn usage_problem(a: &RunArgs) -> Option<String> {
 /// Runs `run`, returning the exit status.
 pub fn main(mut args: RunArgs) -> u8 {
     if let Some(problem) = usage_problem(&args) {
-        eprintln!("{problem}");
+        say!("{problem}");
         return crate::EXIT_USAGE;
     }
     if args.pg.is_none() {
@@ -235,7 +238,7 @@ pub fn main(mut args: RunArgs) -> u8 {
     match run(args) {
         Ok(code) => code,
         Err(msg) => {
-            eprintln!("flocklease: {msg}");
+            say!("flocklease: {msg}");
             EXIT_ERROR
         }
     }
@@ -251,7 +254,7 @@ fn run(a: RunArgs) -> Result<u8, String> {
     // The watchdog's socket, before the lease: the lease manager sends the generation's
     // liveness file over it as it publishes it, so the watchdog keeps every one it places.
     let channel = Channel::new()
-        .inspect_err(|e| eprintln!("flocklease: {e}; running without a watchdog"))
+        .inspect_err(|e| say!("flocklease: {e}; running without a watchdog"))
         .ok();
     if let Some(url) = a.pg.clone() {
         return run_pg(&a, &url, &signals, &id, &owner, channel);
@@ -285,7 +288,7 @@ fn run(a: RunArgs) -> Result<u8, String> {
     let wait = a.wait.filter(|w| !w.is_zero());
     let Some(lease) = acquire(&leases, &id, &owner, wait).map_err(|e| crate::describe(&e))? else {
         if !a.quiet {
-            eprintln!("flocklease: {}", held_message(&dir, &id, wait));
+            say!("flocklease: {}", held_message(&dir, &id, wait));
         }
         return Ok(a.conflict_exit_code);
     };
@@ -366,7 +369,7 @@ fn hold<L: SessionLease + 'static>(
         .ok_or_else(|| "no watchdog socket".to_owned())
         .and_then(|c| c.spawn(a.grace, flocklease::supervise::margin(a.ttl)))
         .inspect_err(|e| {
-            eprintln!(
+            say!(
                 "flocklease: {e}; if run is killed, its job is not stopped (the lease stays \
                  live until its expiry)"
             );
@@ -374,10 +377,12 @@ fn hold<L: SessionLease + 'static>(
         .ok();
     if let Some(w) = &watchdog {
         let tx = tx.clone();
+        let deadlines = deadlines.clone();
         w.listen(move |heard| {
             let _ = tx.send(match heard {
                 Heard::Killed => Event::WatchdogKilled,
                 Heard::Gone => Event::WatchdogGone,
+                Heard::Deadline(at) => return deadlines.heard(at),
             });
         });
     }
@@ -413,7 +418,7 @@ fn hold<L: SessionLease + 'static>(
             if let Some(w) = watchdog {
                 w.done();
             }
-            eprintln!("flocklease: cannot run {name}: {e}");
+            say!("flocklease: cannot run {name}: {e}");
             release(keep);
             return Ok(if e.kind() == io::ErrorKind::NotFound {
                 127
@@ -430,7 +435,7 @@ fn hold<L: SessionLease + 'static>(
         job,
         &keep,
         (&rx, watchdog.as_ref()),
-        a.grace,
+        (a.grace, a.ttl),
         (deadlines, margin),
     );
     deadlines.detach();
@@ -492,7 +497,7 @@ fn run_pg(
             let waited = wait.map_or(String::new(), |w| {
                 format!(" after waiting {}", status::human(w))
             });
-            eprintln!("flocklease: {id} is held by another owner{waited}");
+            say!("flocklease: {id} is held by another owner{waited}");
         }
         return Ok(a.conflict_exit_code);
     };
@@ -554,162 +559,157 @@ fn acquire(
 }
 
 /// Waits for the job to end, forwarding signals and stopping it on loss; returns the exit
-/// status of `run`.
+/// status of `run`. What to do is [`RunSide::step`]'s answer (PROTOCOL §7); this loop only
+/// gathers what it saw and performs the answer, signals before words.
 fn supervise<L: SessionLease + 'static>(
     mut job: Job,
     keep: &KeepAlive<L>,
     (events, watchdog): (&Receiver<Event>, Option<&Watchdog>),
-    grace: Duration,
+    (grace, ttl): (Duration, Duration),
     (deadlines, margin): (&Deadlines, Duration),
 ) -> u8 {
     let pgid = job.pgid();
-    let margin = u64::try_from(margin.as_nanos()).unwrap_or(u64::MAX);
+    let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+    let (margin, ttl) = (nanos(margin), nanos(ttl));
     // The hard deadline, as the watchdog applies it: the last confirmed expiry less the
-    // margin. `run`'s own main loop applies it too, so a renewer that is late while this
-    // thread runs never leaves the job running past the lease (PROTOCOL §7).
+    // margin.
     let hard_deadline = || deadlines.latest().map(|d| d.saturating_sub(margin));
-    // When SIGKILL goes to the group, once stopping has begun; and whether it went.
-    let mut kill_at: Option<Instant> = None;
-    let mut killed = false;
-    let mut lost = false;
-    // The watchdog killed the job at its deadline; the watchdog is gone.
-    let mut watchdog_killed = false;
-    let mut watchdog_gone = false;
-    let mut leftovers_told = false;
-    let stop_by = |kill_at: &mut Option<Instant>| {
-        let at = Instant::now() + grace;
-        *kill_at = Some(kill_at.map_or(at, |k| k.min(at)));
-    };
+    let mut side = RunSide::new(nanos(grace));
+    // What the loop has fed already, so that each is seen once.
+    let (mut exit_fed, mut lost_fed, mut deaf_fed) = (false, false, false);
+    // The group was seen empty: its id is never signalled again.
+    let mut group_gone = false;
+    let mut event: Option<Event> = None;
     loop {
         if job.reap() {
             job.suspend();
             continue;
         }
-        if let Some(exit) = job.exit {
-            if !job.group_alive() {
-                if !lost
-                    && !killed
-                    && !watchdog_killed
-                    && exit == Exit::Signal(Signal::SIGKILL as i32)
-                    && let Some(w) = watchdog
-                {
-                    // Killed, not by `run`: the watchdog may have done it at its deadline,
-                    // and its word may still be on the way (the job's end can overtake it).
-                    watchdog_killed = watchdog_said_killed(w, events);
-                    if watchdog_killed {
-                        told_watchdog_killed(pgid);
+        let mut seen = Vec::new();
+        if let (Some(exit), false) = (job.exit, exit_fed) {
+            exit_fed = true;
+            seen.push(Seen::Exited {
+                status: exit.status(),
+                by_sigkill: exit == Exit::Signal(Signal::SIGKILL as i32),
+            });
+        }
+        if !lost_fed && keep.loss().is_some() {
+            lost_fed = true;
+            seen.push(Seen::Lost);
+        }
+        if watchdog.is_some() && !deaf_fed && deadlines.deaf(boot_nanos(), ttl) {
+            deaf_fed = true;
+            seen.push(Seen::WatchdogGone);
+        }
+        let mut signal = None;
+        match event.take() {
+            Some(Event::Signal(sig)) => {
+                signal = Some(sig);
+                seen.push(Seen::Signal {
+                    stops: signals::stops(sig),
+                });
+            }
+            Some(Event::WatchdogKilled) => seen.push(Seen::WatchdogKilled),
+            Some(Event::WatchdogGone) if !deaf_fed => {
+                deaf_fed = true;
+                seen.push(Seen::WatchdogGone);
+            }
+            _ => {}
+        }
+        if exit_fed && !job.group_alive() {
+            group_gone = true;
+            seen.push(Seen::GroupGone);
+        } else {
+            seen.push(Seen::Tick);
+        }
+        let mut seen = std::collections::VecDeque::from(seen);
+        while let Some(s) = seen.pop_front() {
+            for act in side.step(s, boot_nanos(), hard_deadline()) {
+                match act {
+                    Do::Forward => {
+                        if let Some(sig) = signal.filter(|_| !group_gone) {
+                            job.signal(sig);
+                        }
+                    }
+                    Do::Term if !group_gone => terminate(&job),
+                    Do::Kill if !group_gone => job.signal(Signal::SIGKILL),
+                    Do::Term | Do::Kill => {}
+                    Do::AskWatchdog => {
+                        if watchdog.is_some_and(|w| watchdog_said_killed(w, events)) {
+                            seen.push_back(Seen::WatchdogKilled);
+                        }
+                        seen.push_back(Seen::GroupGone);
+                    }
+                    Do::Say(said) => tell(said, pgid, keep),
+                    Do::Exit(exit) => {
+                        return match exit {
+                            RunExit::Job(code) => code,
+                            RunExit::Lost => EXIT_LOST,
+                            RunExit::Deadline => EXIT_DEADLINE,
+                            RunExit::WatchdogGone => EXIT_WATCHDOG_GONE,
+                        };
                     }
                 }
-                // Ended by the watchdog at the expiry (this process was stopped or hung):
-                // the lease was lost, and that is the status.
-                if !lost && let Some(loss) = keep.loss() {
-                    lost = true;
-                    eprintln!("flocklease: {loss}; the job (process group {pgid}) was stopped");
-                }
-                return if lost {
-                    EXIT_LOST
-                } else if watchdog_killed {
-                    EXIT_DEADLINE
-                } else if watchdog_gone {
-                    EXIT_WATCHDOG_GONE
-                } else {
-                    exit.status()
-                };
             }
-            if !leftovers_told {
-                // What the command left behind (background jobs of a script ignore SIGINT
-                // and SIGQUIT, so a forwarded signal may not have ended them) gets SIGTERM.
-                leftovers_told = true;
-                if kill_at.is_none() {
-                    eprintln!(
-                        "flocklease: the command exited; stopping what it left running in its \
-                         process group {pgid}"
-                    );
-                }
-                terminate(&job);
-                stop_by(&mut kill_at);
-            }
-        }
-        if !lost && let Some(loss) = keep.loss() {
-            lost = true;
-            eprintln!("flocklease: {loss}; stopping the job (process group {pgid})");
-            terminate(&job);
-            stop_by(&mut kill_at);
         }
         let now = boot_nanos();
-        let own = flocklease::supervise::next(&flocklease::supervise::Watch {
-            run_alive: true,
-            job_alive: job.group_alive(),
-            now,
-            deadline: hard_deadline(),
-            liveness_kept: true,
-            term_at: None,
-            grace: 0,
-        });
-        if !watchdog_killed && matches!(own, flocklease::supervise::Act::Kill(_)) {
-            watchdog_killed = true;
-            killed = true;
-            eprintln!(
-                "flocklease: no renew of the lease confirmed before its deadline; killing the \
-                 job (process group {pgid})"
-            );
-            job.signal(Signal::SIGKILL);
-        }
-        if !killed && kill_at.is_some_and(|k| Instant::now() >= k) {
-            killed = true;
-            eprintln!(
-                "flocklease: the job (process group {pgid}) is still running after the grace \
-                 period; killing it"
-            );
-            job.signal(Signal::SIGKILL);
-        }
         let mut wake = IDLE;
-        if let Some(k) = kill_at.filter(|_| !killed) {
-            wake = wake.min(k.saturating_duration_since(Instant::now()));
+        let mut until = |at: Option<u64>| {
+            if let Some(at) = at {
+                wake = wake.min(Duration::from_nanos(at.saturating_sub(now)));
+            }
+        };
+        until(side.wake_at(hard_deadline()));
+        if watchdog.is_some() && !deaf_fed {
+            until(deadlines.deaf_at(ttl));
         }
-        if job.exit.is_some() {
+        if side.command_exited() {
             wake = wake.min(DRAIN_POLL);
         }
-        if let flocklease::supervise::Act::Wait { until: Some(at) } = own {
-            wake = wake.min(Duration::from_nanos(at.saturating_sub(now)));
-        }
         match events.recv_timeout(wake) {
-            Ok(Event::Signal(sig)) => {
-                job.signal(sig);
-                if signals::stops(sig) {
-                    stop_by(&mut kill_at);
-                }
-            }
-            Ok(Event::WatchdogKilled) => {
-                watchdog_killed = true;
-                told_watchdog_killed(pgid);
-            }
-            Ok(Event::WatchdogGone) => {
-                // Nothing would stop the job if `run` died now: stop it while `run` holds
-                // the lease.
-                if job.exit.is_none() || job.group_alive() {
-                    watchdog_gone = true;
-                    eprintln!(
-                        "flocklease: the watchdog died; stopping the job (process group {pgid}) \
-                         while the lease is held"
-                    );
-                    terminate(&job);
-                    stop_by(&mut kill_at);
-                }
-            }
-            // Handled at the top of the loop.
+            // A child's change is seen by the reap at the top; a loss by the keep-alive's
+            // handle.
             Ok(Event::Child | Event::Lost) | Err(RecvTimeoutError::Timeout) => {}
+            Ok(e) => event = Some(e),
             // Every sender is gone: nothing wakes us but time.
             Err(RecvTimeoutError::Disconnected) => std::thread::sleep(wake),
         }
     }
 }
 
-fn told_watchdog_killed(pgid: nix::unistd::Pid) {
-    eprintln!(
-        "flocklease: the watchdog killed the job (process group {pgid}): no renew of the lease \
-         was confirmed before its deadline"
-    );
+/// Words for what `run` did (queued after the act, never blocking).
+fn tell<L: SessionLease + 'static>(said: Said, pgid: nix::unistd::Pid, keep: &KeepAlive<L>) {
+    match said {
+        Said::Lost => {
+            let loss = keep
+                .loss()
+                .map_or_else(|| "the lease was lost".to_owned(), |l| l.to_string());
+            say!("flocklease: {loss}; the job (process group {pgid}) is stopped");
+        }
+        Said::Leftovers => say!(
+            "flocklease: the command exited; stopping what it left running in its process \
+             group {pgid}"
+        ),
+        Said::DeadlineKill => say!(
+            "flocklease: no renew of the lease confirmed before its deadline; killed the job \
+             (process group {pgid})"
+        ),
+        Said::WatchdogKilled => say!(
+            "flocklease: the watchdog killed the job (process group {pgid}): no renew of the \
+             lease was confirmed before its deadline"
+        ),
+        Said::GraceOver => say!(
+            "flocklease: the job (process group {pgid}) was still running after the grace \
+             period; killed it"
+        ),
+        Said::WatchdogGone => say!(
+            "flocklease: the watchdog died or stopped listening; stopping the job (process \
+             group {pgid}) while the lease is held"
+        ),
+        // `Said` is the library's, and may grow.
+        #[allow(unreachable_patterns)]
+        _ => {}
+    }
 }
 
 /// Whether the watchdog killed the job: tells it `done` and waits for what it said before
@@ -735,7 +735,7 @@ fn terminate(job: &Job) {
 
 fn release<L: SessionLease + 'static>(keep: KeepAlive<L>) {
     if let Err(e) = keep.release() {
-        eprintln!("flocklease: release failed (the lease will expire): {e}");
+        say!("flocklease: release failed (the lease will expire): {e}");
     }
 }
 

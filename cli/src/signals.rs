@@ -12,6 +12,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use nix::sys::signal::{SigSet, Signal};
 
+use crate::say::say;
+
 /// The signals `run` forwards to the job's process group.
 pub const FORWARDED: [Signal; 7] = [
     Signal::SIGTERM,
@@ -98,10 +100,11 @@ fn receive(set: &SigSet, route: &Mutex<Route>) {
             // A child's or a window's change: nothing to do before the job exists.
             Route::Exit if matches!(sig, Signal::SIGCHLD | Signal::SIGWINCH) => {}
             Route::Exit => {
-                eprintln!(
+                say!(
                     "flocklease: received {} before the command started; exiting",
                     sig.as_str()
                 );
+                crate::say::flush(std::time::Duration::from_millis(200));
                 std::process::exit(128 + sig as i32);
             }
             Route::Loop(tx) => {

@@ -29,7 +29,7 @@
 //! and it is cleared by executing a set-user-id program. The socket has none of these limits.
 
 use std::fs::File;
-use std::io::{IoSliceMut, Write};
+use std::io::IoSliceMut;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
@@ -52,6 +52,7 @@ use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFl
 use nix::unistd::Pid;
 
 use crate::duration;
+use crate::say::say;
 
 /// How often the watchdog looks again while `run` is dead and the job is being stopped (the
 /// job's processes are not its children, so nothing wakes it; each look reads `/proc` and
@@ -148,6 +149,8 @@ pub enum Heard {
     Killed,
     /// The watchdog is gone (killed): nothing stops the job if `run` dies now.
     Gone,
+    /// The watchdog read the deadline `until NANOS` (and every one before it).
+    Deadline(u64),
 }
 
 impl Watchdog {
@@ -157,9 +160,10 @@ impl Watchdog {
         self.pipe.as_raw_fd()
     }
 
-    /// Tells the watchdog which process group to stop.
+    /// Tells the watchdog which process group to stop (it knows already from the job's own
+    /// pre-exec step; never blocks).
     pub fn arm(&mut self, pgid: Pid) {
-        let _ = writeln!(self.pipe, "{pgid}");
+        let _ = send_now(self.pipe.as_fd(), format!("{pgid}\n").as_bytes());
     }
 
     /// A second writer, for the expiries (see [`Deadlines::attach`]).
@@ -178,6 +182,14 @@ impl Watchdog {
                 match nix::unistd::read(&socket, &mut buf) {
                     Ok(0) => return heard(Heard::Gone),
                     Ok(n) if &buf[..n] == b"killed" => heard(Heard::Killed),
+                    Ok(n) if buf[..n].starts_with(b"heard ") => {
+                        if let Some(at) = std::str::from_utf8(&buf[6..n])
+                            .ok()
+                            .and_then(|s| s.parse().ok())
+                        {
+                            heard(Heard::Deadline(at));
+                        }
+                    }
                     Ok(_) | Err(Errno::EINTR) => {}
                     // A watchdog that dies with messages it has not read yet (a deadline, a
                     // liveness file) resets the connection: that too is its end.
@@ -195,7 +207,9 @@ impl Watchdog {
             .said_done
             .swap(true, std::sync::atomic::Ordering::SeqCst)
         {
-            let _ = (&self.pipe).write_all(b"done");
+            // A watchdog that does not read gets no `done`: `run`'s exit ends its socket,
+            // which it reads as `run`'s end, with the job already over.
+            let _ = send_now(self.pipe.as_fd(), b"done");
         }
     }
 }
@@ -204,37 +218,117 @@ impl Watchdog {
 /// `until BOOT_NANOS` after each successful renew, written by the renewer thread itself. If
 /// `run` stops renewing — stopped, hung, descheduled — the watchdog, in a process of its own,
 /// kills the job before that instant.
+///
+/// A write never blocks and is made with no lock held (only the latest deadline matters, and
+/// the watchdog reads every message waiting when it wakes). The watchdog answers each batch of
+/// deadlines it read with `heard NANOS`; a deadline it has not read for longer than the TTL,
+/// or a socket too full to take one, means it does not listen ([`Deadlines::deaf`]): it could
+/// not stop the job if `run` died, so `run` stops the job itself (PROTOCOL §7.5).
 #[derive(Clone, Default)]
-pub struct Deadlines(Arc<Mutex<(Option<File>, Option<u64>)>>);
+pub struct Deadlines(Arc<DeadlineState>);
+
+#[derive(Default)]
+struct DeadlineState {
+    /// The socket to the watchdog, once attached; cloned out of the lock before each write.
+    pipe: Mutex<Option<Arc<File>>>,
+    /// The latest confirmed deadline, and the earliest deadline sent that the watchdog has not
+    /// said it read (the latest value sent, the instant the first unread one was sent).
+    told: Mutex<Told>,
+    /// A write found the socket full.
+    full: std::sync::atomic::AtomicBool,
+}
+
+#[derive(Default)]
+struct Told {
+    latest: Option<u64>,
+    unheard: Option<(u64, u64)>,
+}
 
 impl Deadlines {
     /// Records a new deadline (and tells the watchdog, once attached).
     pub fn note(&self, boot_nanos: u64) {
-        let mut d = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        d.1 = Some(boot_nanos);
-        if let Some(pipe) = d.0.as_mut() {
-            let _ = pipe.write_all(format!("until {boot_nanos}").as_bytes());
-        }
+        self.told().latest = Some(boot_nanos);
+        self.send(boot_nanos);
     }
 
     /// Starts telling the watchdog through `pipe`, with the latest deadline at once.
     pub fn attach(&self, pipe: File) {
-        let mut d = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        d.0 = Some(pipe);
-        if let (Some(at), Some(pipe)) = (d.1, d.0.as_mut()) {
-            let _ = pipe.write_all(format!("until {at}").as_bytes());
+        *self.0.pipe.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(pipe));
+        if let Some(at) = self.latest() {
+            self.send(at);
         }
     }
 
     /// The latest confirmed expiry, on the boot-time clock.
     pub fn latest(&self) -> Option<u64> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).1
+        self.told().latest
     }
 
     /// Stops telling the watchdog (before it is told `done`).
     pub fn detach(&self) {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).0 = None;
+        *self.0.pipe.lock().unwrap_or_else(PoisonError::into_inner) = None;
     }
+
+    /// The watchdog said it read every deadline up to `at`.
+    pub fn heard(&self, at: u64) {
+        let mut told = self.told();
+        if told.unheard.is_some_and(|(sent, _)| at >= sent) {
+            told.unheard = None;
+        }
+    }
+
+    /// Whether the watchdog does not listen at `now`: its socket was full, or a deadline sent
+    /// longer than `ttl` ago is still unread.
+    pub fn deaf(&self, now: u64, ttl: u64) -> bool {
+        self.0.full.load(std::sync::atomic::Ordering::SeqCst)
+            || self
+                .told()
+                .unheard
+                .is_some_and(|(_, since)| now.saturating_sub(since) > ttl)
+    }
+
+    /// When [`Deadlines::deaf`] turns true without news, if a deadline is unread.
+    pub fn deaf_at(&self, ttl: u64) -> Option<u64> {
+        self.told()
+            .unheard
+            .map(|(_, since)| since.saturating_add(ttl).saturating_add(1))
+    }
+
+    fn told(&self) -> std::sync::MutexGuard<'_, Told> {
+        self.0.told.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn send(&self, at: u64) {
+        let pipe = self
+            .0
+            .pipe
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let Some(pipe) = pipe else { return };
+        let sent_at = boot_nanos();
+        match send_now(pipe.as_fd(), format!("until {at}").as_bytes()) {
+            Ok(()) => {
+                let mut told = self.told();
+                let since = told.unheard.map_or(sent_at, |(_, since)| since);
+                told.unheard = Some((at, since));
+            }
+            Err(Errno::EAGAIN) => self.0.full.store(true, std::sync::atomic::Ordering::SeqCst),
+            // The watchdog is gone: its listener says so.
+            Err(_) => {}
+        }
+    }
+}
+
+/// Sends one message on the watchdog's socket without blocking (whatever the descriptor's
+/// mode) and without `SIGPIPE`.
+fn send_now(socket: std::os::fd::BorrowedFd<'_>, message: &[u8]) -> Result<(), Errno> {
+    nix::sys::socket::send(
+        socket.as_raw_fd(),
+        message,
+        MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
+    )
+    .map(|_| ())
 }
 
 /// What the watchdog has heard and done.
@@ -251,6 +345,7 @@ struct State {
 pub fn main(args: &WatchdogArgs) -> u8 {
     // A signal mask is inherited across exec: `run` blocks the signals it waits for.
     let _ = SigSet::empty().thread_set_mask();
+    ignore_signals();
     let margin = u64::try_from(args.margin.as_nanos()).unwrap_or(u64::MAX);
     let grace = u64::try_from(args.grace.as_nanos()).unwrap_or(u64::MAX);
     // Stdin is the socket `run` gave us.
@@ -286,17 +381,22 @@ pub fn main(args: &WatchdogArgs) -> u8 {
             Act::Term | Act::Kill(_) if st.pgid.is_none() => {}
             Act::Term => {
                 let group = st.pgid.unwrap_or_else(|| unreachable!());
-                eprintln!("flocklease: run died; stopping its job (process group {group})");
+                // Act, then say (crate::say: never blocks, never fails).
                 let _ = killpg(group, Signal::SIGTERM);
                 let _ = killpg(group, Signal::SIGCONT);
                 st.term_at = Some(now);
+                say!("flocklease: run died; stopping its job (process group {group})");
                 continue;
             }
             Act::Kill(why) => {
                 let group = st.pgid.unwrap_or_else(|| unreachable!());
+                let _ = killpg(group, Signal::SIGKILL);
                 if told != Some(why) {
                     told = Some(why);
-                    eprintln!("flocklease: {}; killing the job (process group {group})", {
+                    if st.run_alive && why == Why::Deadline {
+                        let _ = send_now(socket.as_fd(), b"killed");
+                    }
+                    say!("flocklease: {}; killed the job (process group {group})", {
                         match why {
                             Why::Deadline => {
                                 "no renew of the lease confirmed before its expiry (run \
@@ -309,11 +409,7 @@ pub fn main(args: &WatchdogArgs) -> u8 {
                             Why::GraceOver => "run died and the grace period is over",
                         }
                     });
-                    if st.run_alive && why == Why::Deadline {
-                        let _ = nix::unistd::write(&socket, b"killed");
-                    }
                 }
-                let _ = killpg(group, Signal::SIGKILL);
                 // The kill is delivered; look again shortly (the group empties soon after).
                 wait = Some(POLL);
             }
@@ -353,15 +449,22 @@ pub fn main(args: &WatchdogArgs) -> u8 {
         if let Some(timer) = timer.as_ref() {
             let _ = timer.unset();
         }
-        hear(&socket, &mut st);
+        let read = hear(&socket, &mut st);
         if st.done {
             return 0;
+        }
+        if let Some(at) = read {
+            // `run` learns that its deadlines are read (a watchdog that does not read them
+            // cannot stop the job: `run` then does, see `Deadlines::deaf`).
+            let _ = send_now(socket.as_fd(), format!("heard {at}").as_bytes());
         }
     }
 }
 
-/// Reads every message waiting on `socket` (without blocking) into `st`.
-fn hear(socket: &OwnedFd, st: &mut State) {
+/// Reads every message waiting on `socket` (without blocking) into `st`; returns the last
+/// deadline read, if any.
+fn hear(socket: &OwnedFd, st: &mut State) -> Option<u64> {
+    let mut read = None;
     loop {
         let mut buf = vec![0u8; 8192];
         let mut iov = [IoSliceMut::new(&mut buf)];
@@ -383,17 +486,17 @@ fn hear(socket: &OwnedFd, st: &mut State) {
                 }
                 (msg.bytes, fds)
             }
-            Err(Errno::EAGAIN) => return,
+            Err(Errno::EAGAIN) => return read,
             Err(Errno::EINTR) => continue,
             Err(_) => {
                 st.run_alive = false;
-                return;
+                return read;
             }
         };
         if len == 0 && fds.is_empty() {
             // End of file: every copy of `run`'s end is closed.
             st.run_alive = false;
-            return;
+            return read;
         }
         let text = &buf[..len];
         if let Some(path) = text.strip_prefix(b"live ") {
@@ -403,10 +506,11 @@ fn hear(socket: &OwnedFd, st: &mut State) {
         } else if let Some(at) = text.strip_prefix(b"until ") {
             if let Some(at) = std::str::from_utf8(at).ok().and_then(|s| s.parse().ok()) {
                 st.deadline = Some(at);
+                read = Some(at);
             }
         } else if text == b"done" {
             st.done = true;
-            return;
+            return read;
         } else if let Some(pid) = std::str::from_utf8(text)
             .ok()
             .and_then(|s| s.trim().parse::<i32>().ok())
@@ -414,6 +518,25 @@ fn hear(socket: &OwnedFd, st: &mut State) {
         {
             st.pgid = Some(Pid::from_raw(pid));
         }
+    }
+}
+
+/// Makes the watchdog deaf to every signal but SIGKILL and SIGSTOP: a terminal's job control
+/// (`SIGTTOU` on a write to a `tostop` terminal, `SIGTTIN`), a hang-up, and a stop that reaches
+/// every process of a unit at once (systemd's `KillMode=control-group` sends SIGTERM to all)
+/// must not end or stop it while it may still have to stop the job. It ends when `run`'s end
+/// of the socket does and the job is over (PROTOCOL §7.5).
+#[allow(unsafe_code)]
+fn ignore_signals() {
+    use nix::sys::signal::{SaFlags, SigAction, SigHandler, sigaction};
+    let ignore = SigAction::new(SigHandler::SigIgn, SaFlags::empty(), SigSet::empty());
+    for sig in crate::signals::FORWARDED.into_iter().chain([
+        Signal::SIGTTOU,
+        Signal::SIGTTIN,
+        Signal::SIGPIPE,
+    ]) {
+        // SAFETY: SIG_IGN installs no handler; no code runs on delivery.
+        let _ = unsafe { sigaction(sig, &ignore) };
     }
 }
 

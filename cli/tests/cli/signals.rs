@@ -88,7 +88,7 @@ fn after_the_grace_period_the_group_is_killed_and_run_exits_with_128_plus_the_si
         !pid_alive(leader) && !pid_alive(gc),
         "a job process survived"
     );
-    assert!(String::from_utf8_lossy(&out.stderr).contains("killing it"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("killed it"));
     assert_eq!(s.rival("grace"), Some(2));
 }
 
@@ -122,7 +122,7 @@ fn a_lost_lease_stops_every_process_of_the_job() {
     // refused), whichever the keep-alive notices first; the job was killed by the watchdog
     // before the expiry, while `run` was stopped.
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("killing the job (process group"), "{err}");
+    assert!(err.contains("killed the job (process group"), "{err}");
     assert!(err.contains("; the job (process group"), "{err}");
     assert!(!pid_alive(leader), "the command survived the loss");
     assert!(!pid_alive(gc), "the grandchild survived the loss");
