@@ -283,6 +283,8 @@ impl FlockLease {
         // that attempt (a takeover) unlinks it, the kernel drops the wait's inotify mark with it
         // only when this descriptor closes, after the attempt, not on its path (wait.rs).
         let mut watched: Option<File> = None;
+        // The last attempt found the new generation's name locked (see below).
+        let mut busy: Option<Error> = None;
         loop {
             if wait::cancelled(cancel) {
                 return Ok(Grant::Held);
@@ -302,17 +304,27 @@ impl FlockLease {
                 // lock eagerly; only one waiter per id is first, so only one spins (unqueued
                 // waiters spinning on two cores cost a quarter of the grants: BENCHMARKS.md).
                 let _eager = (line_turn && line.is_in()).then(wait::eager);
-                if let Grant::Granted(lease) = self.acquire(id, owner)? {
-                    return Ok(Grant::Granted(lease));
+                match self.acquire(id, owner) {
+                    Ok(Grant::Granted(lease)) => return Ok(Grant::Granted(lease)),
+                    Ok(Grant::Held) => busy = None,
+                    // The new generation's name is locked by someone who is not the recorded
+                    // holder (a receiver of a failed attempt's descriptor, a record moved
+                    // back under a live holder): it may let go, so look again until the
+                    // deadline, pausing increasingly; at the deadline, this is the answer.
+                    Err(e @ Error::LiveLockBusy { .. }) => {
+                        busy = Some(e);
+                        pause = next_pause(pause);
+                    }
+                    Err(e) => return Err(e),
                 }
             }
             drop(watched.take());
             line.join(&self.opener, &queue_path);
             if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Ok(Grant::Held);
+                return busy.map_or(Ok(Grant::Held), Err);
             }
             if !pause.is_zero() && !wait::sleep_before(deadline, pause) {
-                return Ok(Grant::Held);
+                return busy.map_or(Ok(Grant::Held), Err);
             }
             // Held, or left to an earlier waiter: wait for the holder's generation to end —
             // its lock or its expiry — then let the machine decide again. Reading without the

@@ -149,13 +149,16 @@ pub(super) struct LocalGen {
     pub(super) committed: Option<Published>,
 }
 
-/// A new generation's locked liveness file, not yet adopted. Dropping it un-adopted (the
-/// commit failed) closes the descriptor, which releases the lock. The file stays: if the
-/// rename happened but the directory sync failed, the record names this generation, and a
-/// present, unlocked file lets the next acquire see it dead and replace it at once; otherwise
-/// the next takeover publishes over it.
+/// A new generation's locked liveness file, not yet adopted. Dropping it
+/// un-adopted (the commit failed) closes the descriptor, which releases the lock. The file
+/// stays: if the rename happened but the directory sync failed, the record names this
+/// generation, and a present, unlocked file lets the next acquire see it dead and replace it
+/// at once; otherwise the next takeover publishes over it. Unless a copy of the descriptor
+/// went to a receiver (`FlockLeaseBuilder::share_liveness`), which may keep the lock as long
+/// as it likes: then the undo removes the file, if it is still the one at the name, so that
+/// no later acquire finds the name locked (PROTOCOL §7.5).
 #[derive(Debug)]
-pub(crate) struct PendingLive(Published);
+pub(crate) struct PendingLive(Published, u64);
 
 pub(crate) struct FlockTx<'a> {
     pub(super) lease: &'a FlockLease,
@@ -487,8 +490,17 @@ impl Transaction for FlockTx<'_> {
 
     fn undo(&mut self, pending: Option<PendingLive>) {
         // Closing the descriptor releases a new generation's lock; its file stays (see
-        // `PendingLive`).
-        drop(pending);
+        // `PendingLive`), unless a receiver may keep the lock.
+        if let Some(PendingLive(published, token)) = pending
+            && self.lease.opener.share.is_some()
+        {
+            let path = self.paths.live(token);
+            if fs::symlink_metadata(&path)
+                .is_ok_and(|m| (m.dev(), m.ino()) == (published.dev, published.ino))
+            {
+                let _ = fs::remove_file(&path);
+            }
+        }
         // Only a file this transition created: a refused foreign file is not ours to remove.
         if let Some((_, path)) = self.st.temp.take() {
             let _ = fs::remove_file(path);
@@ -555,7 +567,7 @@ impl FlockTx<'_> {
         // under it) keeps its file: the publish refuses to replace a locked file. A symbolic
         // link planted at the name is refused too, as everywhere in the directory.
         let published = self.publish(token, live::fresh_tag(), live::Over::NotHeld)?;
-        Ok(PendingLive(published))
+        Ok(PendingLive(published, token))
     }
 
     fn ensure_live(&mut self, token: u64) -> Result<(), Error> {

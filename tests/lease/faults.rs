@@ -432,3 +432,89 @@ fn waiting_acquire(arm: Arm) -> bool {
     assert_eq!(wait().unwrap(), Grant::Held, "{ctx}");
     true
 }
+
+/// A socket pair: the end to give `share_liveness`, and the receiver's, which never reads (a
+/// descriptor in flight keeps the generation's lock, as a received one does).
+fn receiver() -> (std::os::fd::OwnedFd, std::os::fd::OwnedFd) {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+    socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_shared_generation_whose_commit_failed_is_given_back() {
+    // Issue 45.5: an attempt whose commit fails leaves its generation's liveness file locked
+    // by the copy sent to the receiver; every later acquire failed LiveLockBusy at once for as
+    // long as the receiver kept it. The failed attempt removes its file now.
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(START);
+    let (ours, theirs) = receiver();
+    let failing = FlockLease::builder(dir.path())
+        .clock(Arc::new(clock.clone()))
+        .share_liveness(ours)
+        .faults(Arc::new(|point, _| {
+            (point == FaultPoint::Rename).then(|| std::io::Error::other("planted"))
+        }))
+        .open()
+        .unwrap();
+    assert!(failing.acquire(&id("a"), &owner("x")).is_err());
+    let other = FlockLease::builder(dir.path())
+        .clock(Arc::new(clock.clone()))
+        .open()
+        .unwrap();
+    let lease = other
+        .acquire_wait(&id("a"), &owner("y"), Duration::from_secs(2))
+        .unwrap()
+        .lease()
+        .expect("granted: the failed attempt's generation was given back");
+    assert_eq!(lease.token, 1, "no generation was committed before");
+    drop(theirs);
+}
+
+#[test]
+fn acquire_wait_looks_again_while_a_generation_name_is_locked_by_someone_else() {
+    // A file at the new generation's name, locked by someone who is not the recorded holder:
+    // an attempt fails LiveLockBusy; a waiting acquire looks again until that lock goes.
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(START);
+    let (tried_tx, tried_rx) = std::sync::mpsc::channel::<()>();
+    let tried_tx = Mutex::new(tried_tx);
+    let waiter = FlockLease::builder(dir.path())
+        .clock(Arc::new(clock.clone()))
+        .faults(Arc::new(move |point, _| {
+            if point == FaultPoint::PublishLive {
+                let _ = tried_tx.lock().unwrap().send(());
+            }
+            None
+        }))
+        .open()
+        .unwrap();
+    let planted = dir.path().join(format!("{}.1.live", id("b").stem()));
+    let blocker = File::create(&planted).unwrap();
+    blocker.lock().unwrap();
+    // With the lock kept to the deadline, the answer is the lock's, after the deadline.
+    let started = std::time::Instant::now();
+    let err = waiter
+        .acquire_wait(&id("b"), &owner("y"), Duration::from_millis(200))
+        .unwrap_err();
+    assert!(matches!(err, Error::LiveLockBusy { .. }), "{err:?}");
+    assert!(
+        started.elapsed() >= Duration::from_millis(200),
+        "gave up before its deadline"
+    );
+    while tried_rx.try_recv().is_ok() {}
+    // Let go after the waiter's first look: it is granted.
+    let granted = std::thread::scope(|s| {
+        let waiting =
+            s.spawn(|| waiter.acquire_wait(&id("b"), &owner("y"), Duration::from_secs(20)));
+        tried_rx.recv().unwrap();
+        drop(blocker);
+        waiting.join().unwrap()
+    });
+    assert_eq!(granted.unwrap().lease().map(|l| l.token), Some(1));
+}

@@ -16,6 +16,12 @@ use nix::unistd::Pid;
 
 /// The binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_flocklease");
+
+/// The binary [`Scene::run`] starts: [`BIN`], or `FLOCKLEASE_TEST_BIN` (another build, e.g. an
+/// older one, to see a test catch what it is there to catch).
+pub fn bin() -> String {
+    std::env::var("FLOCKLEASE_TEST_BIN").unwrap_or_else(|_| BIN.to_owned())
+}
 /// A guard against hangs only: no test waits this long when the code is right.
 pub const GUARD: Duration = Duration::from_secs(30);
 
@@ -79,7 +85,7 @@ impl Scene {
     #[allow(unsafe_code)]
     pub fn run(&self, id: &str, extra: &[&str], cmd: &[&str]) -> Command {
         use std::os::unix::process::CommandExt;
-        let mut c = Command::new(BIN);
+        let mut c = Command::new(bin());
         // SAFETY: between fork and exec only `sigaction`, which is async-signal-safe.
         unsafe {
             c.pre_exec(|| {
@@ -285,4 +291,52 @@ pub fn cmdline(pid: i32) -> String {
     std::fs::read(format!("/proc/{pid}/cmdline"))
         .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
         .unwrap_or_default()
+}
+
+/// The pid of `run`'s watchdog (its child running `__watchdog`), once it runs.
+pub fn watchdog_of(run: i32) -> i32 {
+    let mut dog = None;
+    wait_until("the watchdog to start", || {
+        dog = children(run)
+            .into_iter()
+            .find(|&p| cmdline(p).contains("__watchdog"));
+        dog.is_some()
+    });
+    dog.unwrap()
+}
+
+/// A pseudo-terminal with `stty tostop` set, as a shell's terminal: `cmd` runs as the leader
+/// of a new session whose controlling terminal it is, in its foreground, with stdin, stdout
+/// and stderr on it. What the terminal shows is read (and kept) by a thread, so that it never
+/// fills. Returns the master side, which hangs the terminal up when dropped.
+#[allow(unsafe_code)]
+pub fn on_tostop_terminal(cmd: &mut Command) -> std::os::fd::OwnedFd {
+    use nix::sys::termios::{LocalFlags, SetArg, tcgetattr, tcsetattr};
+    use std::os::unix::process::CommandExt;
+    let pty = nix::pty::openpty(None, None).unwrap();
+    let mut attrs = tcgetattr(&pty.slave).unwrap();
+    attrs.local_flags.insert(LocalFlags::TOSTOP);
+    tcsetattr(&pty.slave, SetArg::TCSANOW, &attrs).unwrap();
+    let slave = std::fs::File::from(pty.slave);
+    cmd.stdin(slave.try_clone().unwrap())
+        .stdout(slave.try_clone().unwrap())
+        .stderr(slave);
+    // SAFETY: between fork and exec only setsid and ioctl, both async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::unistd::setsid()?;
+            if nix::libc::ioctl(0, nix::libc::TIOCSCTTY, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let reader = std::fs::File::from(pty.master.try_clone().unwrap());
+    std::thread::spawn(move || {
+        use std::io::Read;
+        let mut sink = [0u8; 4096];
+        let mut reader = reader;
+        while matches!(reader.read(&mut sink), Ok(n) if n > 0) {}
+    });
+    pty.master
 }

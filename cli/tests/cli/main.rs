@@ -14,6 +14,7 @@ mod tls;
 
 mod bad_files;
 mod chaos;
+mod environment;
 mod fence;
 mod flock_compat;
 mod pg_run;
