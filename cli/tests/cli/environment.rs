@@ -57,7 +57,7 @@ fn stopped_run_with(id: &str, stderr: impl FnOnce(&mut std::process::Command)) {
     let script = ticking_job(&s);
     let mut cmd = s.run(id, &["--ttl", "1s"], &["bash", "-c", &script]);
     stderr(&mut cmd);
-    let run = cmd.spawn().unwrap();
+    let mut run = cmd.spawn().unwrap();
     s.track(run.id() as i32);
     s.pid("pid");
     s.wait_file("ticks");
@@ -72,6 +72,8 @@ fn stopped_run_with(id: &str, stderr: impl FnOnce(&mut std::process::Command)) {
         pid_stopped(dog)
     );
     signal(run.id() as i32, Signal::SIGCONT);
+    // Resumed, `run` finds its lease taken over.
+    assert_eq!(wait_exit(&mut run).code(), Some(76));
 }
 
 #[test]
