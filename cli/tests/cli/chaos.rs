@@ -3,7 +3,9 @@
 //! cleaner deletes liveness files. Jobs write lines to one shared log, each line with one
 //! `write(2)` in `O_APPEND` mode, so the log's order is the order the writes happened in. Some
 //! jobs ignore SIGTERM, some close every inherited descriptor, some leave a child writing in
-//! their process group, and some outlast the TTL when stopped.
+//! their process group, and some outlast the TTL when stopped. `run`'s stderr is a file, a pipe
+//! whose reader is gone, a full pipe nobody reads, or a `stty tostop` terminal whose
+//! foreground it is; the nemesis stops a watchdog alone for 5-15 s now and then.
 //!
 //! The checker reads the log: a job's lines must all come before the next job's first line (no
 //! job runs beside a later grant, PROTOCOL §7), and tokens must increase from job to job. It
@@ -25,7 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::cli_support::{BIN, cmdline};
+use crate::cli_support::{BIN, cmdline, fill_pipe, on_tostop_terminal};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
@@ -93,6 +95,11 @@ struct Shared {
     runs: AtomicU64,
     kills: AtomicU64,
     stops: AtomicU64,
+    /// Stops of a watchdog alone for many TTLs.
+    long_stops: AtomicU64,
+    /// Runs whose stderr was a broken or a full pipe; runs on a `tostop` terminal.
+    odd_stderr: AtomicU64,
+    terminals: AtomicU64,
     deleted: AtomicU64,
 }
 
@@ -142,13 +149,8 @@ fn runner(
         let (ignore, close, child) = (flag(&mut rng, 40), flag(&mut rng, 30), flag(&mut rng, 30));
         // A grace period shorter than the TTL, and one much longer (issue 31.1).
         let grace = if rng.chance(50) { "100ms" } else { "3s" };
-        let err = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&errs)
-            .unwrap();
-        let mut run = Command::new(binary())
-            .arg("run")
+        let mut cmd = Command::new(binary());
+        cmd.arg("run")
             .arg("--dir")
             .arg(&dir)
             .args([
@@ -158,10 +160,39 @@ fn runner(
             .args([ignore, close, child])
             .env("LOG", &log)
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(err)
-            .spawn()
-            .unwrap();
+            .stdout(Stdio::null());
+        // Where `run` and its watchdog speak (PROTOCOL §7.5): a file, a pipe whose reader is
+        // gone, a full pipe nobody reads, or a `tostop` terminal whose foreground it is.
+        let _terminal = match rng.below(100) {
+            0..60 => {
+                let err = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&errs)
+                    .unwrap();
+                cmd.stderr(err);
+                None
+            }
+            60..75 => {
+                let (read, write) = nix::unistd::pipe().unwrap();
+                drop(read);
+                cmd.stderr(std::fs::File::from(write));
+                shared.odd_stderr.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+            75..85 => {
+                let (read, write) = nix::unistd::pipe().unwrap();
+                fill_pipe(&write);
+                cmd.stderr(std::fs::File::from(write));
+                shared.odd_stderr.fetch_add(1, Ordering::Relaxed);
+                Some(read)
+            }
+            _ => {
+                shared.terminals.fetch_add(1, Ordering::Relaxed);
+                Some(on_tostop_terminal(&mut cmd))
+            }
+        };
+        let mut run = cmd.spawn().unwrap();
         let pid = run.id() as i32;
         shared.runs.fetch_add(1, Ordering::Relaxed);
         shared.live.lock().unwrap().push(Live { pid, side: None });
@@ -224,7 +255,16 @@ fn nemesis(seed: u64, until: Instant, shared: Arc<Shared>) {
             }
         } else if kill(Pid::from_raw(target), Signal::SIGSTOP).is_ok() {
             shared.stops.fetch_add(1, Ordering::Relaxed);
-            stopped.push((target, Instant::now() + rng.millis(50, 1500)));
+            // A watchdog alone, now and then, for many TTLs (a debugger, a frozen cgroup):
+            // `run` must not block on it, and must stop the job itself.
+            let long = target != run && !job.contains(&target) && rng.chance(30);
+            let stop = if long {
+                shared.long_stops.fetch_add(1, Ordering::Relaxed);
+                rng.millis(5_000, 15_000)
+            } else {
+                rng.millis(50, 1500)
+            };
+            stopped.push((target, Instant::now() + stop));
         }
     }
     resume(&mut stopped, true);
@@ -370,10 +410,14 @@ fn the_job_never_runs_beside_a_later_grant_under_chaos() {
         v.overlaps.len()
     );
     println!(
-        "  {} jobs wrote, {kills} kills, {stops} stops, {} liveness files deleted, run exit \
-         statuses {:?}",
+        "  {} jobs wrote, {kills} kills, {stops} stops ({} of a watchdog for 5-15 s), {} \
+         liveness files deleted, {} runs with a broken or full stderr, {} on a tostop \
+         terminal, run exit statuses {:?}",
         v.jobs,
+        shared.long_stops.load(Ordering::Relaxed),
         shared.deleted.load(Ordering::Relaxed),
+        shared.odd_stderr.load(Ordering::Relaxed),
+        shared.terminals.load(Ordering::Relaxed),
         shared.exits.lock().unwrap()
     );
     for o in v.overlaps.iter().chain(&v.tokens).take(20) {

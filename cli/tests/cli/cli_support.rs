@@ -340,3 +340,14 @@ pub fn on_tostop_terminal(cmd: &mut Command) -> std::os::fd::OwnedFd {
     });
     pty.master
 }
+
+/// Writes into the pipe `write` until it is full (a reader that never reads), leaving its mode
+/// blocking.
+pub fn fill_pipe(write: &std::os::fd::OwnedFd) {
+    use nix::fcntl::{FcntlArg, OFlag, fcntl};
+    use std::os::fd::AsFd;
+    fcntl(write.as_fd(), FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).unwrap();
+    while nix::unistd::write(write, &[b'x'; 4096]).is_ok() {}
+    while nix::unistd::write(write, b"x").is_ok() {}
+    fcntl(write.as_fd(), FcntlArg::F_SETFL(OFlag::empty())).unwrap();
+}

@@ -10,7 +10,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::fs::File;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 
 use crate::cli_support::*;
 use nix::sys::signal::Signal;
@@ -161,19 +161,10 @@ fn a_full_stderr_never_keeps_the_watchdog_from_killing() {
     let mut keep: Option<OwnedFd> = None;
     stopped_run_with("full", |cmd| {
         let (read, write) = nix::unistd::pipe().unwrap();
-        fill(&write);
+        fill_pipe(&write);
         keep = Some(read);
         cmd.stderr(File::from(write));
     });
-}
-
-/// Writes into the pipe `write` until it is full, leaving its mode blocking.
-fn fill(write: &OwnedFd) {
-    use nix::fcntl::{FcntlArg, OFlag, fcntl};
-    fcntl(write.as_fd(), FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).unwrap();
-    while nix::unistd::write(write, &[b'x'; 4096]).is_ok() {}
-    while nix::unistd::write(write, b"x").is_ok() {}
-    fcntl(write.as_fd(), FcntlArg::F_SETFL(OFlag::empty())).unwrap();
 }
 
 #[test]
