@@ -516,4 +516,116 @@ mod tests {
         assert_eq!(margin(Duration::from_secs(2)), Duration::from_millis(200));
         assert_eq!(margin(Duration::from_secs(30)), Duration::from_secs(1));
     }
+
+    fn exits(run: &mut RunSide, status: u8, now: u64) -> Vec<Do> {
+        run.step(
+            Seen::Exited {
+                status,
+                by_sigkill: false,
+            },
+            now,
+            None,
+        );
+        run.step(Seen::GroupGone, now, None)
+    }
+
+    #[test]
+    fn an_ordinary_stop_keeps_the_jobs_status_even_if_the_watchdog_goes_too() {
+        // The unit's SIGTERM to every process at once: the watchdog's end after the stop
+        // began is not the stop's cause.
+        let mut run = RunSide::new(50);
+        assert_eq!(
+            run.step(Seen::Signal { stops: true }, 0, None),
+            vec![Do::Forward]
+        );
+        assert_eq!(run.step(Seen::WatchdogGone, 1, None), vec![]);
+        assert_eq!(exits(&mut run, 0, 2), vec![Do::Exit(Exit::Job(0))]);
+    }
+
+    #[test]
+    fn a_watchdog_gone_first_stops_the_job_and_is_the_status() {
+        let mut run = RunSide::new(50);
+        assert_eq!(
+            run.step(Seen::WatchdogGone, 0, None),
+            vec![Do::Term, Do::Say(Said::WatchdogGone)]
+        );
+        assert_eq!(
+            run.step(Seen::Tick, 50, None),
+            vec![Do::Kill, Do::Say(Said::GraceOver)]
+        );
+        assert_eq!(exits(&mut run, 137, 51), vec![Do::Exit(Exit::WatchdogGone)]);
+    }
+
+    #[test]
+    fn the_status_priority_is_lost_then_deadline_then_watchdog_then_the_job() {
+        let mut run = RunSide::new(50);
+        run.step(Seen::WatchdogGone, 0, Some(100));
+        assert_eq!(
+            run.step(Seen::Tick, 100, Some(100)),
+            vec![Do::Kill, Do::Say(Said::DeadlineKill)]
+        );
+        assert_eq!(run.status(), Exit::Deadline);
+        run.step(Seen::Lost, 101, Some(100));
+        assert_eq!(run.status(), Exit::Lost);
+    }
+
+    #[test]
+    fn signals_are_sent_before_their_words() {
+        let mut run = RunSide::new(50);
+        let acts = run.step(Seen::Lost, 0, None);
+        assert_eq!(acts, vec![Do::Term, Do::Say(Said::Lost)]);
+        let mut run = RunSide::new(50);
+        run.step(
+            Seen::Exited {
+                status: 0,
+                by_sigkill: false,
+            },
+            0,
+            None,
+        );
+        assert_eq!(
+            run.step(Seen::Tick, 0, None),
+            vec![Do::Term, Do::Say(Said::Leftovers)]
+        );
+    }
+
+    #[test]
+    fn a_job_killed_by_someone_else_asks_the_watchdog_once() {
+        let mut run = RunSide::new(50);
+        run.step(
+            Seen::Exited {
+                status: 137,
+                by_sigkill: true,
+            },
+            0,
+            Some(100),
+        );
+        assert_eq!(
+            run.step(Seen::GroupGone, 0, Some(100)),
+            vec![Do::AskWatchdog]
+        );
+        assert_eq!(
+            run.step(Seen::WatchdogKilled, 0, Some(100)),
+            vec![Do::Say(Said::WatchdogKilled)]
+        );
+        assert_eq!(
+            run.step(Seen::GroupGone, 0, Some(100)),
+            vec![Do::Exit(Exit::Deadline)]
+        );
+        // Without the watchdog's word: the job's own status.
+        let mut run = RunSide::new(50);
+        run.step(
+            Seen::Exited {
+                status: 137,
+                by_sigkill: true,
+            },
+            0,
+            None,
+        );
+        assert_eq!(run.step(Seen::GroupGone, 0, None), vec![Do::AskWatchdog]);
+        assert_eq!(
+            run.step(Seen::GroupGone, 0, None),
+            vec![Do::Exit(Exit::Job(137))]
+        );
+    }
 }

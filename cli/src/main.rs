@@ -32,8 +32,9 @@ const EXIT_STALE: u8 = 77;
 /// lease was confirmed in time (`run` stopped, hung or starved), whether or not the lease was
 /// then lost.
 const EXIT_DEADLINE: u8 = 78;
-/// Exit status of `run` when its watchdog died and `run` stopped the job (nothing would have
-/// stopped it had `run` died too).
+/// Exit status of `run` when its watchdog died or stopped listening and `run` stopped the job
+/// (nothing would have stopped it had `run` died too); not when the watchdog went during an
+/// ordinary stop.
 const EXIT_WATCHDOG_GONE: u8 = 79;
 /// Exit status for bad usage (an unknown option, a malformed duration), as in flock(1).
 const EXIT_USAGE: u8 = 64;

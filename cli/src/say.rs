@@ -4,7 +4,7 @@
 //! blocks), a pipe whose reader is gone (`EPIPE`), a terminal that was hung up (`EIO`) or that
 //! stops a background writer (`stty tostop`: `SIGTTOU`). `eprintln!` panics on the errors and
 //! waits on the full pipe, so a supervisor that prints on its way to a signal may never send
-//! it (PROTOCOL §7.5). Here a message is handed to a writer thread through a bounded queue:
+//! it (PROTOCOL §7.1). Here a message is handed to a writer thread through a bounded queue:
 //! [`line`] (and `say!`) returns at once, a message that does not fit is dropped, and a failed write is
 //! dropped too. The inherited stderr stays blocking: the job shares it.
 //!

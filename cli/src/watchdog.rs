@@ -223,7 +223,7 @@ impl Watchdog {
 /// the watchdog reads every message waiting when it wakes). The watchdog answers each batch of
 /// deadlines it read with `heard NANOS`; a deadline it has not read for longer than the TTL,
 /// or a socket too full to take one, means it does not listen ([`Deadlines::deaf`]): it could
-/// not stop the job if `run` died, so `run` stops the job itself (PROTOCOL §7.5).
+/// not stop the job if `run` died, so `run` stops the job itself (PROTOCOL §7.1).
 #[derive(Clone, Default)]
 pub struct Deadlines(Arc<DeadlineState>);
 
@@ -525,7 +525,7 @@ fn hear(socket: &OwnedFd, st: &mut State) -> Option<u64> {
 /// (`SIGTTOU` on a write to a `tostop` terminal, `SIGTTIN`), a hang-up, and a stop that reaches
 /// every process of a unit at once (systemd's `KillMode=control-group` sends SIGTERM to all)
 /// must not end or stop it while it may still have to stop the job. It ends when `run`'s end
-/// of the socket does and the job is over (PROTOCOL §7.5).
+/// of the socket does and the job is over (PROTOCOL §7.1).
 #[allow(unsafe_code)]
 fn ignore_signals() {
     use nix::sys::signal::{SaFlags, SigAction, SigHandler, sigaction};

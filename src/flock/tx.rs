@@ -156,7 +156,7 @@ pub(super) struct LocalGen {
 /// at once; otherwise the next takeover publishes over it. Unless a copy of the descriptor
 /// went to a receiver (`FlockLeaseBuilder::share_liveness`), which may keep the lock as long
 /// as it likes: then the undo removes the file, if it is still the one at the name, so that
-/// no later acquire finds the name locked (PROTOCOL §7.5).
+/// no later acquire finds the name locked (PROTOCOL §7.1).
 #[derive(Debug)]
 pub(crate) struct PendingLive(Published, u64);
 

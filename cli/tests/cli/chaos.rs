@@ -12,7 +12,7 @@
 //! prints `N runs, M kills/stops, K overlaps`; K must be 0.
 //!
 //! The nemesis never touches both `run` and the watchdog of one run: that is the documented
-//! exception (both stopped or killed, PROTOCOL §7.4). The job is always fair game.
+//! exception (both stopped or killed, PROTOCOL §7). The job is always fair game.
 //!
 //! Knobs, for a longer hunt or for another binary (e.g. an older build, to see the checker
 //! catch what this test is there to catch): `FLOCKLEASE_CHAOS_SECS` (default 20),
@@ -161,7 +161,7 @@ fn runner(
             .env("LOG", &log)
             .stdin(Stdio::null())
             .stdout(Stdio::null());
-        // Where `run` and its watchdog speak (PROTOCOL §7.5): a file, a pipe whose reader is
+        // Where `run` and its watchdog speak (PROTOCOL §7.1): a file, a pipe whose reader is
         // gone, a full pipe nobody reads, or a `tostop` terminal whose foreground it is.
         let _terminal = match rng.below(100) {
             0..60 => {

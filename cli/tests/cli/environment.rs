@@ -1,4 +1,4 @@
-//! `run` and its watchdog in the environment they live in (PROTOCOL §7.5): a watchdog stopped
+//! `run` and its watchdog in the environment they live in (PROTOCOL §7.1): a watchdog stopped
 //! alone, a terminal with `stty tostop`, a stderr that is broken or full, and a stop that
 //! sends SIGTERM to every process of a unit at once. In each, the job must never run beside
 //! the next holder while `run` or its watchdog is up, and an ordinary stop keeps the job's
