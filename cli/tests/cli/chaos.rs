@@ -35,6 +35,9 @@ const ID: &str = "chaos";
 const TTL: &str = "500ms";
 /// Concurrent `run -w` loops on the one id.
 const RUNNERS: usize = 3;
+/// How long after the chaos a `run` may take to end (its `-w 20s`, a grace period, a 15 s stop
+/// of its watchdog) before it counts as hung.
+const HUNG: Duration = Duration::from_secs(40);
 
 /// The job: `bash -c JOB bash NONCE LINES IGNORE_TERM CLOSE_FDS CHILD`. It writes `LINES`
 /// lines `TOKEN NONCE SEQ` to `$LOG`, 10 ms apart; with `CHILD`, a background child in its
@@ -101,6 +104,8 @@ struct Shared {
     odd_stderr: AtomicU64,
     terminals: AtomicU64,
     deleted: AtomicU64,
+    /// Runs that had not ended [`HUNG`] after the chaos.
+    hung: AtomicU64,
 }
 
 fn seed() -> u64 {
@@ -196,7 +201,24 @@ fn runner(
         let pid = run.id() as i32;
         shared.runs.fetch_add(1, Ordering::Relaxed);
         shared.live.lock().unwrap().push(Live { pid, side: None });
-        let status = run.wait().unwrap();
+        // Bounded: a `run` blocked on its stderr or its watchdog never ends by itself, and is
+        // a failure of its own (counted, then killed with its job).
+        let mut killed = false;
+        let status = loop {
+            if let Some(status) = run.try_wait().unwrap() {
+                break status;
+            }
+            if !killed && Instant::now() > until + HUNG {
+                killed = true;
+                shared.hung.fetch_add(1, Ordering::Relaxed);
+                for p in children(pid) {
+                    let _ = kill(Pid::from_raw(-p), Signal::SIGKILL);
+                    let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
+                }
+                let _ = run.kill();
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
         shared.live.lock().unwrap().retain(|l| l.pid != pid);
         use std::os::unix::process::ExitStatusExt;
         let code = status
@@ -423,9 +445,10 @@ fn the_job_never_runs_beside_a_later_grant_under_chaos() {
     for o in v.overlaps.iter().chain(&v.tokens).take(20) {
         println!("  {o}");
     }
+    let hung = shared.hung.load(Ordering::Relaxed);
     assert!(
-        v.overlaps.is_empty() && v.tokens.is_empty(),
-        "{} overlaps, {} token faults (seed {seed}); run's stderr:\n{}",
+        v.overlaps.is_empty() && v.tokens.is_empty() && hung == 0,
+        "{} overlaps, {} token faults, {hung} hung runs (seed {seed}); run's stderr:\n{}",
         v.overlaps.len(),
         v.tokens.len(),
         std::fs::read_to_string(&errs).unwrap_or_default()
