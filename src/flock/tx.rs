@@ -187,10 +187,14 @@ pub(crate) struct TxState {
     pub(super) seen_tag: Option<LiveTag>,
     /// The (device, inode) of the record file this transition read (`Some(None)`: there was
     /// none), checked again just before the commit: a transition commits only over the
-    /// record it decided on.
+    /// record it decided on. Taken from `seen_file` at the commit check (no stat on a read
+    /// that commits nothing), or when that file is closed early.
     pub(super) seen_record: Option<Option<(u64, u64)>>,
-    /// The record file read, kept open until the transition ends so that its inode number
-    /// cannot be given to another file meanwhile (which would defeat the check above).
+    /// The record file read, kept open until the commit check so that its inode number cannot
+    /// be given to another file meanwhile (which would defeat the check above), and closed
+    /// right after the rename, still under the transition lock: the inode the rename
+    /// replaced is freed there, never after the unlock (on ext4 a free deferred past the
+    /// unlock cost milliseconds per transition under load).
     pub(super) seen_file: Option<File>,
     /// The tag of the generation the record to commit names: the new generation's
     /// (`FlockTx::lock_live`) or the local one's (`FlockTx::ensure_live`); none for
@@ -230,8 +234,13 @@ impl FlockTx<'_> {
     /// path is still the file this transition read, or still absent (whatever happened to
     /// the lock: deleted, or hard-linked aside and put back while another transition ran a
     /// whole acquire on a fresh one, a transition commits only over the record it decided
-    /// on). The record's inode cannot have been reused: the transition keeps the file open.
-    fn check_commit(&self) -> Result<(), Error> {
+    /// on). The record's inode cannot have been reused: the transition keeps the file it read
+    /// open through both stats (its own and the path's), so while it is open no other file
+    /// can have its (device, inode), and equal identities mean the same file (PROTOCOL §11).
+    fn check_commit(&mut self) -> Result<(), Error> {
+        // The file read first (its descriptor: no path), so that the lock's stat stays one
+        // system call before the rename.
+        self.note_seen_record()?;
         let lock = &self.paths.lock;
         self.check(FaultPoint::CheckStable, lock)?;
         let id = |path: &std::path::Path| match standing(path) {
@@ -247,6 +256,31 @@ impl FlockTx<'_> {
         let read = self.st.seen_record.as_ref().map(Option::as_ref);
         machine::commit_check(&self.stable_id, lock_at.as_ref(), read, record_at.as_ref())
             .map_err(|_| Error::LockReplaced { path: lock.clone() })
+    }
+
+    /// Notes the (device, inode) of the record file this transition read and still holds
+    /// open (one `fstat`), if not noted yet: at the commit check, or before the file is
+    /// closed early at the descriptor limit.
+    fn note_seen_record(&mut self) -> Result<(), Error> {
+        if self.st.seen_record.is_none()
+            && let Some(file) = &self.st.seen_file
+        {
+            let meta = file
+                .metadata()
+                .map_err(|e| Error::io("stat", &self.paths.record, e))?;
+            self.st.seen_record = Some(Some((meta.dev(), meta.ino())));
+        }
+        Ok(())
+    }
+
+    /// At the descriptor limit: the record read is closed to make room (a release must
+    /// succeed there), its identity noted first. The commit still checks the record's
+    /// identity, without the guard against its inode number being reused meanwhile
+    /// (PROTOCOL §11).
+    fn close_seen_record(&mut self) -> Result<(), Error> {
+        self.note_seen_record()?;
+        self.st.seen_file = None;
+        Ok(())
     }
 }
 
@@ -457,7 +491,7 @@ impl Transaction for FlockTx<'_> {
         let mut opened = self.open(&path, Access::Probe);
         if matches!(opened, Err(Error::TooManyOpenFiles { .. })) && self.st.seen_file.is_some() {
             // At the descriptor limit, as in `write_temp`: the record read makes room.
-            self.st.seen_file = None;
+            self.close_seen_record()?;
             opened = self.open(&path, Access::Probe);
         }
         let found = live::identify(opened, &path, self.st.seen_tag)?;
@@ -542,10 +576,10 @@ impl FlockTx<'_> {
                 },
             }
         })?;
-        let meta = file.metadata().map_err(|e| Error::io("stat", path, e))?;
         self.st.seen_token = Some(Some(record.token));
         self.st.seen_tag = tag;
-        self.st.seen_record = Some(Some((meta.dev(), meta.ino())));
+        // Its identity is noted from the open file when the commit checks it: a read that
+        // commits nothing (a "held" answer) needs no stat.
         self.st.seen_file = Some(file);
         Ok(Some(record))
     }
@@ -597,11 +631,9 @@ impl FlockTx<'_> {
     fn write_temp(&mut self, record: &Record) -> Result<(), Error> {
         let path = self.paths.temp(live::fresh_tag());
         let mut tmp = match self.open(&path, Access::Temp) {
-            // At the descriptor limit the record read is closed to make room: a release must
-            // succeed there. The commit still checks the record's identity, without the
-            // guard against its inode number being reused meanwhile (PROTOCOL §11).
+            // At the descriptor limit the record read is closed to make room.
             Err(Error::TooManyOpenFiles { .. }) if self.st.seen_file.is_some() => {
-                self.st.seen_file = None;
+                self.close_seen_record()?;
                 self.open(&path, Access::Temp)?
             }
             other => other?,
@@ -632,6 +664,10 @@ impl FlockTx<'_> {
     }
 
     fn rename(&mut self) -> Result<(), Error> {
+        // The commit happens only under the lock everyone else takes: checked again here, one
+        // system call before the rename (a tmp cleaner or an operator may have deleted
+        // `<stem>.lock` since it was locked, letting another transition start beside this one).
+        self.check_commit()?;
         let to = &self.paths.record;
         let Some((_, from)) = &self.st.temp else {
             return Err(Error::io(
@@ -640,12 +676,12 @@ impl FlockTx<'_> {
                 io::Error::from(io::ErrorKind::NotFound),
             ));
         };
-        // The commit happens only under the lock everyone else takes: checked again here, one
-        // system call before the rename (a tmp cleaner or an operator may have deleted
-        // `<stem>.lock` since it was locked, letting another transition start beside this one).
-        self.check_commit()?;
         self.check(FaultPoint::Rename, to)?;
         fs::rename(from, to).map_err(|e| Error::io("rename", to, e))?;
+        // The record read is closed now, before the directory sync and the unlock: the
+        // rename unlinked it, and its inode is freed here, under the lock, as a rename with no
+        // descriptor open frees it (the check above no longer needs it).
+        self.st.seen_file = None;
         self.st.temp = None;
         // The record names the local generation's current file now: the one an earlier
         // record named can go (its lock with it).
