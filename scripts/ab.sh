@@ -34,5 +34,5 @@ libc = "0.2"
 TOML
 cp "$repo/Cargo.lock" "$work/Cargo.lock"
 CARGO_TARGET_DIR="$work/target" cargo build --release --quiet --manifest-path "$work/Cargo.toml"
-echo "A/B against $rev ($(git -C "$repo" log -1 --format=%cs "$rev")) in $dir ($(stat -f -c %T "$dir")), median of $rounds interleaved rounds of 10 000, load average $(cut -d' ' -f1-3 /proc/loadavg):"
+echo "A/B against $rev ($(git -C "$repo" log -1 --format=%cs "$rev")) in $dir ($(findmnt -no FSTYPE -T "$dir" 2>/dev/null || stat -f -c %T "$dir")), median of $rounds interleaved rounds of 10 000, load average $(cut -d' ' -f1-3 /proc/loadavg):"
 "$work/target/release/flocklease-ab" "$dir" "$rounds"

@@ -6,6 +6,7 @@ use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::{self, Read};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, LockOf};
@@ -397,6 +398,36 @@ pub(crate) struct HeldLock {
     pub(crate) file: File,
     pub(crate) dev: u64,
     pub(crate) ino: u64,
+    /// Its place among the descriptors an instance keeps between transitions (an id's
+    /// `<stem>.lock` only, once kept: [`KeepPlace`]).
+    pub(crate) place: Option<KeepPlace>,
+}
+
+/// How many `<stem>.lock` descriptors an instance keeps open between transitions, one per id
+/// (a place frees when its id's entry is pruned or its descriptor dropped): a transition on a kept one neither opens nor `fstat`s nor closes it
+/// (three system calls of the twelve to fourteen of a renew or a "held" answer). Ids beyond
+/// open and close theirs each time. At the descriptor limit they are given back first
+/// ([`super::FlockLease::relieved`]).
+pub(crate) const KEEP_LOCKS: usize = 64;
+
+/// One of the [`KEEP_LOCKS`] places for a kept `<stem>.lock` descriptor, given back when
+/// dropped (its descriptor closed with it).
+#[derive(Debug)]
+pub(crate) struct KeepPlace(std::sync::Arc<AtomicUsize>);
+
+impl KeepPlace {
+    /// A place among `kept`'s, if one is free.
+    pub(crate) fn take(kept: &std::sync::Arc<AtomicUsize>) -> Option<KeepPlace> {
+        kept.fetch_update(Relaxed, Relaxed, |n| (n < KEEP_LOCKS).then_some(n + 1))
+            .ok()
+            .map(|_| KeepPlace(std::sync::Arc::clone(kept)))
+    }
+}
+
+impl Drop for KeepPlace {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
+    }
 }
 
 impl HeldLock {
@@ -416,6 +447,7 @@ impl HeldLock {
             file,
             dev: meta.dev(),
             ino: meta.ino(),
+            place: None,
         })
     }
 
@@ -451,8 +483,9 @@ impl super::FlockLease {
     }
 
     /// Runs `open` (a step whose only descriptor-making call is its open: retrying it after
-    /// that failed repeats nothing); if the process is out of descriptors, gives back the idle
-    /// inotify instances this instance keeps only to save work and tries once more. So a
+    /// that failed repeats nothing); if the process is out of descriptors, gives back the
+    /// descriptors this instance keeps only to save work ([`Self::give_back`]) and tries once
+    /// more. So a
     /// call, a release above all, never fails for want of a descriptor the instance could
     /// have closed.
     pub(crate) fn relieved<T>(
@@ -460,9 +493,24 @@ impl super::FlockLease {
         mut open: impl FnMut() -> Result<T, Error>,
     ) -> Result<T, Error> {
         match open() {
-            Err(Error::TooManyOpenFiles { .. }) if self.watches.give_back() > 0 => open(),
+            Err(Error::TooManyOpenFiles { .. }) if self.give_back() > 0 => open(),
             other => other,
         }
+    }
+
+    /// Closes the descriptors this instance keeps only to save work: the idle inotify
+    /// instances and the kept `<stem>.lock` descriptors of ids nobody is using now (an id in
+    /// use, this caller's own included, keeps its own; never waits). How many it closed.
+    fn give_back(&self) -> usize {
+        let mut closed = self.watches.give_back();
+        for entry in self.slots.entries() {
+            if let Ok(mut slot) = entry.state.try_lock()
+                && slot.kept.take().is_some()
+            {
+                closed += 1;
+            }
+        }
+        closed
     }
 }
 
@@ -486,20 +534,56 @@ pub(crate) fn lock_at_path(
         waited: started.elapsed(),
     };
     crate::front::begin_or_wait(deadline, timeout, || {
-        lock_once(path, faults, &open, deadline)
+        lock_once(path, faults, &open, None, deadline)
     })
 }
 
 /// One attempt of [`lock_at_path`]: opens the path, locks the file, waiting for it until
 /// `deadline` while it is still the file at the path, and checks it is. `None`: not taken by
 /// the deadline, or the file locked is not the one at the path any more.
+///
+/// `kept` is a descriptor of the path's file kept (unlocked) from an earlier attempt, if
+/// any: it is locked instead of opening the path, and if the file it locks is no longer the
+/// one at the path (deleted, replaced, moved aside since), dropped and the path opened as
+/// without it, in the same attempt — so an attempt's outcome is the same with or without it.
 pub(crate) fn lock_once(
     path: &Path,
     faults: &Faults,
     open: impl Fn() -> Result<File, Error>,
+    kept: Option<HeldLock>,
     deadline: Option<Instant>,
 ) -> Result<Option<HeldLock>, Error> {
-    let lock = HeldLock::open(path, open)?;
+    if let Some(lock) = kept {
+        match attempt(path, faults, lock, deadline)? {
+            Attempt::Taken(lock) => return Ok(Some(lock)),
+            Attempt::Busy => return Ok(None),
+            Attempt::Moved => {}
+        }
+    }
+    match attempt(path, faults, HeldLock::open(path, open)?, deadline)? {
+        Attempt::Taken(lock) => Ok(Some(lock)),
+        Attempt::Busy | Attempt::Moved => Ok(None),
+    }
+}
+
+/// What one lock of an open lock file came to.
+enum Attempt {
+    /// Locked, and the file at the path.
+    Taken(HeldLock),
+    /// Not locked by the deadline, while the file at the path.
+    Busy,
+    /// Not the file at the path (dropped: its descriptor closed, which unlocks it).
+    Moved,
+}
+
+/// Locks `lock`, waiting for it until `deadline` while it is still the file at `path`, and
+/// checks it is.
+fn attempt(
+    path: &Path,
+    faults: &Faults,
+    lock: HeldLock,
+    deadline: Option<Instant>,
+) -> Result<Attempt, Error> {
     faults.check(FaultPoint::LockStable, path)?;
     let taken = match lock.file.try_lock() {
         Ok(()) => true,
@@ -508,16 +592,19 @@ pub(crate) fn lock_once(
             super::wait::try_lock_until(&lock.file, deadline)
                 .map_err(|e| Error::io("lock", path, e))?
         }
-        Err(fs::TryLockError::WouldBlock) => false,
+        Err(fs::TryLockError::WouldBlock) => return Ok(Attempt::Moved),
         Err(fs::TryLockError::Error(e)) => return Err(Error::io("lock", path, e)),
     };
     if !taken {
-        return Ok(None);
+        return Ok(Attempt::Busy);
     }
-    Ok(lock.at(path, faults)?.map(|meta| {
-        keep_fresh(&lock.file, &meta);
-        lock
-    }))
+    Ok(match lock.at(path, faults)? {
+        Some(meta) => {
+            keep_fresh(&lock.file, &meta);
+            Attempt::Taken(lock)
+        }
+        None => Attempt::Moved,
+    })
 }
 
 /// How old a lock file's modification time may grow before a transition touches it.

@@ -66,6 +66,10 @@ pub(crate) struct Slot {
     pub(super) pending_sweep: Option<u64>,
     /// How many transitions that sweep has waited for a shared listing.
     sweep_waits: u32,
+    /// The id's `<stem>.lock` descriptor, unlocked, kept from its last transition here for the
+    /// next one (at most [`files::KEEP_LOCKS`] per instance; given back at the descriptor
+    /// limit).
+    pub(super) kept: Option<HeldLock>,
 }
 
 impl Slot {
@@ -822,7 +826,8 @@ impl crate::front::Backend for FlockLease {
     ) -> Result<Option<Self::Held>, Error> {
         let path = &entry.paths.lock;
         let open = || self.open_lock(path);
-        let taken = files::lock_once(path, &self.opener.faults, open, deadline)?;
+        let kept = slot.kept.take();
+        let taken = files::lock_once(path, &self.opener.faults, open, kept, deadline)?;
         Ok(taken.map(|lock| {
             let st = TxState {
                 carried_sweep: slot.pending_sweep.take(),
@@ -865,11 +870,18 @@ impl crate::front::Backend for FlockLease {
         if let Some(below) = st.carried_sweep.take() {
             slot.keep_sweep(below);
         }
-        // The transition lock's descriptor is closed, which unlocks it; unlocked explicitly
-        // first if the run did not: a copy of the descriptor in a process forked meanwhile
-        // (without exec) must not keep the lock.
-        if !st.unlocked {
-            let _ = lock.file.unlock();
+        // The transition lock is unlocked explicitly if the run did not (closing would unlock
+        // too, but a copy of the descriptor in a process forked meanwhile, without exec, must
+        // not keep the lock), and its descriptor kept for the id's next transition while a
+        // place is free; otherwise (or if unlocking failed) closed, which unlocks it.
+        let mut lock = lock;
+        if st.unlocked || lock.file.unlock().is_ok() {
+            if lock.place.is_none() {
+                lock.place = files::KeepPlace::take(&self.kept_locks);
+            }
+            if lock.place.is_some() {
+                slot.kept = Some(lock);
+            }
         }
     }
 
