@@ -452,28 +452,80 @@ impl HeldLock {
     }
 
     /// Its status when it is the file at `path` now (`None`: deleted, or replaced by another
-    /// file), one stat of the path after `faults`' [`FaultPoint::StatStable`].
-    pub(crate) fn at(&self, path: &Path, faults: &Faults) -> Result<Option<fs::Metadata>, Error> {
+    /// file), one stat of the path (in `dir`, see [`standing`]) after `faults`'
+    /// [`FaultPoint::StatStable`].
+    pub(crate) fn at(
+        &self,
+        path: &Path,
+        dir: Option<&File>,
+        faults: &Faults,
+    ) -> Result<Option<Standing>, Error> {
         faults.check(FaultPoint::StatStable, path)?;
-        let at = standing(path).map_err(|e| Error::io("stat", path, e))?;
-        Ok(at.filter(|m| (m.dev(), m.ino()) == (self.dev, self.ino)))
+        let at = standing(dir, path).map_err(|e| Error::io("stat", path, e))?;
+        Ok(at.filter(|m| m.id() == (self.dev, self.ino)))
     }
 
     /// Whether it is still the file at `path` (a stat; a failed one answers no).
-    fn still_at(&self, path: &Path) -> bool {
-        standing(path).is_ok_and(|m| m.is_some_and(|m| (m.dev(), m.ino()) == (self.dev, self.ino)))
+    fn still_at(&self, path: &Path, dir: Option<&File>) -> bool {
+        standing(dir, path).is_ok_and(|m| m.is_some_and(|m| m.id() == (self.dev, self.ino)))
+    }
+}
+
+/// What a stat found standing at a path: which file it is, and when it was last modified.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Standing {
+    pub(crate) dev: u64,
+    pub(crate) ino: u64,
+    /// Its modification time, in whole seconds since the Unix epoch.
+    pub(crate) mtime: i64,
+}
+
+impl Standing {
+    /// Which file it is: (device, inode).
+    pub(crate) fn id(&self) -> (u64, u64) {
+        (self.dev, self.ino)
     }
 }
 
 /// What stands at `path` now, not following a symbolic link (`None`: nothing). The one stat
 /// behind every "is this still the file I hold" of the crate: the transition lock's and a
-/// fence's identity checks, and the commit check's.
-pub(crate) fn standing(path: &Path) -> io::Result<Option<fs::Metadata>> {
-    match fs::symlink_metadata(path) {
-        Ok(m) => Ok(Some(m)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
+/// fence's identity checks, the commit check's and a renew's look at its liveness file. With
+/// `dir`, the directory `path` is in (the lease directory's descriptor), the file's name is
+/// looked up from it (`fstatat`): one component instead of the whole path.
+pub(crate) fn standing(dir: Option<&File>, path: &Path) -> io::Result<Option<Standing>> {
+    use nix::sys::stat::fstatat;
+    use std::os::fd::AsFd;
+    let found = match dir {
+        Some(dir) => fstatat(
+            dir.as_fd(),
+            path.file_name().unwrap_or(path.as_os_str()),
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        ),
+        None => fstatat(
+            nix::fcntl::AT_FDCWD,
+            path,
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        ),
+    };
+    match found {
+        // `dev_t` and `ino_t` are 64 bits on 64-bit Linux, narrower elsewhere.
+        #[allow(clippy::useless_conversion)]
+        Ok(st) => Ok(Some(Standing {
+            dev: u64::from(st.st_dev),
+            ino: u64::from(st.st_ino),
+            mtime: i64::from(st.st_mtime),
+        })),
+        Err(nix::errno::Errno::ENOENT) => Ok(None),
+        Err(e) => Err(io::Error::from(e)),
     }
+}
+
+/// The (device, inode) of an open file (one `fstat`).
+pub(crate) fn identity(file: &File) -> io::Result<(u64, u64)> {
+    let st = nix::sys::stat::fstat(file).map_err(io::Error::from)?;
+    // As in `standing`.
+    #[allow(clippy::useless_conversion)]
+    Ok((u64::from(st.st_dev), u64::from(st.st_ino)))
 }
 
 impl super::FlockLease {
@@ -534,7 +586,7 @@ pub(crate) fn lock_at_path(
         waited: started.elapsed(),
     };
     crate::front::begin_or_wait(deadline, timeout, || {
-        lock_once(path, faults, &open, None, deadline)
+        lock_once(path, None, faults, &open, None, deadline)
     })
 }
 
@@ -542,25 +594,27 @@ pub(crate) fn lock_at_path(
 /// `deadline` while it is still the file at the path, and checks it is. `None`: not taken by
 /// the deadline, or the file locked is not the one at the path any more.
 ///
-/// `kept` is a descriptor of the path's file kept (unlocked) from an earlier attempt, if
+/// `dir` is the directory the path is in, if open (its file's name is then looked up from it,
+/// see [`standing`]). `kept` is a descriptor of the path's file kept (unlocked) from an earlier attempt, if
 /// any: it is locked instead of opening the path, and if the file it locks is no longer the
 /// one at the path (deleted, replaced, moved aside since), dropped and the path opened as
 /// without it, in the same attempt — so an attempt's outcome is the same with or without it.
 pub(crate) fn lock_once(
     path: &Path,
+    dir: Option<&File>,
     faults: &Faults,
     open: impl Fn() -> Result<File, Error>,
     kept: Option<HeldLock>,
     deadline: Option<Instant>,
 ) -> Result<Option<HeldLock>, Error> {
     if let Some(lock) = kept {
-        match attempt(path, faults, lock, deadline)? {
+        match attempt(path, dir, faults, lock, deadline)? {
             Attempt::Taken(lock) => return Ok(Some(lock)),
             Attempt::Busy => return Ok(None),
             Attempt::Moved => {}
         }
     }
-    match attempt(path, faults, HeldLock::open(path, open)?, deadline)? {
+    match attempt(path, dir, faults, HeldLock::open(path, open)?, deadline)? {
         Attempt::Taken(lock) => Ok(Some(lock)),
         Attempt::Busy | Attempt::Moved => Ok(None),
     }
@@ -580,6 +634,7 @@ enum Attempt {
 /// checks it is.
 fn attempt(
     path: &Path,
+    dir: Option<&File>,
     faults: &Faults,
     lock: HeldLock,
     deadline: Option<Instant>,
@@ -588,7 +643,7 @@ fn attempt(
     let taken = match lock.file.try_lock() {
         Ok(()) => true,
         // Busy: wait for it only while it is still the file at the path.
-        Err(fs::TryLockError::WouldBlock) if lock.still_at(path) => {
+        Err(fs::TryLockError::WouldBlock) if lock.still_at(path, dir) => {
             super::wait::try_lock_until(&lock.file, deadline)
                 .map_err(|e| Error::io("lock", path, e))?
         }
@@ -598,7 +653,7 @@ fn attempt(
     if !taken {
         return Ok(Attempt::Busy);
     }
-    Ok(match lock.at(path, faults)? {
+    Ok(match lock.at(path, dir, faults)? {
         Some(meta) => {
             keep_fresh(&lock.file, &meta);
             Attempt::Taken(lock)
@@ -613,11 +668,14 @@ const TOUCH_AFTER: Duration = Duration::from_secs(3600);
 /// Keeps tmp cleaners that age files by modification time (systemd-tmpfiles, tmpreaper: days)
 /// from ever choosing a lock in use: a lock older than [`TOUCH_AFTER`] is touched when locked.
 /// Best effort (a failure only leaves the lock's age as it was).
-fn keep_fresh(file: &File, meta: &fs::Metadata) {
+fn keep_fresh(file: &File, meta: &Standing) {
     let now = std::time::SystemTime::now();
-    let old = meta
-        .modified()
-        .is_ok_and(|m| now.duration_since(m).is_ok_and(|age| age > TOUCH_AFTER));
+    let modified = u64::try_from(meta.mtime).map_or(std::time::UNIX_EPOCH, |secs| {
+        std::time::UNIX_EPOCH + Duration::from_secs(secs)
+    });
+    let old = now
+        .duration_since(modified)
+        .is_ok_and(|age| age > TOUCH_AFTER);
     if old {
         let _ = file.set_modified(now);
     }

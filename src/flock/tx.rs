@@ -6,7 +6,6 @@
 use std::fs::{self, File};
 use std::io::{self, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -247,8 +246,9 @@ impl FlockTx<'_> {
         self.note_seen_record()?;
         let lock = &self.paths.lock;
         self.check(FaultPoint::CheckStable, lock)?;
-        let id = |path: &std::path::Path| match standing(path) {
-            Ok(m) => Ok(m.map(|m| (m.dev(), m.ino()))),
+        let dir = Some(&self.lease.dir_file);
+        let id = |path: &std::path::Path| match standing(dir, path) {
+            Ok(m) => Ok(m.map(|m| m.id())),
             Err(e) => Err(Error::io("stat", path, e)),
         };
         let lock_at = id(lock)?;
@@ -269,10 +269,8 @@ impl FlockTx<'_> {
         if self.st.seen_record.is_none()
             && let Some(file) = &self.st.seen_file
         {
-            let meta = file
-                .metadata()
-                .map_err(|e| Error::io("stat", &self.paths.record, e))?;
-            self.st.seen_record = Some(Some((meta.dev(), meta.ino())));
+            let id = files::identity(file).map_err(|e| Error::io("stat", &self.paths.record, e))?;
+            self.st.seen_record = Some(Some(id));
         }
         Ok(())
     }
@@ -603,8 +601,8 @@ impl FlockTx<'_> {
         };
         self.check(FaultPoint::StatLive, &path)?;
         let ours = &generation.live;
-        match fs::symlink_metadata(&path) {
-            Ok(m) if m.dev() == ours.dev && m.ino() == ours.ino => {
+        match standing(Some(&self.lease.dir_file), &path) {
+            Ok(Some(m)) if m.id() == (ours.dev, ours.ino) => {
                 self.st.commit_tag = Some(ours.tag);
                 return Ok(());
             }
@@ -617,7 +615,6 @@ impl FlockTx<'_> {
             // decides) instead of our old inode, unlocked, "dead". Until the record naming
             // the fresh tag is committed, the new file reads as unknown too.
             Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(Error::io("stat", &path, e)),
         }
         let published = self.publish(token, live::fresh_tag(), live::Over::Anything)?;
@@ -827,7 +824,8 @@ impl crate::front::Backend for FlockLease {
         let path = &entry.paths.lock;
         let open = || self.open_lock(path);
         let kept = slot.kept.take();
-        let taken = files::lock_once(path, &self.opener.faults, open, kept, deadline)?;
+        let dir = Some(&self.dir_file);
+        let taken = files::lock_once(path, dir, &self.opener.faults, open, kept, deadline)?;
         Ok(taken.map(|lock| {
             let st = TxState {
                 carried_sweep: slot.pending_sweep.take(),
