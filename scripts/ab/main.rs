@@ -5,7 +5,9 @@
 //! wall time and of on-CPU time (the process's CPU time, every thread, user and system:
 //! `CLOCK_PROCESS_CPUTIME_ID`) and their ratios.
 //!
-//! Usage: `flocklease-ab [DIR] [ROUNDS] [N]` (default `/dev/shm`, 9 rounds of 10 000).
+//! Usage: `flocklease-ab [DIR] [ROUNDS] [N]` (default `/dev/shm`, 9 rounds of 10 000), or
+//! `flocklease-ab ops new|old cycle|renew|held N DIR`: one side's operation N times after a
+//! warm-up, to count its system calls under `strace -f -c` (N operations minus none).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -60,8 +62,70 @@ impl Samples {
     }
 }
 
+/// One side's operation `n` times (for `strace -f -c`), in a directory of its own under `dir`.
+macro_rules! ops {
+    ($side:ident, $op:expr, $n:expr, $dir:expr) => {{
+        #[allow(unused_imports)]
+        use $side::SessionLease as _;
+        let d = dir($dir, stringify!($side));
+        let open = || {
+            $side::FlockLease::builder(&d)
+                .durability($side::Durability::NoSync)
+                .open()
+                .unwrap()
+        };
+        let (a, holder) = (open(), open());
+        let (id, me) = (
+            $side::SessionId::new("ops").unwrap(),
+            $side::Owner::new("me").unwrap(),
+        );
+        let held = $side::SessionId::new("ops-held").unwrap();
+        let _held = holder
+            .acquire(&held, &$side::Owner::new("other").unwrap())
+            .unwrap()
+            .lease()
+            .unwrap();
+        let l = a.acquire(&id, &me).unwrap().lease().unwrap();
+        a.release(&l).unwrap();
+        assert!(a.acquire(&held, &me).unwrap().is_held());
+        match $op {
+            "cycle" => {
+                for _ in 0..$n {
+                    let l = a.acquire(&id, &me).unwrap().lease().unwrap();
+                    a.release(&l).unwrap();
+                }
+            }
+            "renew" => {
+                let l = a.acquire(&id, &me).unwrap().lease().unwrap();
+                for _ in 0..$n {
+                    assert!(!a.renew(&l).unwrap().is_held());
+                }
+            }
+            "held" => {
+                for _ in 0..$n {
+                    assert!(a.acquire(&held, &me).unwrap().is_held());
+                }
+            }
+            other => panic!("unknown operation {other}"),
+        }
+        let _ = std::fs::remove_dir_all(&d);
+    }};
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if let [_, ops, side, op, n, parent] = &args[..]
+        && ops == "ops"
+    {
+        let n: u32 = n.parse().expect("N");
+        let parent = Path::new(parent);
+        match side.as_str() {
+            "new" => ops!(new, op.as_str(), n, parent),
+            "old" => ops!(old, op.as_str(), n, parent),
+            other => panic!("unknown side {other}"),
+        }
+        return;
+    }
     let parent = PathBuf::from(args.get(1).map_or("/dev/shm", String::as_str));
     let rounds: usize = args.get(2).map_or(9, |r| r.parse().expect("ROUNDS"));
     let n: u32 = args.get(3).map_or(10_000, |r| r.parse().expect("N"));

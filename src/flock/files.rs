@@ -179,6 +179,37 @@ impl Opener {
         Ok(file)
     }
 
+    /// [`Opener::open`] of a file of the lease directory whose descriptor is `dir`, its name
+    /// looked up from that descriptor (`openat`: one path component instead of the whole
+    /// path), with the same flags, mode and checks: the record's read, the temporary record,
+    /// a new liveness file and a probe, a transition's hot path. Other kinds of access are
+    /// [`Opener::open`]'s.
+    pub(crate) fn open_in(&self, dir: &File, path: &Path, access: Access) -> Result<File, Error> {
+        use nix::fcntl::OFlag;
+        let (flags, mode) = match access {
+            Access::Read | Access::Probe => (OFlag::O_RDONLY, 0),
+            // Never reuse a file found at the name: it may be planted.
+            Access::Temp => (
+                OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL,
+                self.file_mode,
+            ),
+            Access::LiveCreate => (
+                OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_EXCL,
+                self.file_mode,
+            ),
+            _ => return self.open(path, access),
+        };
+        self.faults.check(access.fault_point(), path)?;
+        let flags = flags | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+        let name = path.file_name().unwrap_or(path.as_os_str());
+        let mode = nix::sys::stat::Mode::from_bits_truncate(mode);
+        let fd = nix::fcntl::openat(std::os::fd::AsFd::as_fd(dir), name, flags, mode)
+            .map_err(|e| self.open_error(path, io::Error::from(e)))?;
+        let file = File::from(fd);
+        self.check_file(path, &file, access)?;
+        Ok(file)
+    }
+
     /// Looks at an existing file of the directory without changing anything, and judges it as
     /// a call would: `None` when it is missing; [`Error::Symlink`], [`Error::NotAFile`],
     /// [`Error::ForeignOwner`] or [`Error::Io`] exactly when [`Opener::open`] (and the type
@@ -404,10 +435,10 @@ pub(crate) struct HeldLock {
 }
 
 /// How many `<stem>.lock` descriptors an instance keeps open between transitions, one per id
-/// (a place frees when its id's entry is pruned or its descriptor dropped): a transition on a kept one neither opens nor `fstat`s nor closes it
-/// (three system calls of the twelve to fourteen of a renew or a "held" answer). Ids beyond
-/// open and close theirs each time. At the descriptor limit they are given back first
-/// ([`super::FlockLease::relieved`]).
+/// (a place frees when its id's entry is pruned or its descriptor dropped): a transition on a
+/// kept one neither opens nor `fstat`s nor closes it (three system calls of the fourteen a
+/// renew made, or of the fourteen of a "held" answer). Ids beyond open and close theirs each
+/// time. At the descriptor limit they are given back first ([`super::FlockLease::relieved`]).
 pub(crate) const KEEP_LOCKS: usize = 64;
 
 /// One of the [`KEEP_LOCKS`] places for a kept `<stem>.lock` descriptor, given back when
@@ -594,11 +625,12 @@ pub(crate) fn lock_at_path(
 /// `deadline` while it is still the file at the path, and checks it is. `None`: not taken by
 /// the deadline, or the file locked is not the one at the path any more.
 ///
-/// `dir` is the directory the path is in, if open (its file's name is then looked up from it,
-/// see [`standing`]). `kept` is a descriptor of the path's file kept (unlocked) from an earlier attempt, if
-/// any: it is locked instead of opening the path, and if the file it locks is no longer the
-/// one at the path (deleted, replaced, moved aside since), dropped and the path opened as
-/// without it, in the same attempt — so an attempt's outcome is the same with or without it.
+/// `dir` is the directory the path is in, if open (its file's name is then looked up from
+/// it, see [`standing`]). `kept` is a descriptor of the path's file kept (unlocked) from an
+/// earlier attempt, if any: it is locked instead of opening the path, and if the file it
+/// locks is no longer the one at the path (deleted, replaced, moved aside since), dropped and
+/// the path opened as without it, in the same attempt — so an attempt's outcome is the same
+/// with or without it.
 pub(crate) fn lock_once(
     path: &Path,
     dir: Option<&File>,

@@ -215,7 +215,8 @@ impl FlockTx<'_> {
     }
 
     fn open(&self, path: &std::path::Path, access: Access) -> Result<File, Error> {
-        self.lease.relieved(|| self.lease.opener.open(path, access))
+        let (opener, dir) = (&self.lease.opener, &self.lease.dir_file);
+        self.lease.relieved(|| opener.open_in(dir, path, access))
     }
 
     /// Publishes generation `token`'s liveness file carrying `tag` (see [`live::publish`]);
@@ -678,7 +679,10 @@ impl FlockTx<'_> {
             ));
         };
         self.check(FaultPoint::Rename, to)?;
-        fs::rename(from, to).map_err(|e| Error::io("rename", to, e))?;
+        // Both names looked up from the lease directory's descriptor (one component each).
+        let dir = &self.lease.dir_file;
+        nix::fcntl::renameat(dir, name_of(from), dir, name_of(to))
+            .map_err(|e| Error::io("rename", to, io::Error::from(e)))?;
         // The record read is closed now, before the directory sync and the unlock: the
         // rename unlinked it, and its inode is freed here, under the lock, as a rename with no
         // descriptor open frees it (the check above no longer needs it).
@@ -721,7 +725,9 @@ impl FlockTx<'_> {
     fn delete_live(&mut self, token: u64) {
         let path = self.paths.live(token);
         if self.check(FaultPoint::Unlink, &path).is_ok() {
-            let _ = fs::remove_file(path);
+            let dir = &self.lease.dir_file;
+            let _ =
+                nix::unistd::unlinkat(dir, name_of(&path), nix::unistd::UnlinkatFlags::NoRemoveDir);
         }
     }
 
@@ -740,6 +746,11 @@ impl FlockTx<'_> {
         sweeps.since += 1;
         sweeps.pending.insert(self.paths.stem.clone());
     }
+}
+
+/// The name of a file of the lease directory, to look it up from the directory's descriptor.
+fn name_of(path: &std::path::Path) -> &std::ffi::OsStr {
+    path.file_name().unwrap_or(path.as_os_str())
 }
 
 /// One id's cached paths, its in-process turn, and what this instance holds for it.
