@@ -868,7 +868,7 @@ impl crate::front::Backend for FlockLease {
         &self,
         _entry: &SlotEntry,
         slot: &mut Slot,
-        (lock, mut st): Self::Held,
+        (mut lock, mut st): Self::Held,
         _outcome: &Result<Outcome, Error>,
     ) {
         if slot.local.is_none() {
@@ -883,7 +883,6 @@ impl crate::front::Backend for FlockLease {
         // too, but a copy of the descriptor in a process forked meanwhile, without exec, must
         // not keep the lock), and its descriptor kept for the id's next transition while a
         // place is free; otherwise (or if unlocking failed) closed, which unlocks it.
-        let mut lock = lock;
         if st.unlocked || lock.file.unlock().is_ok() {
             if lock.place.is_none() {
                 lock.place = files::KeepPlace::take(&self.kept_locks);
