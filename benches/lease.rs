@@ -1172,7 +1172,8 @@ fn takeover(dir: &Path, runs: usize) {
     println!("| difference | {:.0} µs | {:.0} µs |", lm - fm, lp - fp);
 }
 
-/// `ops OP N DIR`: run one operation N times after one warm-up, for syscall counting.
+/// `ops OP N DIR`: run one operation (`cycle`, `renew`, `held`) N times after one warm-up, for
+/// syscall counting.
 fn ops(op: &str, n: u64, dir: &Path) {
     let leases = open(dir, Durability::NoSync);
     let me = Owner::new("bench").unwrap();
@@ -1191,6 +1192,15 @@ fn ops(op: &str, n: u64, dir: &Path) {
             let l = leases.acquire(&id, &me).unwrap().lease().unwrap();
             for _ in 0..n {
                 assert!(!leases.renew(&l).unwrap().is_held());
+            }
+        }
+        "held" => {
+            // Another instance holds the id: every acquire is answered "held" (after its probe).
+            let holder = open(dir, Durability::NoSync);
+            let other = Owner::new("holder").unwrap();
+            let _held = holder.acquire(&id, &other).unwrap().lease().unwrap();
+            for _ in 0..n {
+                assert!(leases.acquire(&id, &me).unwrap().is_held());
             }
         }
         other => panic!("unknown op {other}"),

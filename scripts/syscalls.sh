@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Counts the system calls of one acquire + release cycle and of one renew, in the steady state,
-# with strace: a run of N operations minus a run of none, divided by N.
+# Counts the system calls of one acquire + release cycle, of one renew and of one acquire
+# answered "held", in the steady state, with strace (every thread): a run of N operations minus
+# a run of none, divided by N.
 #   scripts/syscalls.sh [N]      (default 2000; needs strace, installed if missing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-2000}
 command -v strace >/dev/null || { apt-get update -qq && apt-get install -y -qq strace; }
 cargo bench --bench lease --no-run 2>/dev/null
-bin=$(ls -t target/release/deps/lease-* | grep -v '\.d$' | head -1)
-work=$(mktemp -d -p /dev/shm)
+bin=$(ls -t "${CARGO_TARGET_DIR:-target}"/release/deps/lease-* | grep -v '\.d$' | head -1)
+work=$(mktemp -d -p "${SYSCALLS_DIR:-/dev/shm}")
 trap 'rm -rf "$work"' EXIT
-for op in cycle renew; do
+for op in cycle renew held; do
   strace -f -c -o "$work/base" "$bin" ops "$op" 0 "$work/$op-base" 2>/dev/null
   strace -f -c -o "$work/run" "$bin" ops "$op" "$n" "$work/$op-run" 2>/dev/null
   python3 - "$work/base" "$work/run" "$n" "$op" <<'PY'

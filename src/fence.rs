@@ -582,7 +582,9 @@ impl Fence {
         // The lock first, the fence file last (as in `store`): a greater admission recorded
         // after the lock check is then seen, unless the lock was removed after that check,
         // which is the POSIX window.
-        let here = lock.at(&self.lock_path, &self.opener.faults)?.is_some();
+        let here = lock
+            .at(&self.lock_path, None, &self.opener.faults)?
+            .is_some();
         if let FenceStep::Refuse { highest } = machine::fence_step(self.highest()?, token) {
             return Ok(Err(highest));
         }
@@ -613,7 +615,9 @@ impl Fence {
         // last. (In the other order, the lock moved aside, another call's whole store on a
         // new lock, and the lock put back could all fall between the two checks.)
         let may_land = || {
-            let here = lock.at(&self.lock_path, &self.opener.faults)?.is_some();
+            let here = lock
+                .at(&self.lock_path, None, &self.opener.faults)?
+                .is_some();
             let now = self.highest()?;
             if now != read {
                 return Ok(Err(now));

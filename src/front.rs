@@ -522,8 +522,7 @@ impl<E: Idle> Registry<E> {
         lock(&self.slots).map.len()
     }
 
-    /// Every entry (for an instance's drop).
-    #[cfg(feature = "postgres")]
+    /// Every entry (for an instance's drop, or to give back what entries keep).
     pub(crate) fn entries(&self) -> Vec<Arc<E>> {
         lock(&self.slots).map.values().cloned().collect()
     }

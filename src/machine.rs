@@ -543,7 +543,9 @@ pub enum CommitRefused {
 /// empty), and while the record at its path (`record_at`) is the one it read (`read`; `None`
 /// when it read none, so nothing to compare; `Some(None)` when the record was absent). The
 /// lock is judged first: its answer is the one a caller reports. Identities are whatever the
-/// backend compares (a device and inode for flock).
+/// backend compares (a device and inode for flock: the record read's taken from its
+/// descriptor, held open from the read through this check, so that no other file can have
+/// them meanwhile; PROTOCOL §11).
 ///
 /// ```
 /// use flocklease::machine::{commit_check, CommitRefused};

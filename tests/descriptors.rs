@@ -23,7 +23,9 @@ fn at_the_descriptor_limit_leases_cost_one_each_and_every_release_succeeds() {
         .open()
         .unwrap();
     let me = Owner::new("me").unwrap();
-    // Ids used and released first keep no descriptor open.
+    // Ids used and released first keep no descriptor open but their `<stem>.lock`'s, 64 at
+    // most (given back at the limit).
+    const KEEP_LOCKS: usize = 64;
     let fresh = open_descriptors();
     for i in 0..CYCLED {
         let id = SessionId::new(format!("cycled-{i}")).unwrap();
@@ -32,7 +34,7 @@ fn at_the_descriptor_limit_leases_cost_one_each_and_every_release_succeeds() {
     }
     let base = open_descriptors();
     assert!(
-        base <= fresh + 1,
+        base <= fresh + KEEP_LOCKS + 1,
         "{CYCLED} released ids keep descriptors open: {fresh} -> {base}"
     );
     let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();

@@ -709,9 +709,10 @@ fn descriptors_stay_bounded_with_many_ids() {
             .unwrap();
         leases.release(&l).unwrap();
     }
-    // Other tests in this binary run concurrently and open files too: allow some slack.
+    // The instance keeps up to 64 ids' `<stem>.lock` descriptors between transitions; other
+    // tests in this binary run concurrently and open files too: allow 64 more.
     let after = fds();
-    assert!(after <= before + 64, "{before} -> {after} descriptors");
+    assert!(after <= before + 64 + 64, "{before} -> {after} descriptors");
     drop(leases);
     assert!(
         fds() <= before + 64,

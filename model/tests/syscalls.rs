@@ -10,12 +10,17 @@
 //!   written, an exclusive `flock`, and only then the rename to the generation's name; never an
 //!   open of the generation's name with `O_CREAT`;
 //! - `SyncTemp`: an `fdatasync` of the temporary record;
-//! - `Point` (the commit point): a stat of `<stem>.lock` and one of the record before the rename over
-//!   the record;
+//! - `Point` (the commit point): a stat of the record read through its descriptor, then a stat
+//!   of `<stem>.lock` and one of the record's path before the rename over the record, and the
+//!   record read closed after the rename (its replaced inode freed there, under the lock);
 //! - `SyncDir`: an `fsync` of the lease directory's descriptor.
 //!
+//! And each operation is held to its system-call budget (BENCHMARKS.md): every system call of
+//! every thread between two markers, counted in the steady state without fsync — the counts
+//! reached, so a call added to an operation fails the test.
+//!
 //! `strace` is required when `FLOCKLEASE_REQUIRE_STRACE` is set (CI sets it); otherwise the
-//! test says it is skipped.
+//! tests say they are skipped.
 
 #![allow(clippy::unwrap_used)]
 
@@ -31,6 +36,19 @@ use flocklease::{Durability, FlockLease, ManualClock, Timestamp};
 use flocklease_model::{owner, session};
 
 const CHILD: &str = "FLOCKLEASE_TRACE_CHILD";
+const BUDGET_CHILD: &str = "FLOCKLEASE_BUDGET_CHILD";
+
+/// System calls per operation, every thread, without fsync: the counts reached (BENCHMARKS.md,
+/// "System calls per operation"; the issue's ceilings were 34, 14 and 12). Lower them when a
+/// call goes; a call added fails the test.
+const BUDGET: [(&str, usize); 3] = [
+    ("acquire + release", 34),
+    ("renew", 14),
+    ("acquire answered held", 11),
+];
+/// How many times each operation is counted (the median is held to the budget: a rare
+/// allocator `mmap` or a lock's `futex` does not count).
+const REPEATS: usize = 21;
 const MARK: &str = "/flocklease-trace-step/";
 
 /// The traced schedule (run in the child): a fresh acquire, a renew that restores a deleted
@@ -70,6 +88,124 @@ fn traced_schedule() {
     mark("end");
 }
 
+/// The budgeted operations (run in the child): each `REPEATS` times after a warm-up, a marker
+/// before each.
+#[test]
+fn budget_schedule() {
+    let Ok(dir) = std::env::var(BUDGET_CHILD) else {
+        return;
+    };
+    let dir = Path::new(&dir);
+    let open = || {
+        FlockLease::builder(dir)
+            .ttl(Duration::from_secs(30))
+            .durability(Durability::NoSync)
+            .open()
+            .unwrap()
+    };
+    let (a, b) = (open(), open());
+    let (me, other) = (owner(0), owner(1));
+    let id = session();
+    let held = flocklease::SessionId::new("budget-held").unwrap();
+    let _holder = b.acquire(&held, &other).unwrap().lease().unwrap();
+    // Warm-up: every id's entry made, every file created.
+    for _ in 0..2 {
+        let l = a.acquire(&id, &me).unwrap().lease().unwrap();
+        assert!(!a.renew(&l).unwrap().is_held());
+        a.release(&l).unwrap();
+        assert!(a.acquire(&held, &me).unwrap().is_held());
+    }
+    for i in 0..REPEATS {
+        mark(&format!("acquire + release/{i}"));
+        let l = a.acquire(&id, &me).unwrap().lease().unwrap();
+        a.release(&l).unwrap();
+    }
+    let l = a.acquire(&id, &me).unwrap().lease().unwrap();
+    for i in 0..REPEATS {
+        mark(&format!("renew/{i}"));
+        assert!(!a.renew(&l).unwrap().is_held());
+    }
+    for i in 0..REPEATS {
+        mark(&format!("acquire answered held/{i}"));
+        assert!(a.acquire(&held, &me).unwrap().is_held());
+    }
+    mark("end");
+}
+
+#[test]
+fn each_operation_stays_within_its_system_call_budget() {
+    if std::env::var(CHILD).is_ok() || std::env::var(BUDGET_CHILD).is_ok() || !strace_found() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace");
+    let status = Command::new("strace")
+        // Every system call of every thread.
+        .args(["-f", "-qq", "-o"])
+        .arg(&trace)
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "budget_schedule",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(BUDGET_CHILD, dir.path().join("leases"))
+        .status()
+        .unwrap();
+    assert!(status.success(), "the traced child failed");
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let steps = split(&text);
+    let mut report = vec![];
+    for (op, budget) in BUDGET {
+        let mut counts: Vec<(usize, &Vec<String>)> = steps
+            .iter()
+            .filter(|(name, _)| name.rsplit_once('/').is_some_and(|(o, _)| o == op))
+            .map(|(_, calls)| (calls.iter().filter(|c| counted(c)).count(), calls))
+            .collect();
+        assert_eq!(
+            counts.len(),
+            REPEATS,
+            "{op}: markers missing from the trace"
+        );
+        counts.sort_by_key(|(n, _)| *n);
+        let (median, calls) = counts[REPEATS / 2];
+        assert!(
+            median <= budget,
+            "{op}: {median} system calls, over its budget of {budget}: {calls:#?}"
+        );
+        report.push(format!("{op} {median} (budget {budget})"));
+    }
+    let _ = writeln!(
+        std::io::stderr(),
+        "syscalls: per operation, every thread: {}",
+        report.join(", ")
+    );
+}
+
+/// Whether a line of the trace is a system call of the operation's own: a call another
+/// thread's call interrupted shows twice (counted once), and the `fcntl(F_GETFD)` std's debug
+/// builds make before closing a descriptor (its check of descriptor ownership) is not made in
+/// release builds.
+fn counted(line: &str) -> bool {
+    let debug_check = line.starts_with("fcntl(") && line.contains("F_GETFD)");
+    !line.contains("resumed>") && !debug_check
+}
+
+/// Whether `strace` can run; without it the test is skipped, unless
+/// `FLOCKLEASE_REQUIRE_STRACE` is set.
+fn strace_found() -> bool {
+    if Command::new("strace").arg("-V").output().is_ok() {
+        return true;
+    }
+    assert!(
+        std::env::var("FLOCKLEASE_REQUIRE_STRACE").is_err(),
+        "strace is required (FLOCKLEASE_REQUIRE_STRACE is set) but not found"
+    );
+    let _ = writeln!(std::io::stderr(), "syscalls: skipped, strace not found");
+    false
+}
+
 fn run(lease: &FlockLease, call: &str, event: Event) -> flocklease::machine::Outcome {
     let mut stepper = lease.stepper(&session(), event);
     loop {
@@ -100,16 +236,7 @@ fn mark(name: &str) {
 
 #[test]
 fn each_step_makes_the_system_calls_the_model_assumes() {
-    if std::env::var(CHILD).is_ok() {
-        return;
-    }
-    let strace = Command::new("strace").arg("-V").output();
-    if strace.is_err() {
-        assert!(
-            std::env::var("FLOCKLEASE_REQUIRE_STRACE").is_err(),
-            "strace is required (FLOCKLEASE_REQUIRE_STRACE is set) but not found"
-        );
-        let _ = writeln!(std::io::stderr(), "syscalls: skipped, strace not found");
+    if std::env::var(CHILD).is_ok() || std::env::var(BUDGET_CHILD).is_ok() || !strace_found() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -121,7 +248,7 @@ fn each_step_makes_the_system_calls_the_model_assumes() {
         .args([
             "-e",
             "trace=openat,flock,fsync,fdatasync,rename,renameat,renameat2,newfstatat,statx,\
-             lstat,stat,write,pread64,read",
+             fstat,lstat,stat,write,pread64,read,close",
         ])
         .arg(std::env::current_exe().unwrap())
         .args([
@@ -179,15 +306,29 @@ fn each_step_makes_the_system_calls_the_model_assumes() {
             &[r"fdatasync\([0-9]+\) *= 0"],
             &format!("{call}: fdatasync"),
         );
+        // The fresh acquire found no record (nothing read, nothing to close).
+        let record_fd = record_fd(get(&format!("{call}/Begin")));
+        let identity = record_fd
+            .iter()
+            .map(|fd| format!(r#"^(statx|newfstatat|fstat)\({fd}, "#));
+        let close = record_fd.iter().map(|fd| format!(r"^close\({fd}\) *= 0"));
+        let checks = [
+            r#"stat[a-z]*\(.*\.lock""#,
+            r#"stat[a-z]*\(.*\.lease\.json""#,
+            r#"rename[a-z0-9]*\(.*\.lease\.json\.[0-9a-f]{16}\.tmp", .*\.lease\.json"(, 0)?\) *= 0"#,
+        ];
+        let patterns: Vec<String> = identity
+            .chain(checks.iter().map(|p| (*p).to_owned()))
+            .chain(close)
+            .collect();
         let rename = get(&format!("{call}/Point"));
         assert_order(
             rename,
-            &[
-                r#"stat[a-z]*\(.*\.lock""#,
-                r#"stat[a-z]*\(.*\.lease\.json""#,
-                r#"rename[a-z0-9]*\(.*\.lease\.json\.[0-9a-f]{16}\.tmp", .*\.lease\.json"(, 0)?\) *= 0"#,
-            ],
-            &format!("{call}: the lock's and the record's identities checked, then the rename"),
+            &patterns.iter().map(String::as_str).collect::<Vec<_>>(),
+            &format!(
+                "{call}: the record read's identity, the lock's and the record's path's checked, \
+                 the rename, then the record read closed"
+            ),
         );
     }
     let sync_dir = get("a-acquire/SyncDir");
@@ -229,6 +370,15 @@ fn split(text: &str) -> Vec<(String, Vec<String>)> {
         }
     }
     steps
+}
+
+/// The descriptor a step opened the record with, to read it (`None`: there was no record).
+fn record_fd(calls: &[String]) -> Option<String> {
+    calls
+        .iter()
+        .filter(|l| l.contains(".lease.json\", O_RDONLY"))
+        .filter_map(|l| l.rsplit_once("= ").map(|(_, fd)| fd.trim().to_owned()))
+        .find(|fd| fd.parse::<u32>().is_ok())
 }
 
 /// The descriptor the instance opened the lease directory with.

@@ -6,6 +6,7 @@ use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::{self, Read};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, LockOf};
@@ -174,6 +175,37 @@ impl Opener {
             opts.open(path)
         };
         let file = opened.map_err(|e| self.open_error(path, e))?;
+        self.check_file(path, &file, access)?;
+        Ok(file)
+    }
+
+    /// [`Opener::open`] of a file of the lease directory whose descriptor is `dir`, its name
+    /// looked up from that descriptor (`openat`: one path component instead of the whole
+    /// path), with the same flags, mode and checks: the record's read, the temporary record,
+    /// a new liveness file and a probe, a transition's hot path. Other kinds of access are
+    /// [`Opener::open`]'s.
+    pub(crate) fn open_in(&self, dir: &File, path: &Path, access: Access) -> Result<File, Error> {
+        use nix::fcntl::OFlag;
+        let (flags, mode) = match access {
+            Access::Read | Access::Probe => (OFlag::O_RDONLY, 0),
+            // Never reuse a file found at the name: it may be planted.
+            Access::Temp => (
+                OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL,
+                self.file_mode,
+            ),
+            Access::LiveCreate => (
+                OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_EXCL,
+                self.file_mode,
+            ),
+            _ => return self.open(path, access),
+        };
+        self.faults.check(access.fault_point(), path)?;
+        let flags = flags | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+        let name = path.file_name().unwrap_or(path.as_os_str());
+        let mode = nix::sys::stat::Mode::from_bits_truncate(mode);
+        let fd = nix::fcntl::openat(std::os::fd::AsFd::as_fd(dir), name, flags, mode)
+            .map_err(|e| self.open_error(path, io::Error::from(e)))?;
+        let file = File::from(fd);
         self.check_file(path, &file, access)?;
         Ok(file)
     }
@@ -397,6 +429,36 @@ pub(crate) struct HeldLock {
     pub(crate) file: File,
     pub(crate) dev: u64,
     pub(crate) ino: u64,
+    /// Its place among the descriptors an instance keeps between transitions (an id's
+    /// `<stem>.lock` only, once kept: [`KeepPlace`]).
+    pub(crate) place: Option<KeepPlace>,
+}
+
+/// How many `<stem>.lock` descriptors an instance keeps open between transitions, one per id
+/// (a place frees when its id's entry is pruned or its descriptor dropped): a transition on a
+/// kept one neither opens nor `fstat`s nor closes it (three system calls of the fourteen a
+/// renew made, or of the fourteen of a "held" answer). Ids beyond open and close theirs each
+/// time. At the descriptor limit they are given back first ([`super::FlockLease::relieved`]).
+pub(crate) const KEEP_LOCKS: usize = 64;
+
+/// One of the [`KEEP_LOCKS`] places for a kept `<stem>.lock` descriptor, given back when
+/// dropped (its descriptor closed with it).
+#[derive(Debug)]
+pub(crate) struct KeepPlace(std::sync::Arc<AtomicUsize>);
+
+impl KeepPlace {
+    /// A place among `kept`'s, if one is free.
+    pub(crate) fn take(kept: &std::sync::Arc<AtomicUsize>) -> Option<KeepPlace> {
+        kept.fetch_update(Relaxed, Relaxed, |n| (n < KEEP_LOCKS).then_some(n + 1))
+            .ok()
+            .map(|_| KeepPlace(std::sync::Arc::clone(kept)))
+    }
+}
+
+impl Drop for KeepPlace {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
+    }
 }
 
 impl HeldLock {
@@ -416,32 +478,85 @@ impl HeldLock {
             file,
             dev: meta.dev(),
             ino: meta.ino(),
+            place: None,
         })
     }
 
     /// Its status when it is the file at `path` now (`None`: deleted, or replaced by another
-    /// file), one stat of the path after `faults`' [`FaultPoint::StatStable`].
-    pub(crate) fn at(&self, path: &Path, faults: &Faults) -> Result<Option<fs::Metadata>, Error> {
+    /// file), one stat of the path (in `dir`, see [`standing`]) after `faults`'
+    /// [`FaultPoint::StatStable`].
+    pub(crate) fn at(
+        &self,
+        path: &Path,
+        dir: Option<&File>,
+        faults: &Faults,
+    ) -> Result<Option<Standing>, Error> {
         faults.check(FaultPoint::StatStable, path)?;
-        let at = standing(path).map_err(|e| Error::io("stat", path, e))?;
-        Ok(at.filter(|m| (m.dev(), m.ino()) == (self.dev, self.ino)))
+        let at = standing(dir, path).map_err(|e| Error::io("stat", path, e))?;
+        Ok(at.filter(|m| m.id() == (self.dev, self.ino)))
     }
 
     /// Whether it is still the file at `path` (a stat; a failed one answers no).
-    fn still_at(&self, path: &Path) -> bool {
-        standing(path).is_ok_and(|m| m.is_some_and(|m| (m.dev(), m.ino()) == (self.dev, self.ino)))
+    fn still_at(&self, path: &Path, dir: Option<&File>) -> bool {
+        standing(dir, path).is_ok_and(|m| m.is_some_and(|m| m.id() == (self.dev, self.ino)))
+    }
+}
+
+/// What a stat found standing at a path: which file it is, and when it was last modified.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Standing {
+    pub(crate) dev: u64,
+    pub(crate) ino: u64,
+    /// Its modification time, in whole seconds since the Unix epoch.
+    pub(crate) mtime: i64,
+}
+
+impl Standing {
+    /// Which file it is: (device, inode).
+    pub(crate) fn id(&self) -> (u64, u64) {
+        (self.dev, self.ino)
     }
 }
 
 /// What stands at `path` now, not following a symbolic link (`None`: nothing). The one stat
 /// behind every "is this still the file I hold" of the crate: the transition lock's and a
-/// fence's identity checks, and the commit check's.
-pub(crate) fn standing(path: &Path) -> io::Result<Option<fs::Metadata>> {
-    match fs::symlink_metadata(path) {
-        Ok(m) => Ok(Some(m)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
+/// fence's identity checks, the commit check's and a renew's look at its liveness file. With
+/// `dir`, the directory `path` is in (the lease directory's descriptor), the file's name is
+/// looked up from it (`fstatat`): one component instead of the whole path.
+pub(crate) fn standing(dir: Option<&File>, path: &Path) -> io::Result<Option<Standing>> {
+    use nix::sys::stat::fstatat;
+    use std::os::fd::AsFd;
+    let found = match dir {
+        Some(dir) => fstatat(
+            dir.as_fd(),
+            path.file_name().unwrap_or(path.as_os_str()),
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        ),
+        None => fstatat(
+            nix::fcntl::AT_FDCWD,
+            path,
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        ),
+    };
+    match found {
+        // `dev_t` and `ino_t` are 64 bits on 64-bit Linux, narrower elsewhere.
+        #[allow(clippy::useless_conversion)]
+        Ok(st) => Ok(Some(Standing {
+            dev: u64::from(st.st_dev),
+            ino: u64::from(st.st_ino),
+            mtime: i64::from(st.st_mtime),
+        })),
+        Err(nix::errno::Errno::ENOENT) => Ok(None),
+        Err(e) => Err(io::Error::from(e)),
     }
+}
+
+/// The (device, inode) of an open file (one `fstat`).
+pub(crate) fn identity(file: &File) -> io::Result<(u64, u64)> {
+    let st = nix::sys::stat::fstat(file).map_err(io::Error::from)?;
+    // As in `standing`.
+    #[allow(clippy::useless_conversion)]
+    Ok((u64::from(st.st_dev), u64::from(st.st_ino)))
 }
 
 impl super::FlockLease {
@@ -451,8 +566,9 @@ impl super::FlockLease {
     }
 
     /// Runs `open` (a step whose only descriptor-making call is its open: retrying it after
-    /// that failed repeats nothing); if the process is out of descriptors, gives back the idle
-    /// inotify instances this instance keeps only to save work and tries once more. So a
+    /// that failed repeats nothing); if the process is out of descriptors, gives back the
+    /// descriptors this instance keeps only to save work ([`Self::give_back`]) and tries once
+    /// more. So a
     /// call, a release above all, never fails for want of a descriptor the instance could
     /// have closed.
     pub(crate) fn relieved<T>(
@@ -460,9 +576,24 @@ impl super::FlockLease {
         mut open: impl FnMut() -> Result<T, Error>,
     ) -> Result<T, Error> {
         match open() {
-            Err(Error::TooManyOpenFiles { .. }) if self.watches.give_back() > 0 => open(),
+            Err(Error::TooManyOpenFiles { .. }) if self.give_back() > 0 => open(),
             other => other,
         }
+    }
+
+    /// Closes the descriptors this instance keeps only to save work: the idle inotify
+    /// instances and the kept `<stem>.lock` descriptors of ids nobody is using now (an id in
+    /// use, this caller's own included, keeps its own; never waits). How many it closed.
+    fn give_back(&self) -> usize {
+        let mut closed = self.watches.give_back();
+        for entry in self.slots.entries() {
+            if let Ok(mut slot) = entry.state.try_lock()
+                && slot.kept.take().is_some()
+            {
+                closed += 1;
+            }
+        }
+        closed
     }
 }
 
@@ -486,38 +617,81 @@ pub(crate) fn lock_at_path(
         waited: started.elapsed(),
     };
     crate::front::begin_or_wait(deadline, timeout, || {
-        lock_once(path, faults, &open, deadline)
+        lock_once(path, None, faults, &open, None, deadline)
     })
 }
 
 /// One attempt of [`lock_at_path`]: opens the path, locks the file, waiting for it until
 /// `deadline` while it is still the file at the path, and checks it is. `None`: not taken by
 /// the deadline, or the file locked is not the one at the path any more.
+///
+/// `dir` is the directory the path is in, if open (its file's name is then looked up from
+/// it, see [`standing`]). `kept` is a descriptor of the path's file kept (unlocked) from an
+/// earlier attempt, if any: it is locked instead of opening the path, and if the file it
+/// locks is no longer the one at the path (deleted, replaced, moved aside since), dropped and
+/// the path opened as without it, in the same attempt — so an attempt's outcome is the same
+/// with or without it.
 pub(crate) fn lock_once(
     path: &Path,
+    dir: Option<&File>,
     faults: &Faults,
     open: impl Fn() -> Result<File, Error>,
+    kept: Option<HeldLock>,
     deadline: Option<Instant>,
 ) -> Result<Option<HeldLock>, Error> {
-    let lock = HeldLock::open(path, open)?;
+    if let Some(lock) = kept {
+        match attempt(path, dir, faults, lock, deadline)? {
+            Attempt::Taken(lock) => return Ok(Some(lock)),
+            Attempt::Busy => return Ok(None),
+            Attempt::Moved => {}
+        }
+    }
+    match attempt(path, dir, faults, HeldLock::open(path, open)?, deadline)? {
+        Attempt::Taken(lock) => Ok(Some(lock)),
+        Attempt::Busy | Attempt::Moved => Ok(None),
+    }
+}
+
+/// What one lock of an open lock file came to.
+enum Attempt {
+    /// Locked, and the file at the path.
+    Taken(HeldLock),
+    /// Not locked by the deadline, while the file at the path.
+    Busy,
+    /// Not the file at the path (dropped: its descriptor closed, which unlocks it).
+    Moved,
+}
+
+/// Locks `lock`, waiting for it until `deadline` while it is still the file at `path`, and
+/// checks it is.
+fn attempt(
+    path: &Path,
+    dir: Option<&File>,
+    faults: &Faults,
+    lock: HeldLock,
+    deadline: Option<Instant>,
+) -> Result<Attempt, Error> {
     faults.check(FaultPoint::LockStable, path)?;
     let taken = match lock.file.try_lock() {
         Ok(()) => true,
         // Busy: wait for it only while it is still the file at the path.
-        Err(fs::TryLockError::WouldBlock) if lock.still_at(path) => {
+        Err(fs::TryLockError::WouldBlock) if lock.still_at(path, dir) => {
             super::wait::try_lock_until(&lock.file, deadline)
                 .map_err(|e| Error::io("lock", path, e))?
         }
-        Err(fs::TryLockError::WouldBlock) => false,
+        Err(fs::TryLockError::WouldBlock) => return Ok(Attempt::Moved),
         Err(fs::TryLockError::Error(e)) => return Err(Error::io("lock", path, e)),
     };
     if !taken {
-        return Ok(None);
+        return Ok(Attempt::Busy);
     }
-    Ok(lock.at(path, faults)?.map(|meta| {
-        keep_fresh(&lock.file, &meta);
-        lock
-    }))
+    Ok(match lock.at(path, dir, faults)? {
+        Some(meta) => {
+            keep_fresh(&lock.file, &meta);
+            Attempt::Taken(lock)
+        }
+        None => Attempt::Moved,
+    })
 }
 
 /// How old a lock file's modification time may grow before a transition touches it.
@@ -526,11 +700,14 @@ const TOUCH_AFTER: Duration = Duration::from_secs(3600);
 /// Keeps tmp cleaners that age files by modification time (systemd-tmpfiles, tmpreaper: days)
 /// from ever choosing a lock in use: a lock older than [`TOUCH_AFTER`] is touched when locked.
 /// Best effort (a failure only leaves the lock's age as it was).
-fn keep_fresh(file: &File, meta: &fs::Metadata) {
+fn keep_fresh(file: &File, meta: &Standing) {
     let now = std::time::SystemTime::now();
-    let old = meta
-        .modified()
-        .is_ok_and(|m| now.duration_since(m).is_ok_and(|age| age > TOUCH_AFTER));
+    let modified = u64::try_from(meta.mtime).map_or(std::time::UNIX_EPOCH, |secs| {
+        std::time::UNIX_EPOCH + Duration::from_secs(secs)
+    });
+    let old = now
+        .duration_since(modified)
+        .is_ok_and(|age| age > TOUCH_AFTER);
     if old {
         let _ = file.set_modified(now);
     }

@@ -219,7 +219,7 @@ pub(super) fn publish(
     over: Over,
 ) -> Result<Published, Error> {
     let temp = temp_path(path, tag);
-    let file = opener.open(&temp, Access::LiveCreate)?;
+    let file = opener.open_in(dir, &temp, Access::LiveCreate)?;
     match lock_and_place(opener, dir, &file, (&temp, path), tag, over) {
         Ok((dev, ino)) => Ok(Published {
             file,

@@ -121,6 +121,9 @@ pub struct FlockLease {
     opener: Opener,
     /// Inotify instances kept for waiting acquires.
     watches: wait::Watches,
+    /// How many `<stem>.lock` descriptors the ids' slots keep (at most
+    /// [`files::KEEP_LOCKS`]).
+    kept_locks: Arc<std::sync::atomic::AtomicUsize>,
     /// The deferred sweeps of this instance's takeovers, and the one listing they share.
     sweeps: Mutex<tx::Sweeps>,
     /// Records are written without the generation's tag, as the Go package writes them (a
@@ -636,6 +639,7 @@ impl FlockLeaseBuilder {
             files::open_dir(&self.dir, self.allow_network_fs, self.trust_foreign_owners)?;
         Ok(FlockLease {
             watches: wait::Watches::new(),
+            kept_locks: Arc::default(),
             dir: self.dir,
             dir_file,
             ttl: self.ttl,

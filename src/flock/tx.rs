@@ -6,7 +6,6 @@
 use std::fs::{self, File};
 use std::io::{self, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -66,6 +65,10 @@ pub(crate) struct Slot {
     pub(super) pending_sweep: Option<u64>,
     /// How many transitions that sweep has waited for a shared listing.
     sweep_waits: u32,
+    /// The id's `<stem>.lock` descriptor, unlocked, kept from its last transition here for the
+    /// next one (at most [`files::KEEP_LOCKS`] per instance; given back at the descriptor
+    /// limit).
+    pub(super) kept: Option<HeldLock>,
 }
 
 impl Slot {
@@ -190,10 +193,14 @@ pub(crate) struct TxState {
     pub(super) seen_tag: Option<LiveTag>,
     /// The (device, inode) of the record file this transition read (`Some(None)`: there was
     /// none), checked again just before the commit: a transition commits only over the
-    /// record it decided on.
+    /// record it decided on. Taken from `seen_file` at the commit check (no stat on a read
+    /// that commits nothing), or when that file is closed early.
     pub(super) seen_record: Option<Option<(u64, u64)>>,
-    /// The record file read, kept open until the transition ends so that its inode number
-    /// cannot be given to another file meanwhile (which would defeat the check above).
+    /// The record file read, kept open until the commit check so that its inode number cannot
+    /// be given to another file meanwhile (which would defeat the check above), and closed
+    /// right after the rename, still under the transition lock: the inode the rename
+    /// replaced is freed there, never after the unlock (on ext4 a free deferred past the
+    /// unlock cost milliseconds per transition under load).
     pub(super) seen_file: Option<File>,
     /// The tag of the generation the record to commit names: the new generation's
     /// (`FlockTx::lock_live`) or the local one's (`FlockTx::ensure_live`); none for
@@ -211,7 +218,8 @@ impl FlockTx<'_> {
     }
 
     fn open(&self, path: &std::path::Path, access: Access) -> Result<File, Error> {
-        self.lease.relieved(|| self.lease.opener.open(path, access))
+        let (opener, dir) = (&self.lease.opener, &self.lease.dir_file);
+        self.lease.relieved(|| opener.open_in(dir, path, access))
     }
 
     /// Publishes generation `token`'s liveness file carrying `tag` (see [`live::publish`]);
@@ -233,12 +241,18 @@ impl FlockTx<'_> {
     /// path is still the file this transition read, or still absent (whatever happened to
     /// the lock: deleted, or hard-linked aside and put back while another transition ran a
     /// whole acquire on a fresh one, a transition commits only over the record it decided
-    /// on). The record's inode cannot have been reused: the transition keeps the file open.
-    fn check_commit(&self) -> Result<(), Error> {
+    /// on). The record's inode cannot have been reused: the transition keeps the file it read
+    /// open through both stats (its own and the path's), so while it is open no other file
+    /// can have its (device, inode), and equal identities mean the same file (PROTOCOL §11).
+    fn check_commit(&mut self) -> Result<(), Error> {
+        // The file read first (its descriptor: no path), so that the lock's stat stays one
+        // system call before the rename.
+        self.note_seen_record()?;
         let lock = &self.paths.lock;
         self.check(FaultPoint::CheckStable, lock)?;
-        let id = |path: &std::path::Path| match standing(path) {
-            Ok(m) => Ok(m.map(|m| (m.dev(), m.ino()))),
+        let dir = Some(&self.lease.dir_file);
+        let id = |path: &std::path::Path| match standing(dir, path) {
+            Ok(m) => Ok(m.map(|m| m.id())),
             Err(e) => Err(Error::io("stat", path, e)),
         };
         let lock_at = id(lock)?;
@@ -250,6 +264,29 @@ impl FlockTx<'_> {
         let read = self.st.seen_record.as_ref().map(Option::as_ref);
         machine::commit_check(&self.stable_id, lock_at.as_ref(), read, record_at.as_ref())
             .map_err(|_| Error::LockReplaced { path: lock.clone() })
+    }
+
+    /// Notes the (device, inode) of the record file this transition read and still holds
+    /// open (one `fstat`), if not noted yet: at the commit check, or before the file is
+    /// closed early at the descriptor limit.
+    fn note_seen_record(&mut self) -> Result<(), Error> {
+        if self.st.seen_record.is_none()
+            && let Some(file) = &self.st.seen_file
+        {
+            let id = files::identity(file).map_err(|e| Error::io("stat", &self.paths.record, e))?;
+            self.st.seen_record = Some(Some(id));
+        }
+        Ok(())
+    }
+
+    /// At the descriptor limit: the record read is closed to make room (a release must
+    /// succeed there), its identity noted first. The commit still checks the record's
+    /// identity, without the guard against its inode number being reused meanwhile
+    /// (PROTOCOL §11).
+    fn close_seen_record(&mut self) -> Result<(), Error> {
+        self.note_seen_record()?;
+        self.st.seen_file = None;
+        Ok(())
     }
 }
 
@@ -460,7 +497,7 @@ impl Transaction for FlockTx<'_> {
         let mut opened = self.open(&path, Access::Probe);
         if matches!(opened, Err(Error::TooManyOpenFiles { .. })) && self.st.seen_file.is_some() {
             // At the descriptor limit, as in `write_temp`: the record read makes room.
-            self.st.seen_file = None;
+            self.close_seen_record()?;
             opened = self.open(&path, Access::Probe);
         }
         let found = live::identify(opened, &path, self.st.seen_tag)?;
@@ -554,10 +591,10 @@ impl FlockTx<'_> {
                 },
             }
         })?;
-        let meta = file.metadata().map_err(|e| Error::io("stat", path, e))?;
         self.st.seen_token = Some(Some(record.token));
         self.st.seen_tag = tag;
-        self.st.seen_record = Some(Some((meta.dev(), meta.ino())));
+        // Its identity is noted from the open file when the commit checks it: a read that
+        // commits nothing (a "held" answer) needs no stat.
         self.st.seen_file = Some(file);
         Ok(Some(record))
     }
@@ -577,8 +614,8 @@ impl FlockTx<'_> {
         };
         self.check(FaultPoint::StatLive, &path)?;
         let ours = &generation.live;
-        match fs::symlink_metadata(&path) {
-            Ok(m) if m.dev() == ours.dev && m.ino() == ours.ino => {
+        match standing(Some(&self.lease.dir_file), &path) {
+            Ok(Some(m)) if m.id() == (ours.dev, ours.ino) => {
                 self.st.commit_tag = Some(ours.tag);
                 return Ok(());
             }
@@ -591,7 +628,6 @@ impl FlockTx<'_> {
             // decides) instead of our old inode, unlocked, "dead". Until the record naming
             // the fresh tag is committed, the new file reads as unknown too.
             Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(Error::io("stat", &path, e)),
         }
         let published = self.publish(token, live::fresh_tag(), live::Over::Anything)?;
@@ -609,11 +645,9 @@ impl FlockTx<'_> {
     fn write_temp(&mut self, record: &Record) -> Result<(), Error> {
         let path = self.paths.temp(live::fresh_tag());
         let mut tmp = match self.open(&path, Access::Temp) {
-            // At the descriptor limit the record read is closed to make room: a release must
-            // succeed there. The commit still checks the record's identity, without the
-            // guard against its inode number being reused meanwhile (PROTOCOL §11).
+            // At the descriptor limit the record read is closed to make room.
             Err(Error::TooManyOpenFiles { .. }) if self.st.seen_file.is_some() => {
-                self.st.seen_file = None;
+                self.close_seen_record()?;
                 self.open(&path, Access::Temp)?
             }
             other => other?,
@@ -644,6 +678,10 @@ impl FlockTx<'_> {
     }
 
     fn rename(&mut self) -> Result<(), Error> {
+        // The commit happens only under the lock everyone else takes: checked again here, one
+        // system call before the rename (a tmp cleaner or an operator may have deleted
+        // `<stem>.lock` since it was locked, letting another transition start beside this one).
+        self.check_commit()?;
         let to = &self.paths.record;
         let Some((_, from)) = &self.st.temp else {
             return Err(Error::io(
@@ -652,12 +690,15 @@ impl FlockTx<'_> {
                 io::Error::from(io::ErrorKind::NotFound),
             ));
         };
-        // The commit happens only under the lock everyone else takes: checked again here, one
-        // system call before the rename (a tmp cleaner or an operator may have deleted
-        // `<stem>.lock` since it was locked, letting another transition start beside this one).
-        self.check_commit()?;
         self.check(FaultPoint::Rename, to)?;
-        fs::rename(from, to).map_err(|e| Error::io("rename", to, e))?;
+        // Both names looked up from the lease directory's descriptor (one component each).
+        let dir = &self.lease.dir_file;
+        nix::fcntl::renameat(dir, name_of(from), dir, name_of(to))
+            .map_err(|e| Error::io("rename", to, io::Error::from(e)))?;
+        // The record read is closed now, before the directory sync and the unlock: the
+        // rename unlinked it, and its inode is freed here, under the lock, as a rename with no
+        // descriptor open frees it (the check above no longer needs it).
+        self.st.seen_file = None;
         self.st.temp = None;
         // The record names the local generation's current file now: the one an earlier
         // record named can go (its lock with it).
@@ -696,7 +737,9 @@ impl FlockTx<'_> {
     fn delete_live(&mut self, token: u64) {
         let path = self.paths.live(token);
         if self.check(FaultPoint::Unlink, &path).is_ok() {
-            let _ = fs::remove_file(path);
+            let dir = &self.lease.dir_file;
+            let _ =
+                nix::unistd::unlinkat(dir, name_of(&path), nix::unistd::UnlinkatFlags::NoRemoveDir);
         }
     }
 
@@ -715,6 +758,11 @@ impl FlockTx<'_> {
         sweeps.since += 1;
         sweeps.pending.insert(self.paths.stem.clone());
     }
+}
+
+/// The name of a file of the lease directory, to look it up from the directory's descriptor.
+fn name_of(path: &std::path::Path) -> &std::ffi::OsStr {
+    path.file_name().unwrap_or(path.as_os_str())
 }
 
 /// One id's cached paths, its in-process turn, and what this instance holds for it.
@@ -798,7 +846,9 @@ impl crate::front::Backend for FlockLease {
     ) -> Result<Option<Self::Held>, Error> {
         let path = &entry.paths.lock;
         let open = || self.open_lock(path);
-        let taken = files::lock_once(path, &self.opener.faults, open, deadline)?;
+        let kept = slot.kept.take();
+        let dir = Some(&self.dir_file);
+        let taken = files::lock_once(path, dir, &self.opener.faults, open, kept, deadline)?;
         Ok(taken.map(|lock| {
             let st = TxState {
                 carried_sweep: slot.pending_sweep.take(),
@@ -830,7 +880,7 @@ impl crate::front::Backend for FlockLease {
         &self,
         _entry: &SlotEntry,
         slot: &mut Slot,
-        (lock, mut st): Self::Held,
+        (mut lock, mut st): Self::Held,
         _outcome: &Result<Outcome, Error>,
     ) {
         if slot.local.is_none() {
@@ -841,11 +891,17 @@ impl crate::front::Backend for FlockLease {
         if let Some(below) = st.carried_sweep.take() {
             slot.keep_sweep(below);
         }
-        // The transition lock's descriptor is closed, which unlocks it; unlocked explicitly
-        // first if the run did not: a copy of the descriptor in a process forked meanwhile
-        // (without exec) must not keep the lock.
-        if !st.unlocked {
-            let _ = lock.file.unlock();
+        // The transition lock is unlocked explicitly if the run did not (closing would unlock
+        // too, but a copy of the descriptor in a process forked meanwhile, without exec, must
+        // not keep the lock), and its descriptor kept for the id's next transition while a
+        // place is free; otherwise (or if unlocking failed) closed, which unlocks it.
+        if st.unlocked || lock.file.unlock().is_ok() {
+            if lock.place.is_none() {
+                lock.place = files::KeepPlace::take(&self.kept_locks);
+            }
+            if lock.place.is_some() {
+                slot.kept = Some(lock);
+            }
         }
     }
 
