@@ -128,6 +128,46 @@ pub fn margin(ttl: std::time::Duration) -> std::time::Duration {
     )
 }
 
+/// One thing the watchdog does, in the order [`performed`] gives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WatchdogDo {
+    /// SIGTERM to the job's group.
+    Term,
+    /// SIGCONT to the job's group (so that stopped members act on the SIGTERM).
+    Cont,
+    /// SIGKILL to the job's group.
+    Kill,
+    /// Tell `run` it killed the job at the deadline (`killed`), if `run` lives; never
+    /// blocking.
+    TellRun,
+    /// Tell the user why (queued, never blocking).
+    Say,
+}
+
+/// What the watchdog does for `act`, in order: **every signal before the words** (PROTOCOL
+/// §7.1), so that a stderr that blocks, fails or stops its writer never keeps a signal from
+/// going. The watchdog's loop and the model checker's watchdog perform this list; a `Say` or a
+/// `TellRun` after the first for the same reason is the loop's to skip.
+///
+/// # Examples
+///
+/// ```
+/// use flocklease::supervise::{Act, WatchdogDo, Why, performed};
+///
+/// assert_eq!(
+///     performed(Act::Kill(Why::Deadline)),
+///     &[WatchdogDo::Kill, WatchdogDo::TellRun, WatchdogDo::Say]
+/// );
+/// ```
+pub fn performed(act: Act) -> &'static [WatchdogDo] {
+    match act {
+        Act::Term => &[WatchdogDo::Term, WatchdogDo::Cont, WatchdogDo::Say],
+        Act::Kill(Why::Deadline) => &[WatchdogDo::Kill, WatchdogDo::TellRun, WatchdogDo::Say],
+        Act::Kill(_) => &[WatchdogDo::Kill, WatchdogDo::Say],
+        Act::Wait { .. } | Act::Exit => &[],
+    }
+}
+
 /// `run`'s own side of the supervision (PROTOCOL §7): what its main loop does with what it
 /// saw. The loop reaps, reads its events and the clock, feeds each here as a [`Seen`], and
 /// performs the [`Do`]s in the order given — every signal before the message that tells of

@@ -40,7 +40,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use clap::Args;
-use flocklease::supervise::{self, Act, Watch, Why};
+use flocklease::supervise::{self, Act, Watch, WatchdogDo, Why};
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{SigSet, Signal, kill, killpg};
@@ -362,7 +362,8 @@ pub fn main(args: &WatchdogArgs) -> u8 {
         term_at: None,
         done: false,
     };
-    let mut told: Option<Why> = None;
+    // The last act told of (each is said once).
+    let mut told: Option<Act> = None;
     loop {
         let now = boot_nanos();
         let watch = Watch {
@@ -379,36 +380,32 @@ pub fn main(args: &WatchdogArgs) -> u8 {
             Act::Exit => return 0,
             // `next` answers Term and Kill only for a job it knows to be alive.
             Act::Term | Act::Kill(_) if st.pgid.is_none() => {}
-            Act::Term => {
+            act @ (Act::Term | Act::Kill(_)) => {
                 let group = st.pgid.unwrap_or_else(|| unreachable!());
-                // Act, then say (crate::say: never blocks, never fails).
-                let _ = killpg(group, Signal::SIGTERM);
-                let _ = killpg(group, Signal::SIGCONT);
-                st.term_at = Some(now);
-                say!("flocklease: run died; stopping its job (process group {group})");
-                continue;
-            }
-            Act::Kill(why) => {
-                let group = st.pgid.unwrap_or_else(|| unreachable!());
-                let _ = killpg(group, Signal::SIGKILL);
-                if told != Some(why) {
-                    told = Some(why);
-                    if st.run_alive && why == Why::Deadline {
-                        let _ = send_now(socket.as_fd(), b"killed");
-                    }
-                    say!("flocklease: {}; killed the job (process group {group})", {
-                        match why {
-                            Why::Deadline => {
-                                "no renew of the lease confirmed before its expiry (run \
-                                 stopped, hung or dead)"
-                            }
-                            Why::LivenessGone => {
-                                "run died and the lease's liveness is not kept (its file was \
-                                 deleted or replaced, or it was run's connection)"
-                            }
-                            Why::GraceOver => "run died and the grace period is over",
+                // Signals, then words (crate::say: never blocks, never fails).
+                let first = told != Some(act);
+                told = Some(act);
+                for step in supervise::performed(act) {
+                    match step {
+                        WatchdogDo::Term => {
+                            let _ = killpg(group, Signal::SIGTERM);
                         }
-                    });
+                        WatchdogDo::Cont => {
+                            let _ = killpg(group, Signal::SIGCONT);
+                        }
+                        WatchdogDo::Kill => {
+                            let _ = killpg(group, Signal::SIGKILL);
+                        }
+                        WatchdogDo::TellRun if first && st.run_alive => {
+                            let _ = send_now(socket.as_fd(), b"killed");
+                        }
+                        WatchdogDo::Say if first => say_why(act, group),
+                        WatchdogDo::TellRun | WatchdogDo::Say => {}
+                    }
+                }
+                if act == Act::Term {
+                    st.term_at = Some(now);
+                    continue;
                 }
                 // The kill is delivered; look again shortly (the group empties soon after).
                 wait = Some(POLL);
@@ -459,6 +456,25 @@ pub fn main(args: &WatchdogArgs) -> u8 {
             let _ = send_now(socket.as_fd(), format!("heard {at}").as_bytes());
         }
     }
+}
+
+/// Says why the watchdog did `act` to the job's `group` (after it did it).
+fn say_why(act: Act, group: Pid) {
+    let why = match act {
+        Act::Term => {
+            return say!("flocklease: run died; stopping its job (process group {group})");
+        }
+        Act::Kill(Why::Deadline) => {
+            "no renew of the lease confirmed before its expiry (run stopped, hung or dead)"
+        }
+        Act::Kill(Why::LivenessGone) => {
+            "run died and the lease's liveness is not kept (its file was deleted or replaced, \
+             or it was run's connection)"
+        }
+        Act::Kill(Why::GraceOver) => "run died and the grace period is over",
+        Act::Wait { .. } | Act::Exit => return,
+    };
+    say!("flocklease: {why}; killed the job (process group {group})");
 }
 
 /// Reads every message waiting on `socket` (without blocking) into `st`; returns the last

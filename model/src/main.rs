@@ -67,7 +67,12 @@ options (applied in order, on top of the named configuration):
                      with --config run: grace-forgets-expiry (after run died the watchdog
                      waits out --grace past the expiry), share-after-place (a restored
                      liveness file reaches the watchdog after it is placed), job-keeps-liveness
-                     (the old design: only the job's inherited descriptor keeps the lease);
+                     (the old design: only the job's inherited descriptor keeps the lease),
+                     blocking-deadline-write (run writes a deadline to the watchdog's full
+                     socket with a blocking write under a lock its loop needs),
+                     say-before-signal (the watchdog prints before it signals, itself),
+                     panic-on-failed-write (a failed write to stderr panics),
+                     watchdog-exits-on-term (the watchdog dies of the unit's SIGTERM);
                      for the line: pass-over-first-byte (a lock of several bytes is passed
                      one byte at a time), whole-grace-each (every stopped place ahead costs
                      the whole 50 ms), held-until-close (the held flag of the holder's
@@ -217,6 +222,33 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
                         Some(RunPlanted::JobKeepsLiveness);
                     named = true;
                 }
+                "blocking-deadline-write" => {
+                    run_model.get_or_insert_with(RunModel::default).planted =
+                        Some(RunPlanted::BlockingDeadlineWrite);
+                    named = true;
+                }
+                // The environment's mistakes show in its configuration.
+                "say-before-signal" => {
+                    run_model = Some(RunModel {
+                        planted: Some(RunPlanted::SayBeforeSignal),
+                        ..RunModel::environment()
+                    });
+                    named = true;
+                }
+                "panic-on-failed-write" => {
+                    run_model = Some(RunModel {
+                        planted: Some(RunPlanted::PanicOnFailedWrite),
+                        ..RunModel::environment()
+                    });
+                    named = true;
+                }
+                "watchdog-exits-on-term" => {
+                    run_model = Some(RunModel {
+                        planted: Some(RunPlanted::WatchdogExitsOnTerm),
+                        ..RunModel::environment()
+                    });
+                    named = true;
+                }
                 "pass-over-first-byte" => {
                     line_model.get_or_insert_with(LineModel::default).planted =
                         Some(LinePlanted::PassOverFirstByte);
@@ -310,7 +342,8 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
             let mut out = std::io::stdout();
             let mut ok = true;
             if let Some(m) = run_model {
-                ok &= flocklease_model::run::check(m, &mut out).map_err(|e| e.to_string())?;
+                ok &=
+                    flocklease_model::run::check_configs(m, &mut out).map_err(|e| e.to_string())?;
             }
             if let Some(m) = line_model {
                 ok &= flocklease_model::line::check(m, &mut out).map_err(|e| e.to_string())?;
@@ -371,7 +404,7 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
                     }
                 }
                 println!();
-                let run_ok = flocklease_model::run::check(RunModel::default(), &mut out)
+                let run_ok = flocklease_model::run::check_configs(RunModel::default(), &mut out)
                     .map_err(|e| e.to_string())?;
                 println!("{}", if run_ok { "OK" } else { "FAILED" });
                 println!();

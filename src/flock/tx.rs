@@ -531,6 +531,7 @@ impl Transaction for FlockTx<'_> {
         if let Some(PendingLive(published, token)) = pending
             && self.lease.opener.share.is_some()
         {
+            use std::os::unix::fs::MetadataExt;
             let path = self.paths.live(token);
             if fs::symlink_metadata(&path)
                 .is_ok_and(|m| (m.dev(), m.ino()) == (published.dev, published.ino))
