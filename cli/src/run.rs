@@ -157,7 +157,7 @@ enum DurabilityArg {
 
 /// A session id given on the command line: any text the library accepts as one (not empty,
 /// no control character), checked here so that a bad one is bad usage (64).
-fn nonempty_id(s: &str) -> Result<String, String> {
+pub(crate) fn nonempty_id(s: &str) -> Result<String, String> {
     SessionId::new(s)
         .map(|_| s.to_owned())
         .map_err(|e| crate::describe(&e))

@@ -29,7 +29,7 @@ pub struct StatusArgs {
     pg_ca: Option<PathBuf>,
     /// Only this session id. Exit status: 0 when it is held, 1 when it is free (released,
     /// expired, holder dead, or never granted), 70 when its record is broken.
-    #[arg(long, value_name = "ID")]
+    #[arg(long, value_name = "ID", value_parser = crate::run::nonempty_id)]
     id: Option<String>,
     /// JSON output: an array of objects (stem, id when known, owner, token, expiry, state,
     /// acquirable, error).
@@ -189,6 +189,10 @@ enum Rows {
     Json {
         out: std::io::BufWriter<std::io::StdoutLock<'static>>,
         written: usize,
+        /// Rows kept to be sorted as the table is (by id, then stem), up to [`SORTED`].
+        held: Vec<SessionStatus>,
+        /// More than [`SORTED`] rows came: streaming in directory order.
+        streaming: bool,
     },
     Text {
         table: Box<Table<6>>,
@@ -202,6 +206,8 @@ impl Rows {
             Rows::Json {
                 out: std::io::BufWriter::new(std::io::stdout().lock()),
                 written: 0,
+                held: vec![],
+                streaming: false,
             }
         } else {
             Rows::Text {
@@ -215,12 +221,24 @@ impl Rows {
 
     fn push(&mut self, r: SessionStatus) {
         match self {
-            Rows::Json { out, written } => {
-                // Pretty-printed as one element of an array, as `--json` always was.
-                let text = serde_json::to_string_pretty(&r).unwrap_or_default();
-                let sep = if *written == 0 { "[\n" } else { ",\n" };
-                let _ = write!(out, "{sep}  {}", text.replace('\n', "\n  "));
-                *written += 1;
+            Rows::Json {
+                out,
+                written,
+                held,
+                streaming,
+            } => {
+                if *streaming {
+                    json_row(out, written, &r);
+                    return;
+                }
+                held.push(r);
+                if held.len() > SORTED {
+                    *streaming = true;
+                    eprintln!("flocklease: more than {SORTED} ids: listed in directory order");
+                    for r in held.drain(..) {
+                        json_row(out, written, &r);
+                    }
+                }
             }
             Rows::Text { table, now } => {
                 if let Some(e) = &r.error {
@@ -241,13 +259,36 @@ impl Rows {
 
     fn finish(self) {
         match self {
-            Rows::Json { mut out, written } => {
+            Rows::Json {
+                mut out,
+                mut written,
+                mut held,
+                ..
+            } => {
+                // The table's order: by its ID column (`-` for a row without one), then stem.
+                let key = |r: &SessionStatus| {
+                    let id = r.id.as_deref().filter(|id| !id.is_empty()).unwrap_or("-");
+                    (id.to_owned(), r.stem.clone())
+                };
+                held.sort_by_cached_key(key);
+                for r in &held {
+                    json_row(&mut out, &mut written, r);
+                }
                 let _ = writeln!(out, "{}", if written == 0 { "[]" } else { "\n]" });
                 let _ = out.flush();
             }
             Rows::Text { table, .. } => table.finish(),
         }
     }
+}
+
+/// Writes `r` as the next element of the JSON array on `out` (pretty-printed, as `--json`
+/// always was).
+fn json_row(out: &mut impl Write, written: &mut usize, r: &SessionStatus) {
+    let text = serde_json::to_string_pretty(r).unwrap_or_default();
+    let sep = if *written == 0 { "[\n" } else { ",\n" };
+    let _ = write!(out, "{sep}  {}", text.replace('\n', "\n  "));
+    *written += 1;
 }
 
 /// A table written to stdout: sorted by its first column (then its last) and aligned as a

@@ -458,3 +458,30 @@ fn notes_of_broken_records_are_bounded() {
         text.lines().last().unwrap_or_default()
     );
 }
+
+#[test]
+fn json_rows_come_in_the_tables_order() {
+    // Issue 50: `--json` listed rows in directory order while the table was sorted.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let leases = FlockLease::open(d).unwrap();
+    let o = Owner::new("me").unwrap();
+    let ids = ["kilo", "alpha", "hotel", "echo", "delta", "golf", "bravo", "charlie"];
+    for id in ids {
+        let id = SessionId::new(id).unwrap();
+        leases.acquire(&id, &o).unwrap().lease().unwrap();
+        flocklease::status::write_id(d, &id, 0o600).unwrap();
+    }
+    let rows = json_rows(&status(d, &["--json"]));
+    let listed: Vec<&str> = rows.iter().map(|r| r["id"].as_str().unwrap()).collect();
+    let mut sorted = ids.to_vec();
+    sorted.sort_unstable();
+    assert_eq!(listed, sorted);
+}
+
+#[test]
+fn an_empty_id_is_bad_usage_as_in_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = status(dir.path(), &["--id", ""]);
+    assert_eq!(out.status.code(), Some(64), "{}", describe(&out));
+}
