@@ -39,6 +39,16 @@ const EXIT_WATCHDOG_GONE: u8 = 79;
 /// Exit status for bad usage (an unknown option, a malformed duration), as in flock(1).
 const EXIT_USAGE: u8 = 64;
 
+/// `run`'s exit statuses, in its `--help` and manual page.
+const RUN_EXIT: &str = "Exit status: the command's own (128+N if signal N killed it); 75 (or -E \
+                        N) when the lease is held elsewhere; 76 when the lease was lost and the \
+                        job stopped; 78 when the job was killed at the hard deadline (no renew \
+                        confirmed in time: run stopped, hung or starved); 79 when the watchdog \
+                        died or stopped listening and run stopped the job while it held the \
+                        lease; 126/127 when the command cannot be executed / is not found; 70 on \
+                        an error; 64 on bad usage; 128+N when signal N arrived before the command \
+                        started.";
+
 #[derive(Parser)]
 #[command(
     name = "flocklease",
@@ -46,7 +56,9 @@ const EXIT_USAGE: u8 = 64;
     about = "Exclusive, time-limited session leases with fencing tokens, for shells and cron",
     after_help = "Exit status of `run`: the command's own (128+N if signal N killed it); 75 (or \
                   -E N) when the lease is held elsewhere; 76 when the lease was lost and the job \
-                  stopped; 126/127 when the command cannot be executed / is not found; 70 on an \
+                  stopped; 78 when the job was killed at the hard deadline (no renew confirmed \
+                  in time); 79 when the watchdog died or stopped listening and run stopped the \
+                  job; 126/127 when the command cannot be executed / is not found; 70 on an \
                   error; 64 on bad usage; 128+N when signal N arrived before the command started. \
                   Exit status of `fence`: 0 when the token is admitted; 77 when it is refused \
                   (stale: the fence has admitted a greater one); 70 on an error; 64 on bad \
@@ -67,6 +79,7 @@ enum Cmd {
     /// SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2 and SIGWINCH are forwarded to the
     /// group (after SIGTERM or SIGINT, SIGKILL follows the grace period). If the lease is lost,
     /// or run is killed, the group gets SIGTERM, then SIGKILL.
+    #[command(after_help = RUN_EXIT)]
     Run(run::RunArgs),
     /// Show the sessions of a lease directory (or one, with --id) without taking any lock.
     Status(status::StatusArgs),
@@ -148,10 +161,49 @@ fn main() -> ExitCode {
         Cmd::Man { command } => man(command.as_deref()),
         Cmd::Completions { shell } => {
             let mut script = Vec::new();
-            clap_complete::generate(shell, &mut Cli::command(), "flocklease", &mut script);
+            let mut cli = offered(&Cli::command());
+            clap_complete::generate(shell, &mut cli, "flocklease", &mut script);
             print_all(&script)
         }
     })
+}
+
+/// `cmd` as completions offer it: without its hidden arguments and commands (flock(1)'s
+/// options that `run` refuses with a message, the watchdog), which the completion generators
+/// would otherwise list.
+fn offered(cmd: &clap::Command) -> clap::Command {
+    let mut out = cmd.clone();
+    let hidden: Vec<String> = cmd
+        .get_arguments()
+        .filter(|a| a.is_hide_set())
+        .map(|a| a.get_id().to_string())
+        .collect();
+    if !hidden.is_empty() {
+        // Rebuilt without them (clap has no way to remove an argument).
+        let mut kept = clap::Command::new(cmd.get_name().to_owned());
+        if let Some(about) = cmd.get_about() {
+            kept = kept.about(about.clone());
+        }
+        // Groups that name a hidden argument (the derive's own, of every field) go too: they
+        // only check a command line, and completions check none.
+        kept = kept
+            .args(cmd.get_arguments().filter(|a| !a.is_hide_set()).cloned())
+            .groups(cmd.get_groups().cloned().filter(|g| {
+                g.get_args()
+                    .all(|id| !hidden.iter().any(|h| h.as_str() == id.as_str()))
+            }));
+        out = kept;
+    }
+    let subs: Vec<clap::Command> = cmd
+        .get_subcommands()
+        .filter(|c| !c.is_hide_set())
+        .map(offered)
+        .collect();
+    for sub in subs {
+        let name = sub.get_name().to_owned();
+        out = out.mut_subcommand(name, |_| sub);
+    }
+    out
 }
 
 /// An error as one line: its message, then each cause its message does not already say (the

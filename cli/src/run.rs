@@ -60,7 +60,7 @@ pub struct RunArgs {
     /// $XDG_RUNTIME_DIR/flocklease (or /run/user/UID/flocklease) for other users: tmpfs, so
     /// tokens start again at 1 after a reboot]. Created (mode 0700) if missing, but only its
     /// last component: a missing parent is an error.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", value_hint = clap::ValueHint::DirPath)]
     dir: Option<PathBuf>,
     /// In a directory shared with other users (sticky and world-writable, such as /run/lock
     /// itself): accept lease files that belong to another user (by default they are refused,
@@ -94,9 +94,10 @@ pub struct RunArgs {
     /// The owner recorded in the lease [default: HOST:PID].
     #[arg(long, value_name = "OWNER")]
     owner: Option<String>,
-    /// Lease time-to-live: renewed every third of it; the job is killed a tenth of it (50 ms
-    /// to 1 s) before the expiry if no renew was confirmed; the longest others wait after
-    /// `run` and its watchdog were both killed. Durations: 30s, 1.5s, 250ms, 2m30s, 10 (seconds).
+    /// Lease time-to-live, at least 500ms: renewed every third of it; the job is killed a
+    /// tenth of it (50 ms to 1 s) before the expiry if no renew was confirmed; the longest
+    /// others wait after `run` and its watchdog were both killed. Durations: 30s, 1.5s, 500ms,
+    /// 2m30s, 10 (seconds).
     #[arg(long, default_value = "30s", value_name = "DURATION",
           value_parser = duration::ttl, allow_hyphen_values = true)]
     ttl: Duration,
@@ -142,7 +143,8 @@ pub struct RunArgs {
     shell_command: Option<String>,
     /// The command and its arguments (after `--`, or after the options). Options are parsed
     /// strictly up to it: an unknown one is bad usage, never run as the command.
-    #[arg(trailing_var_arg = true, value_name = "COMMAND")]
+    #[arg(trailing_var_arg = true, value_name = "COMMAND",
+          value_hint = clap::ValueHint::CommandWithArguments)]
     command: Vec<String>,
 }
 

@@ -16,7 +16,7 @@ use crate::EXIT_ERROR;
 pub struct StatusArgs {
     /// The lease directory [default: $FLOCKLEASE_DIR, else /run/lock/flocklease for root and
     /// $XDG_RUNTIME_DIR/flocklease (or /run/user/UID/flocklease) for other users, as `run`].
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", value_hint = clap::ValueHint::DirPath)]
     dir: Option<PathBuf>,
     /// List the PostgreSQL lease table instead (a connection string). Liveness is read from
     /// `pg_locks`, times are the server's. Needs a binary built with the `postgres` feature.

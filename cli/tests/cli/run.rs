@@ -354,6 +354,22 @@ fn the_man_page_and_the_completion_scripts_come_from_the_arguments() {
     for text in [&bash, &zsh, &fish, &page] {
         assert!(!text.contains("__watchdog"), "{text}");
     }
+    // Nor are flock(1)'s options that `run` refuses (issue 50); `--dir` completes directories
+    // and what follows `--` is a command.
+    for text in [&bash, &zsh, &fish] {
+        for refused in ["--shared", "--unlock", "--close", "--no-fork"] {
+            assert!(!text.contains(refused), "{refused} offered:\n{text}");
+        }
+    }
+    assert!(zsh.contains(":DIR:_files -/"), "{zsh}");
+    assert!(zsh.contains(":_cmdambivalent"), "{zsh}");
+    // Every exit status and the TTL's minimum, in --help and the manual page.
+    let help = stdout(&run(&["run", "--help"]));
+    for text in [&help, &run_page] {
+        for said in ["78 when", "79 when", "at least 500ms"] {
+            assert!(text.contains(said), "{said} missing:\n{text}");
+        }
+    }
 }
 
 /// flock(1)'s habits get a hint, as bad usage (64): `flocklease FILE COMMAND` says how the

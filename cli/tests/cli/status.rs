@@ -466,7 +466,9 @@ fn json_rows_come_in_the_tables_order() {
     let d = dir.path();
     let leases = FlockLease::open(d).unwrap();
     let o = Owner::new("me").unwrap();
-    let ids = ["kilo", "alpha", "hotel", "echo", "delta", "golf", "bravo", "charlie"];
+    let ids = [
+        "kilo", "alpha", "hotel", "echo", "delta", "golf", "bravo", "charlie",
+    ];
     for id in ids {
         let id = SessionId::new(id).unwrap();
         leases.acquire(&id, &o).unwrap().lease().unwrap();
