@@ -188,10 +188,14 @@ fn offered(cmd: &clap::Command) -> clap::Command {
         // only check a command line, and completions check none.
         kept = kept
             .args(cmd.get_arguments().filter(|a| !a.is_hide_set()).cloned())
-            .groups(cmd.get_groups().cloned().filter(|g| {
-                g.get_args()
-                    .all(|id| !hidden.iter().any(|h| h.as_str() == id.as_str()))
-            }));
+            .groups(
+                cmd.get_groups()
+                    .filter(|g| {
+                        g.get_args()
+                            .all(|id| !hidden.iter().any(|h| h.as_str() == id.as_str()))
+                    })
+                    .cloned(),
+            );
         out = kept;
     }
     let subs: Vec<clap::Command> = cmd

@@ -5,7 +5,7 @@
 //! stops a background writer (`stty tostop`: `SIGTTOU`). `eprintln!` panics on the errors and
 //! waits on the full pipe, so a supervisor that prints on its way to a signal may never send
 //! it (PROTOCOL §7.1). Here a message is handed to a writer thread through a bounded queue:
-//! [`line`] (and `say!`) returns at once, a message that does not fit is dropped, and a failed write is
+//! [`line()`] (and `say!`) returns at once, a message that does not fit is dropped, and a failed write is
 //! dropped too. The inherited stderr stays blocking: the job shares it.
 //!
 //! The rule every caller keeps: **act, then say** — the signal is sent before its message is
@@ -79,7 +79,7 @@ pub fn flush(bound: Duration) {
     }
 }
 
-/// Formats and queues a message ([`line`]): `say!("flocklease: {x}")`.
+/// Formats and queues a message ([`line()`]): `say!("flocklease: {x}")`.
 macro_rules! say {
     ($($arg:tt)*) => {
         $crate::say::line(format_args!($($arg)*))
