@@ -114,6 +114,11 @@ pub(crate) trait Backend {
     fn on_liveness_lost(&self, lease: &Lease, notify: Box<dyn FnOnce() + Send>) {
         let _ = (lease, notify);
     }
+
+    /// [`SessionLease::store_gone`](crate::SessionLease::store_gone); the default: never.
+    fn store_gone(&self) -> Option<String> {
+        None
+    }
 }
 
 /// One transition for `event` on `id`, the same for every backend: [`TRANSITION`]'s steps —
@@ -418,6 +423,10 @@ macro_rules! session_lease {
 
             fn on_liveness_lost(&self, lease: &$crate::Lease, notify: Box<dyn FnOnce() + Send>) {
                 $crate::front::Backend::on_liveness_lost(self, lease, notify)
+            }
+
+            fn store_gone(&self) -> Option<String> {
+                $crate::front::Backend::store_gone(self)
             }
         }
 

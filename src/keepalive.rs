@@ -34,6 +34,15 @@ pub enum Loss {
     /// by the server, server restart). A rival may take the lease over before its expiry;
     /// its token will be greater. Reported at once, not at the next renew.
     LivenessLost,
+    /// The backend's store is no longer where the lease lives
+    /// ([`SessionLease::store_gone`](crate::SessionLease::store_gone)): for a
+    /// [`FlockLease`](crate::FlockLease), its lease directory was removed, replaced or
+    /// unmounted. A rival on the directory now at the path is granted at once, with token 1.
+    /// Reported within a clock check (a second by default), not at the next renew.
+    StoreGone {
+        /// What happened, as text (the directory and how it changed).
+        what: String,
+    },
     /// The renewer failed (a panic in the backend or the loss callback); the lease is no
     /// longer renewed.
     RenewerFailed {
@@ -54,6 +63,7 @@ impl fmt::Display for Loss {
             }
             Loss::RenewerFailed { reason } => write!(f, "lease renewer failed: {reason}"),
             Loss::LivenessLost => f.write_str("liveness lock of the lease lost"),
+            Loss::StoreGone { what } => write!(f, "lease lost: {what}"),
         }
     }
 }
@@ -192,6 +202,10 @@ impl<L: SessionLease + 'static> KeepAliveBuilder<L> {
             clock: Arc::clone(&self.clock),
             clock_check: self.clock_check,
             on_loss: Mutex::new(self.on_loss),
+            store_gone: {
+                let leases = Arc::clone(&self.leases);
+                Box::new(move || leases.store_gone())
+            },
         });
         // The first renew is due one interval from now (not from when the thread runs).
         let renewer = Renewer {
@@ -487,6 +501,8 @@ struct Shared {
     clock_check: Duration,
     /// The loss callback, taken by the one call that runs it.
     on_loss: Mutex<Option<LossCallback>>,
+    /// The backend's [`SessionLease::store_gone`], asked by the watcher at each clock check.
+    store_gone: Box<dyn Fn() -> Option<String> + Send + Sync>,
 }
 
 struct State {
@@ -542,6 +558,17 @@ impl Shared {
             let mut state = self.lock();
             loop {
                 self.check_expiry(&mut state);
+                if state.lost.is_none() && !state.stop {
+                    // One stat, asked without the state's lock.
+                    drop(state);
+                    let gone = (self.store_gone)();
+                    state = self.lock();
+                    if let Some(what) = gone {
+                        state.lost.get_or_insert(Loss::StoreGone { what });
+                        state.wake_all();
+                        self.changed.notify_all();
+                    }
+                }
                 // A loss recorded before a stop is still reported (the caller may have seen it
                 // with `is_lost` and released at once).
                 if let Some(loss) = &state.lost {

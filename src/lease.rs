@@ -137,6 +137,17 @@ pub trait SessionLease: Send + Sync {
         let _ = (lease, notify);
     }
 
+    /// Why this instance's store is no longer where its leases live, if it is not: for
+    /// [`FlockLease`](crate::FlockLease), the lease directory at its path is no longer the one
+    /// it opened (removed, replaced, or unmounted: a holder there holds nothing a rival can
+    /// see, and a rival on the new directory starts at token 1). One `stat`; the default (a
+    /// store that cannot move) answers `None`. [`KeepAlive`](crate::KeepAlive) asks at every
+    /// clock check (at least once a second) and turns an answer into
+    /// [`Loss::StoreGone`](crate::Loss::StoreGone).
+    fn store_gone(&self) -> Option<String> {
+        None
+    }
+
     /// The clock this backend judges expiry by: [`FlockLease`](crate::FlockLease)'s and
     /// [`MemLease`](crate::MemLease)'s own clock; `pg::PgLease` (feature `postgres`)'s estimate
     /// of the server's. No call returns [`Grant::Granted`] with an expiry at or before this

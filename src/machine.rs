@@ -538,6 +538,41 @@ pub enum CommitRefused {
     Record,
 }
 
+/// Where an instance's store stands, judged from the identity of what it opened (`held`) and
+/// of what is at its path now (`at_path`: `Ok(None)` when nothing is, `Err(())` when the look
+/// failed for another reason). Identities are the backend's (a device and inode for flock).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StorePlace {
+    /// The store at the path is the one opened.
+    Same,
+    /// Something else is at the path: the store was replaced, or a file system mounted over
+    /// it or unmounted from under it.
+    Replaced,
+    /// Nothing is at the path: the store was removed.
+    Removed,
+    /// The look failed (permissions, I/O): not a loss by itself.
+    Unknown,
+}
+
+/// [`StorePlace`] of a store opened as `held` whose path now shows `at_path`.
+///
+/// ```
+/// use flocklease::machine::{store_place, StorePlace};
+///
+/// assert_eq!(store_place(&(1, 2), Ok(Some(&(1, 2)))), StorePlace::Same);
+/// assert_eq!(store_place(&(1, 2), Ok(Some(&(1, 3)))), StorePlace::Replaced);
+/// assert_eq!(store_place::<(u64, u64)>(&(1, 2), Ok(None)), StorePlace::Removed);
+/// assert_eq!(store_place::<(u64, u64)>(&(1, 2), Err(())), StorePlace::Unknown);
+/// ```
+pub fn store_place<I: PartialEq>(held: &I, at_path: Result<Option<&I>, ()>) -> StorePlace {
+    match at_path {
+        Ok(Some(now)) if now == held => StorePlace::Same,
+        Ok(Some(_)) => StorePlace::Replaced,
+        Ok(None) => StorePlace::Removed,
+        Err(()) => StorePlace::Unknown,
+    }
+}
+
 /// The commit check, one system call before the commit: a transition commits only while the
 /// lock it holds (`held`) is the one at the lock's path (`lock_at`, `None` when the path is
 /// empty), and while the record at its path (`record_at`) is the one it read (`read`; `None`

@@ -915,6 +915,26 @@ impl crate::front::Backend for FlockLease {
     fn lease_clock(&self) -> Arc<dyn Clock> {
         Arc::clone(&self.clock)
     }
+
+    fn store_gone(&self) -> Option<String> {
+        use std::os::unix::fs::MetadataExt;
+        let id = |m: &fs::Metadata| (m.dev(), m.ino());
+        let held = id(&self.dir_file.metadata().ok()?);
+        let now = match fs::metadata(&self.dir) {
+            Ok(m) => Ok(Some(id(&m))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(_) => Err(()),
+        };
+        let dir = self.dir.display();
+        match machine::store_place(&held, now.as_ref().map(Option::as_ref).map_err(|_| ())) {
+            machine::StorePlace::Same | machine::StorePlace::Unknown => None,
+            machine::StorePlace::Replaced => Some(format!(
+                "the lease directory {dir} was replaced (or a file system mounted or unmounted \
+                 there)"
+            )),
+            machine::StorePlace::Removed => Some(format!("the lease directory {dir} was removed")),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -382,3 +382,25 @@ fn dropping_the_handle_releases_and_shutdown_does_not_wait_for_the_interval() {
         .expect("drop waited for the renew interval");
     assert!(w.store.record(&id()).unwrap().owner.is_empty());
 }
+
+#[test]
+fn a_lease_directory_removed_under_the_holder_is_a_loss_at_the_next_clock_check() {
+    // Issue 50: the directory removed (logind at logout) and recreated: a rival there starts
+    // at token 1, so the holder must know at once, not at its next renew.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("leases");
+    let leases = Arc::new(flocklease::FlockLease::open(&dir).unwrap());
+    let lease = acquire(&*leases, "a");
+    // The default interval: its first renew is 10 s away.
+    let keep = KeepAlive::builder(Arc::clone(&leases), lease)
+        .clock_check(Duration::from_millis(1))
+        .start()
+        .unwrap();
+    assert!(!keep.is_lost());
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::create_dir(&dir).unwrap();
+    match keep.wait_lost(Some(GUARD)) {
+        Some(Loss::StoreGone { what }) => assert!(what.contains("was replaced"), "{what}"),
+        other => panic!("{other:?}"),
+    }
+}

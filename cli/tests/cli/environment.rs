@@ -218,3 +218,36 @@ fn sigterm_to_every_process_of_the_unit_is_an_ordinary_stop() {
     assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
     wait_until("the watchdog to end with run", || !pid_alive(dog));
 }
+
+#[test]
+fn a_lease_directory_removed_and_recreated_stops_the_job_at_once() {
+    // Issue 50: a user's crontab on `$XDG_RUNTIME_DIR/flocklease`, which logind removes at the
+    // last logout: the holder learns it within a clock check (a second), not at its next renew
+    // (20 s away here), and stops its job. What remains: a rival on the new directory starts
+    // at token 1 (README, PROTOCOL §11).
+    let s = Scene::new();
+    let script = format!(
+        "echo $$ > {pid}; while :; do sleep 0.01; done",
+        pid = s.path("pid").display()
+    );
+    let run = s.start("gone", &["--ttl", "60s"], &["sh", "-c", &script]);
+    let job = s.pid("pid");
+    std::fs::remove_dir_all(&s.leases).unwrap();
+    std::fs::create_dir(&s.leases).unwrap();
+    let by = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while pid_alive(job) {
+        assert!(
+            std::time::Instant::now() < by,
+            "the job still runs 10 s after its lease directory was replaced"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let out = output_of(run);
+    assert_eq!(out.status.code(), Some(76), "{}", describe(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("was replaced"),
+        "{}",
+        describe(&out)
+    );
+    assert_eq!(s.rival("gone"), Some(1));
+}
