@@ -52,6 +52,15 @@ pub enum Backend {
     Postgres,
 }
 
+/// The command-line options that give `check` and `explore` each of
+/// [`LeaseModel::alongside_default`]'s configurations, in its order (a planted mistake's
+/// `--planted NAME` added); printed under their counterexamples, and run by a test that pins
+/// the state counts they give.
+pub const ALONGSIDE_OPTIONS: [&str; 2] = [
+    "--config moves --faults 0 --max-token 1 --no-host-crash",
+    "--config go-records --faults 0 --no-host-crash",
+];
+
 /// The model's configuration.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct LeaseModel {
@@ -345,6 +354,7 @@ impl LeaseModel {
     /// host crash: 437 k states, 2.3 s). Their named configurations explore more (`moves`:
     /// 48 M states; CI runs it with the host crash, and `go-records` whole).
     pub fn alongside_default(&self) -> [LeaseModel; 2] {
+        // ALONGSIDE_OPTIONS says the same on the command line.
         let named = |name| LeaseModel::named(name).expect("a named configuration");
         [
             LeaseModel {

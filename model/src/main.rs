@@ -392,14 +392,38 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
         }
         "check" => {
             let mut out = std::io::stdout();
-            let mut ok =
-                report::check_with(&model, counterexamples, &mut out).map_err(|e| e.to_string())?;
+            // What `explore` needs to show a counterexample: this command's options (but the
+            // output's), or a side run's own with the planted mistake.
+            let mut options = vec![];
+            let mut planted = String::new();
+            let mut given = rest.iter();
+            while let Some(flag) = given.next() {
+                if flag == "--counterexamples" {
+                    given.next();
+                    continue;
+                }
+                options.push(flag.as_str());
+                if flag == "--planted"
+                    && let Some(name) = given.next()
+                {
+                    planted = format!(" --planted {name}");
+                    options.push(name.as_str());
+                }
+            }
+            let mut ok = report::check_with(&model, counterexamples, &options.join(" "), &mut out)
+                .map_err(|e| e.to_string())?;
             if !named {
                 if !shaped {
-                    for extra in model.alongside_default() {
+                    let extras = model.alongside_default();
+                    for (extra, base) in extras.iter().zip(flocklease_model::ALONGSIDE_OPTIONS) {
                         println!();
-                        let extra_ok = report::check_with(&extra, counterexamples, &mut out)
-                            .map_err(|e| e.to_string())?;
+                        let extra_ok = report::check_with(
+                            extra,
+                            counterexamples,
+                            &format!("{base}{planted}"),
+                            &mut out,
+                        )
+                        .map_err(|e| e.to_string())?;
                         ok &= extra_ok;
                     }
                 }

@@ -310,14 +310,16 @@ pub fn describe(m: &LeaseModel) -> String {
 /// The `check` command: explores, prints the verdicts and the shortest counterexample of
 /// each violated `always` property. Returns whether everything holds.
 pub fn check(model: &LeaseModel, out: &mut impl Write) -> io::Result<bool> {
-    check_with(model, usize::MAX, out)
+    check_with(model, usize::MAX, "", out)
 }
 
 /// [`check`], printing the counterexamples of at most `counterexamples` violated properties
-/// (each costs a few more searches).
+/// (each costs a few more searches), each with the command that explores it: `explore` with
+/// `options` (the options that give `model`).
 pub fn check_with(
     model: &LeaseModel,
     counterexamples: usize,
+    options: &str,
     out: &mut impl Write,
 ) -> io::Result<bool> {
     writeln!(out, "{}", describe(model))?;
@@ -391,9 +393,11 @@ pub fn check_with(
                         writeln!(out, "  what that step changed: {change}")?;
                     }
                 }
+                let space = if options.is_empty() { "" } else { " " };
                 writeln!(
                     out,
-                    "  step through it in the explorer (`explore` with the same options): \
+                    "  step through it in the explorer: `cargo run --release -p \
+                     flocklease-model -- explore{space}{options}`, then \
                      http://127.0.0.1:3000/#/steps/{encoded}"
                 )?;
             }

@@ -502,3 +502,27 @@ fn a_restore_that_keeps_the_tag_is_caught_by_the_moves() {
     let failed = failed_always(&planted);
     assert!(!failed.is_empty(), "the planted restore passed");
 }
+
+/// The options printed under a side run's counterexample (`ALONGSIDE_OPTIONS`) give the very
+/// configuration that side run checked: run as `check` options, they explore as many states
+/// as the pinned counts above (issue 50: the explorer opened without them showed another
+/// path).
+#[test]
+fn the_printed_options_of_the_side_runs_give_their_configurations() {
+    for (options, states) in flocklease_model::ALONGSIDE_OPTIONS
+        .iter()
+        .zip([648_566, 437_144])
+    {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_flocklease-model"))
+            .arg("check")
+            .args(options.split(' '))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{options}: {text}");
+        assert!(
+            text.contains(&format!("explored {states} unique states")),
+            "{options}: {text}"
+        );
+    }
+}
