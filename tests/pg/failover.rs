@@ -103,14 +103,24 @@ fn a_commit_the_standby_never_confirmed_is_never_a_grant() {
         eprintln!(
             "the library's session still waited for the standby after 5 s: ended by the test"
         );
-        pg::until("the unconfirmed commit to show on the primary", || {
+        // Polled every 20 ms, for up to 30 s: a tight loop of queries on a loaded 2-core
+        // machine starves the very backends it waits for (a CI run timed out at 10 s so).
+        let by = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
             admin.query(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
                  WHERE wait_event = 'SyncRep'",
                 &[],
             );
-            shows()
-        });
+            if shows() {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < by,
+                "timed out waiting for: the unconfirmed commit to show on the primary"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     // The primary dies (the stopped walsender gets SIGKILL from the postmaster); the standby
