@@ -351,3 +351,45 @@ pub fn fill_pipe(write: &std::os::fd::OwnedFd) {
     while nix::unistd::write(write, b"x").is_ok() {}
     fcntl(write.as_fd(), FcntlArg::F_SETFL(OFlag::empty())).unwrap();
 }
+
+/// A job that ignores SIGTERM, writes its pid to `pid` and appends the time to `ticks` every
+/// 10 ms, forever; with `close`, it first closes every inherited descriptor above 2 (as
+/// `closefrom`, daemons and sandboxes do).
+pub fn ticking_job(s: &Scene, close: bool) -> String {
+    let closing = if close {
+        "for fd in /proc/$$/fd/*; do n=${fd##*/}; [ \"$n\" -gt 2 ] && eval \"exec $n>&-\"; done 2>/dev/null; "
+    } else {
+        ""
+    };
+    format!(
+        "trap '' TERM; {closing}echo $$ > {pid}; while :; do date +%s%N >> {ticks}; sleep 0.01; done",
+        pid = s.path("pid").display(),
+        ticks = s.path("ticks").display()
+    )
+}
+
+/// A rival `run -w WAIT` of `id`, to its end; the wall-clock time its job started.
+pub fn rival_start(s: &Scene, id: &str, wait: &str) -> u128 {
+    let start = s.path("rival-start");
+    let script = format!("date +%s%N > {}", start.display());
+    let out = s
+        .run(id, &["-q", "-w", wait], &["bash", "-c", &script])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "rival: {}", describe(&out));
+    std::fs::read_to_string(&start)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// The first job's lines at or after `at`.
+pub fn ticks_after(s: &Scene, at: u128) -> usize {
+    std::fs::read_to_string(s.path("ticks"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse::<u128>().ok())
+        .filter(|&t| t >= at)
+        .count()
+}

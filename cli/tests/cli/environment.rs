@@ -15,46 +15,11 @@ use std::os::fd::OwnedFd;
 use crate::cli_support::*;
 use nix::sys::signal::Signal;
 
-/// A job that ignores SIGTERM, writes its pid to `pid` and the time to `ticks` every 10 ms.
-fn ticking_job(s: &Scene) -> String {
-    format!(
-        "trap '' TERM; echo $$ > {pid}; while :; do date +%s%N >> {ticks}; sleep 0.01; done",
-        pid = s.path("pid").display(),
-        ticks = s.path("ticks").display()
-    )
-}
-
-/// A rival `run -w WAIT` of `id`, to its end; the wall-clock time its job started.
-fn rival_start(s: &Scene, id: &str, wait: &str) -> u128 {
-    let start = s.path("rival-start");
-    let script = format!("date +%s%N > {}", start.display());
-    let out = s
-        .run(id, &["-q", "-w", wait], &["bash", "-c", &script])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "rival: {}", describe(&out));
-    std::fs::read_to_string(&start)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
-}
-
-/// The first job's ticks at or after `at`.
-fn ticks_after(s: &Scene, at: u128) -> usize {
-    std::fs::read_to_string(s.path("ticks"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.trim().parse::<u128>().ok())
-        .filter(|&t| t >= at)
-        .count()
-}
-
 /// `run` is stopped (as a shell's Ctrl-Z or a debugger would) with its stderr as `stderr`
 /// sets it: the watchdog must kill the job before the lease can pass to a rival.
 fn stopped_run_with(id: &str, stderr: impl FnOnce(&mut std::process::Command)) {
     let s = Scene::new();
-    let script = ticking_job(&s);
+    let script = ticking_job(&s, false);
     let mut cmd = s.run(id, &["--ttl", "1s"], &["bash", "-c", &script]);
     stderr(&mut cmd);
     let mut run = cmd.spawn().unwrap();
@@ -82,7 +47,7 @@ fn a_watchdog_stopped_alone_is_a_watchdog_gone() {
     // and one that reads no deadline for longer than the TTL cannot stop the job if `run`
     // dies: `run` stops the job while it holds the lease and exits 79.
     let s = Scene::new();
-    let script = ticking_job(&s);
+    let script = ticking_job(&s, false);
     let run = s.start(
         "deaf",
         &["--ttl", "500ms", "--grace", "100ms"],

@@ -12,48 +12,6 @@ use crate::cli_support::*;
 use flocklease::SessionId;
 use nix::sys::signal::Signal;
 
-/// A job that ignores SIGTERM, writes its pid to `pid` and appends the time to `ticks` every
-/// 10 ms, forever; with `close`, it first closes every inherited descriptor above 2 (as
-/// `closefrom`, daemons and sandboxes do).
-fn ticking_job(s: &Scene, close: bool) -> String {
-    let closing = if close {
-        "for fd in /proc/$$/fd/*; do n=${fd##*/}; [ \"$n\" -gt 2 ] && eval \"exec $n>&-\"; done 2>/dev/null; "
-    } else {
-        ""
-    };
-    format!(
-        "trap '' TERM; {closing}echo $$ > {pid}; while :; do date +%s%N >> {ticks}; sleep 0.01; done",
-        pid = s.path("pid").display(),
-        ticks = s.path("ticks").display()
-    )
-}
-
-/// Waits for the rival to be granted (`-w`), and returns the wall-clock time its job started.
-fn rival_start(s: &Scene, id: &str) -> u128 {
-    let start = s.path("rival-start");
-    let script = format!("date +%s%N > {}", start.display());
-    let out = s
-        .run(id, &["-q", "-w", "25s"], &["bash", "-c", &script])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "rival: {}", describe(&out));
-    std::fs::read_to_string(&start)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
-}
-
-/// The first job's lines at or after `at`.
-fn ticks_after(s: &Scene, at: u128) -> usize {
-    std::fs::read_to_string(s.path("ticks"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.trim().parse::<u128>().ok())
-        .filter(|&t| t >= at)
-        .count()
-}
-
 /// `<stem>.1.live`: the first generation's liveness file.
 fn first_live(leases: &Path, id: &str) -> std::path::PathBuf {
     leases.join(format!("{}.1.live", SessionId::new(id).unwrap().stem()))
@@ -78,7 +36,7 @@ fn run_killed_the_grace_period_never_outlasts_the_lease() {
     s.wait_file("ticks");
     signal(run.id() as i32, Signal::SIGKILL);
     wait_exit(&mut run);
-    let start = rival_start(&s, "grace");
+    let start = rival_start(&s, "grace", "25s");
     assert_eq!(
         ticks_after(&s, start),
         0,
@@ -136,7 +94,7 @@ fn kill_run_then_held_until_the_job_is_gone(
     signal(run.id() as i32, Signal::SIGKILL);
     wait_exit(&mut run);
     assert_eq!(s.rival(id), None, "granted at once while the job runs");
-    let start = rival_start(s, id);
+    let start = rival_start(s, id, "25s");
     assert_eq!(
         ticks_after(s, start),
         0,
