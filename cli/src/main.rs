@@ -82,6 +82,10 @@ enum Cmd {
     #[command(after_help = RUN_EXIT)]
     Run(run::RunArgs),
     /// Show the sessions of a lease directory (or one, with --id) without taking any lock.
+    ///
+    /// Exit status of the whole listing: 0; 70 when a record is broken or unreadable (every
+    /// row is listed all the same, the broken ones said on stderr) or the directory cannot be
+    /// read. With --id: see --id.
     Status(status::StatusArgs),
     /// Admit a fencing token at a fence file, or (with --write) write standard input to a file
     /// only if the token is admitted.

@@ -63,10 +63,26 @@ fn status(a: &StatusArgs) -> Result<u8, String> {
     let Some(id) = &a.id else {
         // The whole directory, streamed: memory stays flat however many ids it holds.
         let mut out = Rows::new(a.json, now);
-        let scanned = scan_each(dir, now, |row| out.push(row));
-        // Closed either way, so what was printed stays valid JSON; the error goes to stderr.
-        out.finish();
+        let mut rows = 0usize;
+        let mut broken = 0usize;
+        let scanned = scan_each(dir, now, |row| {
+            rows += 1;
+            broken += usize::from(row.is_broken());
+            out.push(row);
+        });
+        // Closed either way once something was listed, so what was printed stays valid JSON;
+        // the error goes to stderr. Nothing listed (a missing directory): no header either.
+        if rows > 0 || scanned.is_ok() {
+            out.finish();
+        }
         scanned.map_err(|e| crate::describe(&e))?;
+        // Monitoring learns from the status too: a broken or unreadable record is an error.
+        if broken > 0 {
+            eprintln!(
+                "flocklease: {broken} of {rows} records are broken or unreadable (see above)"
+            );
+            return Ok(EXIT_ERROR);
+        }
         return Ok(0);
     };
     let id = SessionId::new(id.as_str()).map_err(|e| crate::describe(&e))?;

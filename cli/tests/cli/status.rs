@@ -15,8 +15,14 @@ fn status(dir: &Path, args: &[&str]) -> Output {
     flocklease(["status", "--dir", dir].iter().chain(args))
 }
 
+/// The rows of a `--json` listing (which exits 70 when a record is broken; every row is
+/// listed all the same).
 fn json_rows(out: &Output) -> Vec<serde_json::Value> {
-    assert!(out.status.success(), "{}", describe(out));
+    assert!(
+        matches!(out.status.code(), Some(0 | 70)),
+        "{}",
+        describe(out)
+    );
     serde_json::from_slice::<serde_json::Value>(&out.stdout)
         .unwrap()
         .as_array()
@@ -67,7 +73,15 @@ fn status_reports_each_state_in_text_and_json() {
     plant(d, "expired", &past("old", 9));
     std::fs::write(record_path(d, "corrupt"), b"{").unwrap();
 
-    let rows = json_rows(&status(d, &["--json"]));
+    let listed = status(d, &["--json"]);
+    // A broken record makes the whole listing's status an error, for monitoring (issue 50).
+    assert_eq!(listed.status.code(), Some(70), "{}", describe(&listed));
+    assert!(
+        String::from_utf8_lossy(&listed.stderr).contains("1 of 5 records are broken"),
+        "{}",
+        describe(&listed)
+    );
+    let rows = json_rows(&listed);
     let state = |id: &str| {
         let row = row_of(&rows, id);
         (
@@ -258,8 +272,8 @@ fn status_id_answers_0_when_held_1_when_free_and_70_when_broken() {
     let out = status(&d.join("nope"), &["--id", "held"]);
     assert_eq!(out.status.code(), Some(70), "{}", describe(&out));
     assert!(String::from_utf8_lossy(&out.stderr).contains("nope"));
-    // Without --id, a listing succeeds whatever it finds.
-    assert_eq!(code(&[]), Some(0));
+    // Without --id, a listing lists whatever it finds, and its status says a record is broken.
+    assert_eq!(code(&[]), Some(70));
 }
 
 #[test]
@@ -304,8 +318,9 @@ fn status_never_blocks_on_a_fifo_socket_or_symlink_planted_under_a_files_name() 
     assert_eq!(odd["state"], "unknown", "{odd}");
     assert!(odd["error"].as_str().unwrap().contains(".4.live"), "{odd}");
     assert!(odd.get("id").is_none());
-    // The text listing and a single id do not block either.
-    assert!(status(d, &[]).status.success());
+    // The text listing and a single id do not block either (the listing's status: records
+    // are broken).
+    assert_eq!(status(d, &[]).status.code(), Some(70));
     assert_eq!(status(d, &["--id", "fifo"]).status.code(), Some(70));
     assert_eq!(status(d, &["--id", "odd-live"]).status.code(), Some(0));
     // The link's target was not read as this directory's record: nothing of it is shown.
@@ -445,7 +460,7 @@ fn notes_of_broken_records_are_bounded() {
         .spawn()
         .unwrap();
     let out = output_of(child);
-    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    assert_eq!(out.status.code(), Some(70), "{}", describe(&out));
     let text = std::fs::read_to_string(printed.path()).unwrap();
     let notes = text
         .lines()
@@ -486,4 +501,12 @@ fn an_empty_id_is_bad_usage_as_in_run() {
     let dir = tempfile::tempdir().unwrap();
     let out = status(dir.path(), &["--id", ""]);
     assert_eq!(out.status.code(), Some(64), "{}", describe(&out));
+}
+
+#[test]
+fn a_missing_directory_prints_no_table_only_the_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = status(&dir.path().join("missing"), &[]);
+    assert_eq!(out.status.code(), Some(70), "{}", describe(&out));
+    assert!(out.stdout.is_empty(), "{}", describe(&out));
 }
