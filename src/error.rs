@@ -513,7 +513,9 @@ impl fmt::Display for Error {
             Error::NotADirectory { path } => write!(f, "{} is not a directory", path.display()),
             Error::NetworkFilesystem { path, fs } => write!(
                 f,
-                "lease directory {} is on a network file system ({fs}) where flock is unreliable",
+                "lease directory {} is on a network file system ({fs}) where flock is \
+                 unreliable; to use it all the same: allow_network_filesystem (the library's \
+                 builder), --allow-network-filesystem (flocklease run)",
                 path.display()
             ),
             Error::LockTimeout {
@@ -539,9 +541,9 @@ impl fmt::Display for Error {
                 f,
                 "refusing lease file {} owned by another user (uid {uid}) in a shared \
                  directory, where anyone could have planted it; use a lease directory of your \
-                 own (mkdir -m 0700), trust the directory's users \
-                 (FlockLeaseBuilder::trust_foreign_owners), or, if it was planted, remove it \
-                 as its owner or root",
+                 own (mkdir -m 0700), trust the directory's users (trust_foreign_owners: \
+                 the library's builder; --trust-foreign-owners: flocklease run), or, if it was \
+                 planted, remove it as its owner or root",
                 path.display()
             ),
             Error::InvalidFileMode { mode } => write!(
@@ -714,5 +716,23 @@ mod tests {
             path: "/d/x".into(),
         };
         assert_eq!(io::Error::from(file).kind(), io::ErrorKind::NotADirectory);
+    }
+
+    #[test]
+    fn a_refusal_names_the_option_that_lifts_it_for_both_kinds_of_user() {
+        let nfs = Error::NetworkFilesystem {
+            path: "/n".into(),
+            fs: "nfs",
+        }
+        .to_string();
+        assert!(nfs.contains("--allow-network-filesystem"), "{nfs}");
+        assert!(nfs.contains("allow_network_filesystem"), "{nfs}");
+        let foreign = Error::ForeignOwner {
+            path: "/d/x.lock".into(),
+            uid: 1000,
+        }
+        .to_string();
+        assert!(foreign.contains("--trust-foreign-owners"), "{foreign}");
+        assert!(foreign.contains("trust_foreign_owners"), "{foreign}");
     }
 }
