@@ -97,8 +97,9 @@ enum Cmd {
     Fence(fence::FenceArgs),
     /// Print the manual page (roff) of flocklease, or of one of its commands.
     ///
-    /// Install: flocklease man > /usr/local/share/man/man1/flocklease.1, and for each of run,
-    /// status and fence: flocklease man run > /usr/local/share/man/man1/flocklease-run.1.
+    /// Install: mkdir -p /usr/local/share/man/man1; flocklease man >
+    /// /usr/local/share/man/man1/flocklease.1, and for each of run, status and fence:
+    /// flocklease man run > /usr/local/share/man/man1/flocklease-run.1.
     Man {
         /// The command whose page to print (run, status, fence); none: flocklease(1).
         #[arg(value_name = "COMMAND")]
@@ -240,11 +241,12 @@ fn man(command: Option<&str>) -> u8 {
             .get_subcommands()
             .find(|c| c.get_name() == name && !c.is_hide_set())
         {
+            // No `.version()` here: it would list a -V that `run` refuses; the version goes in
+            // the page's header (`source`, below).
             Some(sub) => sub
                 .clone()
                 .display_name(format!("flocklease-{name}"))
-                .bin_name(format!("flocklease {name}"))
-                .version(env!("CARGO_PKG_VERSION")),
+                .bin_name(format!("flocklease {name}")),
             None => {
                 eprintln!("flocklease: no command {name:?} (run, status, fence, man, completions)");
                 return EXIT_USAGE;
@@ -252,7 +254,9 @@ fn man(command: Option<&str>) -> u8 {
         },
     };
     let mut roff = Vec::new();
-    match clap_mangen::Man::new(page).render(&mut roff) {
+    let man =
+        clap_mangen::Man::new(page).source(format!("flocklease {}", env!("CARGO_PKG_VERSION")));
+    match man.render(&mut roff) {
         Ok(()) => print_all(&roff),
         Err(e) => {
             eprintln!("flocklease: {e}");

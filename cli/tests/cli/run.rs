@@ -341,6 +341,13 @@ fn the_man_page_and_the_completion_scripts_come_from_the_arguments() {
     }
     let run_page = stdout(&run(&["man", "run"]));
     assert!(run_page.contains(".TH flocklease-run 1"), "{run_page}");
+    // The version is in the header, and no -V is listed that `run` would refuse.
+    assert!(
+        run_page.contains(&format!("flocklease {}", env!("CARGO_PKG_VERSION"))),
+        "{run_page}"
+    );
+    assert!(!run_page.contains("\\-\\-version"), "{run_page}");
+    assert_eq!(run(&["run", "-V"]).status.code(), Some(64));
     assert!(run_page.contains("trust\\-foreign\\-owners"), "{run_page}");
     let unknown = run(&["man", "nope"]);
     assert_eq!(unknown.status.code(), Some(64), "{unknown:?}");
