@@ -281,16 +281,30 @@ fn print_all(bytes: &[u8]) -> u8 {
 /// flock(1)'s `flock FILE COMMAND` form, which has no meaning here: a hint saying how a path
 /// splits into a lease directory and an id, instead of clap's bare "unrecognized subcommand".
 fn flock_form(args: &[std::ffi::OsString]) -> Option<String> {
-    let first = args.get(1)?.to_str()?;
-    // A path, as flock's lock file always is here; a bare word is left to clap (a mistyped
-    // command gets its "did you mean").
-    if first.starts_with('-') || !first.contains('/') {
-        return None;
-    }
+    let words: Vec<&str> = args
+        .iter()
+        .skip(1)
+        .map(|a| a.to_str())
+        .collect::<Option<_>>()?;
     let cli = Cli::command();
-    if first == "help" || cli.get_subcommands().any(|c| c.get_name() == first) {
-        return None;
-    }
+    let is_command = |w: &str| w == "help" || cli.get_subcommands().any(|c| c.get_name() == w);
+    // A path, as flock's lock file always is here; a bare word is left to clap (a mistyped
+    // command gets its "did you mean"). Where it may stand: first (`flock FILE CMD`), after
+    // flock's options (`flock -n -w 5 FILE -c CMD`), or right after `run` without an id
+    // (`run FILE CMD`).
+    let is_path = |w: &str| !w.starts_with('-') && w.contains('/');
+    let first: &str = match *words.first()? {
+        "run" if !words.iter().any(|w| *w == "--id" || w.starts_with("--id=")) => {
+            words.get(1).copied().filter(|w| is_path(w))?
+        }
+        w if w.starts_with('-') && !words.iter().any(|w| is_command(w)) => words
+            .iter()
+            .copied()
+            .take_while(|w| *w != "--")
+            .find(|w| is_path(w))?,
+        w if is_path(w) && !is_command(w) => w,
+        _ => return None,
+    };
     let path = std::path::Path::new(first);
     let id = path.file_name()?.to_string_lossy().into_owned();
     let dir = match path.parent() {
@@ -298,7 +312,7 @@ fn flock_form(args: &[std::ffi::OsString]) -> Option<String> {
         _ => String::new(),
     };
     Some(format!(
-        "`flocklease {first} COMMAND` is flock(1)'s form; a lease has a directory and an id: \
+        "`flocklease [run] {first} COMMAND` is flock(1)'s form; a lease has a directory and an id: \
          `flocklease run {dir}--id {id} -- COMMAND` (without --dir: $FLOCKLEASE_DIR, else \
          /run/lock/flocklease for root and $XDG_RUNTIME_DIR/flocklease for other users). \
          See flocklease --help."

@@ -395,6 +395,18 @@ fn flock_habits_get_a_hint_and_bad_ids_are_usage_errors() {
         stderr(&out).contains("flocklease run --dir /var/lock --id nightly -- COMMAND"),
         "{out:?}"
     );
+    // The same hint after flock's options, and after `run` (issue 50: bare clap errors).
+    for form in [
+        &["-n", "-w", "5", "/var/lock/nightly", "-c", "true"][..],
+        &["run", "/var/lock/nightly", "true"],
+    ] {
+        let out = Command::new(BIN).args(form).output().unwrap();
+        assert_eq!(out.status.code(), Some(64), "{form:?}: {out:?}");
+        assert!(
+            stderr(&out).contains("flocklease run --dir /var/lock --id nightly -- COMMAND"),
+            "{form:?}: {out:?}"
+        );
+    }
     let fd = Command::new(BIN)
         .args(["run", "--dir"])
         .arg(&s.leases)
