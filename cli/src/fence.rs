@@ -54,6 +54,14 @@ pub fn main(args: &FenceArgs) -> u8 {
                 "flocklease: token {token} refused: the fence {} has admitted {highest}",
                 args.fence.display()
             );
+            // The one way an honest holder meets this for good: its lease directory started
+            // over (tmpfs after a reboot, a removed directory) while the fence kept its count.
+            eprintln!(
+                "flocklease: if the lease directory was reset (tokens start again at 1 on tmpfs \
+                 after a reboot, or in a directory made anew), every token stays below {highest} \
+                 here: keep leases and fence on the same kind of storage, or remove the fence \
+                 file once no holder of a token up to {highest} can still write"
+            );
             EXIT_STALE
         }
         Err(msg) => {
