@@ -163,7 +163,7 @@ fn status_pg(a: &StatusArgs, url: &str) -> Result<u8, String> {
                     rec.token.to_string(),
                     format!(
                         "{} ({})",
-                        rec.expiry,
+                        to_the_second(&rec.expiry.to_string()),
                         relative(&rec.expiry.to_string(), r.now)
                     ),
                 ),
@@ -178,6 +178,15 @@ fn status_pg(a: &StatusArgs, url: &str) -> Result<u8, String> {
         table.finish();
     }
     Ok(match (&a.id, rows.first()) {
+        // As for a directory: a broken row makes the listing's status an error.
+        (None, _) if rows.iter().any(|r| r.is_broken()) => {
+            let broken = rows.iter().filter(|r| r.is_broken()).count();
+            eprintln!(
+                "flocklease: {broken} of {} rows are broken (see above)",
+                rows.len()
+            );
+            EXIT_ERROR
+        }
         (None, _) => 0,
         (Some(_), Some(r)) if r.is_broken() => {
             eprintln!(
@@ -424,14 +433,7 @@ fn table_line(r: &SessionStatus, now: Timestamp) -> [String; 6] {
     };
     let expiry = match &r.expiry {
         None => "-".to_owned(),
-        // To the second for the eye (the record and --json keep the nanoseconds).
-        Some(expiry) => {
-            let shown = match expiry.split_once('.') {
-                Some((seconds, _)) => format!("{seconds}Z"),
-                None => expiry.clone(),
-            };
-            format!("{shown} ({})", relative(expiry, now))
-        }
+        Some(expiry) => format!("{} ({})", to_the_second(expiry), relative(expiry, now)),
     };
     let state = match (&r.error, r.acquirable) {
         (Some(_), _) => format!("{} (see below)", r.state),
@@ -447,6 +449,15 @@ fn table_line(r: &SessionStatus, now: Timestamp) -> [String; 6] {
         state,
         r.stem.clone(),
     ]
+}
+
+/// An RFC 3339 instant to the second, for the eye (the record and `--json` keep the
+/// fraction).
+fn to_the_second(expiry: &str) -> String {
+    match expiry.split_once('.') {
+        Some((seconds, _)) => format!("{seconds}Z"),
+        None => expiry.to_owned(),
+    }
 }
 
 /// `in 12 s`, `3 min ago`, `now`, for an RFC 3339 `expiry` relative to `now`.
