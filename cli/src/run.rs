@@ -499,7 +499,21 @@ fn run_pg(
             let waited = wait.map_or(String::new(), |w| {
                 format!(" after waiting {}", status::human(w))
             });
-            say!("flocklease: {id} is held by another owner{waited}");
+            // Who, as far as the row tells (as a directory's message does).
+            let who = leases.sessions(Some(id)).ok().and_then(|rows| {
+                let row = rows.into_iter().next()?;
+                let rec = row.record?;
+                (!rec.owner.is_empty()).then(|| {
+                    format!(
+                        " {} (token {}, expires {})",
+                        rec.owner,
+                        rec.token,
+                        status::relative(&rec.expiry.to_string(), row.now)
+                    )
+                })
+            });
+            let who = who.unwrap_or_else(|| " another owner".to_owned());
+            say!("flocklease: {id} is held by{who}{waited}");
         }
         return Ok(a.conflict_exit_code);
     };

@@ -58,6 +58,15 @@ fn run_and_status_go_cluster_wide() {
     ]);
     assert_eq!(out.status.code(), Some(75), "{out:?}");
     assert!(out.stdout.is_empty());
+    // Who holds it, as for a directory (issue 50: it said only "another owner").
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains(&format!(
+            "held by host-b (token {}, expires in ",
+            lease.token
+        )),
+        "{said}"
+    );
     let out = flocklease(&["status", "--pg", &url]);
     assert!(out.status.success(), "{out:?}");
     let text = String::from_utf8_lossy(&out.stdout);
