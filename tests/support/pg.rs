@@ -279,6 +279,22 @@ fn start(extra: Option<(&str, &str)>) -> Option<PgServer> {
         cmd.uid(user.uid.as_raw()).gid(user.gid.as_raw());
     }
     let mut child = cmd.spawn().expect("start the server watchdog");
+    if nix::unistd::geteuid().is_root() {
+        // The watchdog, as `postgres`, empties the server's directory when it ends; removing
+        // the directory itself takes write permission on TMPDIR, which a root-owned,
+        // non-sticky TMPDIR does not give it. A root process waits for the watchdog's end
+        // (`tail --pid`) and removes the emptied directory.
+        let _ = Command::new("sh")
+            .arg("-c")
+            .arg("tail --pid=\"$1\" -f /dev/null; rmdir \"$2\" 2>/dev/null; true")
+            .arg("cleanup")
+            .arg(child.id().to_string())
+            .arg(&dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+    }
     let stdin = child.stdin.take();
     let stdout = BufReader::new(child.stdout.take().expect("stdout"));
     let (tx, rx) = mpsc::channel();
