@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::Args;
 use std::io::Write;
 
-use flocklease::status::{SessionStatus, scan_each, session};
+use flocklease::status::{SessionStatus, scan_each_trusting, session_trusting};
 use flocklease::{Clock, SessionId, SystemClock, Timestamp};
 
 use crate::EXIT_ERROR;
@@ -35,6 +35,11 @@ pub struct StatusArgs {
     /// acquirable, error).
     #[arg(long)]
     json: bool,
+    /// In a directory shared with other users (sticky and world-writable): read their lease
+    /// files too (by default they are refused, and their rows shown unreadable), as `run
+    /// --trust-foreign-owners` does.
+    #[arg(long, conflicts_with = "pg")]
+    trust_foreign_owners: bool,
     /// With --id: print nothing; only the exit status answers.
     #[arg(short = 'q', long, requires = "id")]
     quiet: bool,
@@ -65,7 +70,7 @@ fn status(a: &StatusArgs) -> Result<u8, String> {
         let mut out = Rows::new(a.json, now);
         let mut rows = 0usize;
         let mut broken = 0usize;
-        let scanned = scan_each(dir, now, |row| {
+        let scanned = scan_each_trusting(dir, now, a.trust_foreign_owners, |row| {
             rows += 1;
             broken += usize::from(row.is_broken());
             out.push(row);
@@ -86,7 +91,7 @@ fn status(a: &StatusArgs) -> Result<u8, String> {
         return Ok(0);
     };
     let id = SessionId::new(id.as_str()).map_err(|e| crate::describe(&e))?;
-    let rows: Vec<SessionStatus> = session(dir, &id, now)
+    let rows: Vec<SessionStatus> = session_trusting(dir, &id, now, a.trust_foreign_owners)
         .map_err(|e| crate::describe(&e))?
         .into_iter()
         .collect();

@@ -119,12 +119,25 @@ pub fn scan(dir: &Path, now: Timestamp) -> Result<Vec<SessionStatus>, Error> {
 /// # Errors
 ///
 /// As [`scan`]; rows already passed to `each` stay passed.
-pub fn scan_each(
+pub fn scan_each(dir: &Path, now: Timestamp, each: impl FnMut(SessionStatus)) -> Result<(), Error> {
+    scan_each_trusting(dir, now, false, each)
+}
+
+/// [`scan_each`], trusting lease files of other users in a shared (sticky, world-writable)
+/// directory when `trust_foreign_owners` is set, as a
+/// [`FlockLeaseBuilder::trust_foreign_owners`](crate::FlockLeaseBuilder::trust_foreign_owners)
+/// instance does (`flocklease status --trust-foreign-owners`: root reading a user's rows).
+///
+/// # Errors
+///
+/// As [`scan`].
+pub fn scan_each_trusting(
     dir: &Path,
     now: Timestamp,
+    trust_foreign_owners: bool,
     mut each: impl FnMut(SessionStatus),
 ) -> Result<(), Error> {
-    let opener = opener(dir)?;
+    let opener = opener(dir, trust_foreign_owners)?;
     for entry in fs::read_dir(dir).map_err(|e| Error::io("read directory", dir, e))? {
         let entry = entry.map_err(|e| Error::io("read directory", dir, e))?;
         let name = entry.file_name();
@@ -150,7 +163,22 @@ pub fn scan_each(
 /// could use it. A corrupt or unreadable record or transition lock is reported in the row (a
 /// bad lock also without a record: the id is then not free, since every call fails).
 pub fn session(dir: &Path, id: &SessionId, now: Timestamp) -> Result<Option<SessionStatus>, Error> {
-    let opener = opener(dir)?;
+    session_trusting(dir, id, now, false)
+}
+
+/// [`session`], trusting other users' lease files in a shared directory as
+/// [`scan_each_trusting`] does.
+///
+/// # Errors
+///
+/// As [`session`].
+pub fn session_trusting(
+    dir: &Path,
+    id: &SessionId,
+    now: Timestamp,
+    trust_foreign_owners: bool,
+) -> Result<Option<SessionStatus>, Error> {
+    let opener = opener(dir, trust_foreign_owners)?;
     let stem = id.stem();
     // Without a record the id is free, unless its lock is a file no call can use.
     Ok(status_of(
@@ -164,8 +192,8 @@ pub fn session(dir: &Path, id: &SessionId, now: Timestamp) -> Result<Option<Sess
 
 /// The library's opener for `dir` under its ownership policy (as a default
 /// [`FlockLease`](crate::FlockLease) would open it).
-fn opener(dir: &Path) -> Result<Opener, Error> {
-    let (owners, sticky) = files::policy(dir, false)?;
+fn opener(dir: &Path, trust_foreign_owners: bool) -> Result<Opener, Error> {
+    let (owners, sticky) = files::policy(dir, trust_foreign_owners)?;
     Ok(Opener {
         owners,
         sticky,

@@ -209,6 +209,36 @@ fn another_users_file_in_a_shared_directory_is_one_story() {
 }
 
 #[test]
+fn status_reads_another_users_files_when_told_to_trust_them() {
+    // Issue 50: root read a user's row in a shared directory as unreadable, with no way to
+    // say otherwise; `run` had --trust-foreign-owners, `status` not.
+    if !root() {
+        return;
+    }
+    for which in [Which::Record, Which::Lock] {
+        let tmp = planted(Plant::Foreign, which);
+        let dir = tmp.path();
+        let refused = cli(&["status"], dir, &["--id", ID]);
+        assert_eq!(refused.status.code(), Some(70), "{}", describe(&refused));
+        let trusted = cli(&["status", "--trust-foreign-owners"], dir, &["--id", ID]);
+        // Released once: free.
+        assert_eq!(
+            trusted.status.code(),
+            Some(1),
+            "{which:?}: {}",
+            describe(&trusted)
+        );
+        let listed = cli(&["status", "--trust-foreign-owners"], dir, &[]);
+        assert_eq!(
+            listed.status.code(),
+            Some(0),
+            "{which:?}: {}",
+            describe(&listed)
+        );
+    }
+}
+
+#[test]
 fn a_missing_parent_is_an_error_for_the_library_and_run_alike() {
     let dir = tempfile::tempdir().unwrap();
     let typo = dir.path().join("typo").join("leases");
