@@ -49,6 +49,35 @@ const RUN_EXIT: &str = "Exit status: the command's own (128+N if signal N killed
                         an error; 64 on bad usage; 128+N when signal N arrived before the command \
                         started.";
 
+/// `run --help` and `flocklease-run(1)` in full: the exit statuses, the environment, the files
+/// and examples.
+const RUN_MORE: &str = concat!(
+    "EXIT STATUS\n",
+    "The command's own (128+N if signal N killed it); 75 (or -E N) when the lease is held \
+     elsewhere; 76 when the lease was lost and the job stopped; 78 when the job was killed at \
+     the hard deadline (no renew confirmed in time: run stopped, hung or starved); 79 when the \
+     watchdog died or stopped listening and run stopped the job while it held the lease; \
+     126/127 when the command cannot be executed / is not found; 70 on an error; 64 on bad \
+     usage; 128+N when signal N arrived before the command started.\n",
+    "\nENVIRONMENT\n",
+    "FLOCKLEASE_DIR: the lease directory when --dir is not given. The job gets \
+     FLOCKLEASE_TOKEN (its fencing token), FLOCKLEASE_ID, FLOCKLEASE_OWNER, FLOCKLEASE_EXPIRY \
+     (RFC 3339) and FLOCKLEASE_DIR (absolute).\n",
+    "\nFILES\n",
+    "/run/lock/flocklease (root) or $XDG_RUNTIME_DIR/flocklease (other users; removed at a \
+     user's last logout unless lingering): the default lease directory. In it, per session \
+     id: STEM.lease.json (the record), STEM.lock (the transition lock), STEM.N.live \
+     (generation N's liveness lock), STEM.queue (the line of waiters), STEM.id (the id, for \
+     status).\n",
+    "\nEXAMPLES\n",
+    "A crontab line that never overlaps itself: */5 * * * * flocklease run -q --id report -- \
+     /usr/local/bin/report\n",
+    "Wait up to a minute for the previous run: flocklease run -w 1m --id backup -- \
+     /usr/local/bin/backup\n",
+    "Fence the writes with the token: flocklease run --id sync -- sh -c 'flocklease fence \
+     --fence /srv/data/.fence --write /srv/data/state < new-state'\n",
+);
+
 #[derive(Parser)]
 #[command(
     name = "flocklease",
@@ -79,7 +108,7 @@ enum Cmd {
     /// SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2 and SIGWINCH are forwarded to the
     /// group (after SIGTERM or SIGINT, SIGKILL follows the grace period). If the lease is lost,
     /// or run is killed, the group gets SIGTERM, then SIGKILL.
-    #[command(after_help = RUN_EXIT)]
+    #[command(after_help = RUN_EXIT, after_long_help = RUN_MORE)]
     Run(run::RunArgs),
     /// Show the sessions of a lease directory (or one, with --id) without taking any lock.
     ///
@@ -173,6 +202,16 @@ fn main() -> ExitCode {
     })
 }
 
+/// The long help's headings (`EXIT STATUS`, ...) as the page's own sections, instead of lines
+/// of the generic section clap's page generator puts the long help in.
+fn sections(page: &str) -> String {
+    let mut out = page.replace(".SH EXTRA\n", "");
+    for heading in ["EXIT STATUS", "ENVIRONMENT", "FILES", "EXAMPLES"] {
+        out = out.replace(&format!("\n{heading}\n"), &format!("\n.SH \"{heading}\"\n"));
+    }
+    out
+}
+
 /// `cmd` as completions offer it: without its hidden arguments and commands (flock(1)'s
 /// options that `run` refuses with a message, the watchdog), which the completion generators
 /// would otherwise list.
@@ -257,7 +296,7 @@ fn man(command: Option<&str>) -> u8 {
     let man =
         clap_mangen::Man::new(page).source(format!("flocklease {}", env!("CARGO_PKG_VERSION")));
     match man.render(&mut roff) {
-        Ok(()) => print_all(&roff),
+        Ok(()) => print_all(sections(&String::from_utf8_lossy(&roff)).as_bytes()),
         Err(e) => {
             eprintln!("flocklease: {e}");
             EXIT_ERROR

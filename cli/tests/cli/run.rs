@@ -348,6 +348,12 @@ fn the_man_page_and_the_completion_scripts_come_from_the_arguments() {
     );
     assert!(!run_page.contains("\\-\\-version"), "{run_page}");
     assert_eq!(run(&["run", "-V"]).status.code(), Some(64));
+    for section in ["EXIT STATUS", "ENVIRONMENT", "FILES", "EXAMPLES"] {
+        assert!(
+            run_page.contains(&format!(".SH \"{section}\"")),
+            "{section}:\n{run_page}"
+        );
+    }
     assert!(run_page.contains("trust\\-foreign\\-owners"), "{run_page}");
     let unknown = run(&["man", "nope"]);
     assert_eq!(unknown.status.code(), Some(64), "{unknown:?}");
