@@ -171,7 +171,7 @@ fn main() -> ExitCode {
             }
         };
     }
-    if let Some(hint) = flock_form(&args) {
+    if let Some(hint) = flock_form(&args).or_else(|| before_parsing(&args)) {
         eprintln!("flocklease: {hint}");
         return ExitCode::from(EXIT_USAGE);
     }
@@ -200,6 +200,39 @@ fn main() -> ExitCode {
             print_all(&script)
         }
     })
+}
+
+/// What the argument parser would say badly: an id with a control character (which its
+/// message would echo raw to the terminal: an escape sequence would act there), and flock(1)'s
+/// `--verbose`, for which it suggests a command named `--verbose`.
+fn before_parsing(args: &[std::ffi::OsString]) -> Option<String> {
+    let words: Vec<String> = args
+        .iter()
+        .skip(1)
+        .map(|a| a.to_string_lossy().into_owned())
+        .take_while(|w| w != "--")
+        .collect();
+    let ids = words
+        .windows(2)
+        .filter(|w| w[0] == "--id")
+        .map(|w| w[1].as_str())
+        .chain(words.iter().filter_map(|w| w.strip_prefix("--id=")));
+    for id in ids {
+        if id.chars().any(char::is_control) {
+            return Some(format!(
+                "invalid session id {}: it contains a control character",
+                id.escape_debug()
+            ));
+        }
+    }
+    if words.first().is_some_and(|w| w == "run") && words.iter().any(|w| w == "--verbose") {
+        return Some(
+            "flocklease run has no --verbose (flock(1)'s, which reports the wait): run says \
+             only what went wrong, and `flocklease status --id ID` shows who holds a lease"
+                .into(),
+        );
+    }
+    None
 }
 
 /// The long help's headings (`EXIT STATUS`, ...) as the page's own sections, instead of lines

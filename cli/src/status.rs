@@ -447,13 +447,31 @@ fn table_line(r: &SessionStatus, now: Timestamp) -> [String; 6] {
     };
     let token = r.token.map_or_else(|| "-".to_owned(), |t| t.to_string());
     [
-        dash(r.id.as_deref().unwrap_or("")),
+        dash(&visible(r.id.as_deref().unwrap_or(""))),
         dash(r.owner.as_deref().unwrap_or("")),
         token,
         expiry,
         state,
         r.stem.clone(),
     ]
+}
+
+/// `text` with the characters that change how a terminal shows the rest of a line (bidirectional
+/// controls, zero-width characters) written as `\u{...}`, so a row says what its id is.
+fn visible(text: &str) -> String {
+    let hidden = |c: char| matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{feff}');
+    if !text.chars().any(hidden) {
+        return text.to_owned();
+    }
+    text.chars()
+        .map(|c| {
+            if hidden(c) {
+                c.escape_unicode().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// An RFC 3339 instant to the second, for the eye (the record and `--json` keep the

@@ -433,6 +433,21 @@ fn flock_habits_get_a_hint_and_bad_ids_are_usage_errors() {
         stderr(&control).contains("control character"),
         "{control:?}"
     );
+    // An escape sequence in an id is shown escaped, never sent raw to a terminal (issue 50).
+    let escape = Command::new(BIN)
+        .args(["run", "--id", "a\u{1b}[31mb", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(escape.status.code(), Some(64), "{escape:?}");
+    assert!(!stderr(&escape).contains('\u{1b}'), "{escape:?}");
+    assert!(stderr(&escape).contains("a\\u{1b}[31mb"), "{escape:?}");
+    // flock(1)'s --verbose gets words, not a suggestion to run a command named --verbose.
+    let verbose = Command::new(BIN)
+        .args(["run", "--verbose", "--id", "x", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(verbose.status.code(), Some(64), "{verbose:?}");
+    assert!(stderr(&verbose).contains("has no --verbose"), "{verbose:?}");
 }
 
 /// `run --file-mode 660` (a directory shared by a group): every file it creates gets the mode

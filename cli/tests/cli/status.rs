@@ -510,3 +510,25 @@ fn a_missing_directory_prints_no_table_only_the_error() {
     assert_eq!(out.status.code(), Some(70), "{}", describe(&out));
     assert!(out.stdout.is_empty(), "{}", describe(&out));
 }
+
+#[test]
+fn ids_that_would_reorder_or_hide_text_are_shown_escaped() {
+    // Issue 50: a right-to-left override or a zero-width space in an id was printed raw.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let leases = FlockLease::open(d).unwrap();
+    let o = Owner::new("me").unwrap();
+    for id in ["rtl\u{202e}cba", "zero\u{200b}width"] {
+        let id = SessionId::new(id).unwrap();
+        leases.acquire(&id, &o).unwrap().lease().unwrap();
+        flocklease::status::write_id(d, &id, 0o600).unwrap();
+    }
+    let out = status(d, &[]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("rtl\\u{202e}cba"), "{text}");
+    assert!(text.contains("zero\\u{200b}width"), "{text}");
+    assert!(
+        !text.contains('\u{202e}') && !text.contains('\u{200b}'),
+        "{text}"
+    );
+}
