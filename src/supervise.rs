@@ -336,14 +336,10 @@ impl RunSide {
                 self.exit_by_sigkill = by_sigkill;
             }
             Seen::GroupGone => {
-                if self.exit_by_sigkill
-                    && !self.killed
-                    && !self.watchdog_killed
-                    && !self.lost
-                    && !self.asked
-                {
-                    // Killed, not by `run`: the watchdog may have done it at its deadline,
-                    // and its word may still be on the way (the job's end can overtake it).
+                if self.exit_by_sigkill && !self.watchdog_killed && !self.lost && !self.asked {
+                    // Killed by SIGKILL: the watchdog may have done it at its deadline (before
+                    // `run`'s own kill, if `run` was stopped), and its word may still be on
+                    // the way (the job's end can overtake it).
                     self.asked = true;
                     return vec![Do::AskWatchdog];
                 }

@@ -88,6 +88,10 @@ struct Live {
     pid: i32,
     /// Fixed at the first hit on `run` or the watchdog.
     side: Option<Side>,
+    /// `run` is in the foreground of a terminal: its job's processes are killed, never stopped
+    /// (a job stopped while it holds the terminal stops `run` too, as Ctrl-Z does, and no shell
+    /// here says `fg`: that would be `run` down by its own job control).
+    tty: bool,
 }
 
 #[derive(Default)]
@@ -168,6 +172,7 @@ fn runner(
             .stdout(Stdio::null());
         // Where `run` and its watchdog speak (PROTOCOL §7.1): a file, a pipe whose reader is
         // gone, a full pipe nobody reads, or a `tostop` terminal whose foreground it is.
+        let mut tty = false;
         let _terminal = match rng.below(100) {
             0..60 => {
                 let err = std::fs::OpenOptions::new()
@@ -194,13 +199,18 @@ fn runner(
             }
             _ => {
                 shared.terminals.fetch_add(1, Ordering::Relaxed);
+                tty = true;
                 Some(on_tostop_terminal(&mut cmd))
             }
         };
         let mut run = cmd.spawn().unwrap();
         let pid = run.id() as i32;
         shared.runs.fetch_add(1, Ordering::Relaxed);
-        shared.live.lock().unwrap().push(Live { pid, side: None });
+        shared.live.lock().unwrap().push(Live {
+            pid,
+            side: None,
+            tty,
+        });
         // Bounded: a `run` blocked on its stderr or its watchdog never ends by itself, and is
         // a failure of its own (counted, then killed with its job).
         let mut killed = false;
@@ -270,8 +280,9 @@ fn nemesis(seed: u64, until: Instant, shared: Arc<Shared>) {
             _ if !job.is_empty() => job[rng.below(job.len() as u64) as usize],
             _ => continue,
         };
+        let no_stop = live[i].tty && job.contains(&target);
         drop(live);
-        if rng.chance(33) {
+        if no_stop || rng.chance(33) {
             if kill(Pid::from_raw(target), Signal::SIGKILL).is_ok() {
                 shared.kills.fetch_add(1, Ordering::Relaxed);
             }
