@@ -397,10 +397,38 @@ fn a_lease_directory_removed_under_the_holder_is_a_loss_at_the_next_clock_check(
         .start()
         .unwrap();
     assert!(!keep.is_lost());
-    std::fs::remove_dir_all(&dir).unwrap();
-    std::fs::create_dir(&dir).unwrap();
+    // The replacement is swapped in with one `renameat2(RENAME_EXCHANGE)`, so the watcher
+    // (checking every millisecond) never sees the path missing in between: a remove and a
+    // create would let it answer "was removed" first, which is a different message.
+    std::fs::create_dir(tmp.path().join("other")).unwrap();
+    let parent = std::fs::File::open(tmp.path()).unwrap();
+    nix::fcntl::renameat2(
+        &parent,
+        "other",
+        &parent,
+        "leases",
+        nix::fcntl::RenameFlags::RENAME_EXCHANGE,
+    )
+    .unwrap();
     match keep.wait_lost(Some(GUARD)) {
         Some(Loss::StoreGone { what }) => assert!(what.contains("was replaced"), "{what}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_lease_directory_removed_and_not_recreated_is_a_loss_that_says_removed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("leases");
+    let leases = Arc::new(flocklease::FlockLease::open(&dir).unwrap());
+    let lease = acquire(&*leases, "a");
+    let keep = KeepAlive::builder(Arc::clone(&leases), lease)
+        .clock_check(Duration::from_millis(1))
+        .start()
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    match keep.wait_lost(Some(GUARD)) {
+        Some(Loss::StoreGone { what }) => assert!(what.contains("was removed"), "{what}"),
         other => panic!("{other:?}"),
     }
 }
