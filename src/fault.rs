@@ -122,6 +122,16 @@ impl Faults {
         Faults { hook: Some(hook) }
     }
 
+    /// Whether a hook is set (never without the feature): a caller may skip building the
+    /// path it would name.
+    #[inline]
+    pub(crate) fn hooked(&self) -> bool {
+        #[cfg(feature = "fault-injection")]
+        return self.hook.is_some();
+        #[cfg(not(feature = "fault-injection"))]
+        false
+    }
+
     /// Tells the hook that `point` was reached (its answer is ignored).
     #[inline]
     pub(crate) fn observe(&self, point: FaultPoint, path: &Path) {

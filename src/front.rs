@@ -1,70 +1,66 @@
-//! The front every backend shares, between the public calls and the driver's run:
-//! - the per-id [`Registry`] of an instance;
-//! - each id's in-process turn ([`Gate`], with each caller's own deadline);
-//! - one [`transition`] in [`TRANSITION`]'s order, its lock taken by the one bounded
-//!   begin-or-wait loop ([`begin_or_wait`]);
-//! - the one [`SessionLease`](crate::SessionLease) path: an acquire, renew or release as a
-//!   machine event, its outcome as the caller's [`Grant`], never a grant already expired
-//!   ([`checked`]).
+//! The front every backend shares: [`Leases`], one lease manager over one [`Backend`].
 //!
-//! A backend gives the front its entries, one attempt at an id's lock, the transaction under
-//! it and its end ([`Backend`]); [`session_lease!`] gives it the trait and the same inherent
-//! `acquire`, `renew`, `release`, `acquire_guard` methods as every other backend.
+//! The front owns what is the same for every backend — the per-id [`Registry`], each id's
+//! in-process turn ([`Gate`], with each caller's own deadline) and state mutex ([`Entry`]),
+//! the TTL, the lock timeout, the clock — and runs one [`transition`] as straight-line code
+//! in the order the model checks (`driver::TRANSITION`): the turn, the state, the id's
+//! transition lock (the one bounded begin-or-wait loop, [`begin_or_wait`]), the run, then
+//! everything given back in reverse. Above it is the one [`SessionLease`](crate::SessionLease)
+//! path: an acquire, renew or release as a machine event, its outcome as the caller's
+//! [`Grant`], never a grant already expired ([`checked`]).
+//!
+//! A backend says only how to take its lock, what runs under it, and how to give it back.
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicI64;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::clock::Clock;
-use crate::driver::{self, Hold, HoldStep, TRANSITION, Transaction};
+use crate::driver::{self, Transaction};
 #[cfg(all(
     feature = "fault-injection",
     any(feature = "internals", feature = "postgres")
 ))]
 use crate::driver::{Grain, Io, Run, Step};
 use crate::error::{Error, LockOf};
-use crate::lease::{Grant, Lease};
+use crate::lease::{Grant, Lease, LeaseGuard, SessionLease};
 use crate::machine::{self, Event, Outcome};
 use crate::name::{Owner, SessionId};
 
-/// What a backend gives the front: its entry for an id, one attempt at the id's transition
-/// lock ([`Backend::begin`]), the transaction that runs under it ([`Backend::tx`]) and the
-/// end of it ([`Backend::end`]). The front does the rest, the same for every backend
-/// ([`transition`]): the registry's entry, the turn with the caller's deadline, the bounded
-/// begin-or-wait loop, the run, the end — in [`TRANSITION`]'s order — and above it the one
-/// [`SessionLease`](crate::SessionLease) path with its grant and final expiry check.
-pub(crate) trait Backend {
-    /// What the instance keeps for one id: made on first use, pruned when idle.
-    type Entry: Idle;
-    /// The part of an entry a transition changes, under the entry's mutex.
-    type State;
-    /// The id's transition lock once taken, with what the run carries to its end.
-    type Held;
-    /// A new generation's liveness lock, taken and not adopted yet.
-    type Pending;
-    /// One transition under the lock.
-    type Tx<'a>: Transaction<Pending = Self::Pending>
-    where
-        Self: 'a;
-    /// What a transition hands its caller besides the outcome (PostgreSQL: the wait for the
-    /// holder an acquire was answered held by).
-    type After;
-
-    /// This instance's entry for `id`.
-    fn entry(&self, id: &SessionId) -> Arc<Self::Entry>;
-
-    /// An entry's turn and state.
-    fn parts(entry: &Self::Entry) -> (&Gate, &Mutex<Self::State>);
-
+/// A lease manager: one instance over one backend's store. Use it as
+/// [`FlockLease`](crate::FlockLease), [`MemLease`](crate::MemLease) or `PgLease` (feature
+/// `postgres`); each adds its own constructor and calls to the [`SessionLease`] methods
+/// written here once.
+pub struct Leases<B: Backend> {
+    /// The backend: its store and whatever else it keeps.
+    pub(crate) inner: B,
+    /// This instance's entry of each id in use.
+    pub(crate) ids: Registry<Entry<B::State>>,
+    /// The lease time-to-live.
+    pub(crate) ttl: Duration,
     /// How long a call may wait for an id's turn and transition lock (`Duration::MAX`: no
     /// limit).
-    fn lock_timeout(&self) -> Duration;
+    pub(crate) lock_timeout: Duration,
+    /// The clock expiry is judged by as a call returns ([`checked`]).
+    pub(crate) clock: Arc<dyn Clock>,
+}
 
-    /// The lease time-to-live.
-    fn ttl(&self) -> Duration;
+/// What a backend is to the front ([`Leases`]): the state it keeps per id, how it takes an
+/// id's transition lock (an owned value), the transaction that runs under it, and how it gives
+/// the lock back.
+pub trait Backend: Sized + Send + Sync {
+    /// What the instance keeps for one id, under the id's state mutex.
+    type State: Idle + Send;
+    /// An id's transition lock once taken, with what the run carries to its end.
+    type Lock;
+    /// One transition under the lock.
+    type Tx<'a>: Transaction
+    where
+        Self: 'a;
 
-    /// The lock an [`Error::LockTimeout`] on `id` names.
-    fn lock_of(&self, id: &SessionId, entry: &Self::Entry) -> LockOf;
+    /// A new id's state.
+    fn state(&self, id: &SessionId) -> Self::State;
 
     /// One attempt at `id`'s transition lock for `event`, waiting for it until `deadline` at
     /// most. `Ok(None)`: not taken (busy to the deadline, or the lock was replaced while
@@ -73,141 +69,278 @@ pub(crate) trait Backend {
     /// # Errors
     ///
     /// I/O failure; nothing is held then.
-    fn begin(
-        &self,
+    fn lock(
+        l: &Leases<Self>,
         id: &SessionId,
-        entry: &Self::Entry,
         state: &mut Self::State,
         event: &Event,
         deadline: Option<Instant>,
-    ) -> Result<Option<Self::Held>, Error>;
+    ) -> Result<Option<Self::Lock>, Error>;
 
-    /// The transaction of one run under `held`.
+    /// The transaction of one run under `lock`.
     fn tx<'a>(
-        &'a self,
+        l: &'a Leases<Self>,
         id: &'a SessionId,
-        entry: &'a Self::Entry,
+        entry: &'a Entry<Self::State>,
         state: &'a mut Self::State,
-        held: &'a mut Self::Held,
+        lock: &'a mut Self::Lock,
     ) -> Self::Tx<'a>;
 
-    /// Ends a run that answered `outcome`: gives back the lock if the run did not, keeps what
-    /// the instance keeps.
-    fn end(
-        &self,
-        entry: &Self::Entry,
+    /// Gives `lock` back after the run that answered `outcome` (unlocks it if the run did
+    /// not), keeping what the instance keeps.
+    fn unlock(
+        l: &Leases<Self>,
+        entry: &Entry<Self::State>,
         state: &mut Self::State,
-        held: Self::Held,
+        lock: Self::Lock,
         outcome: &Result<Outcome, Error>,
-    ) -> Self::After;
+    );
 
-    /// Called after each step of [`TRANSITION`] (the flock backend's fault hook).
-    fn observe(&self, entry: &Self::Entry) {
-        let _ = entry;
+    /// The lock an [`Error::LockTimeout`] on `id` names (the default: the id's row).
+    fn lock_of(l: &Leases<Self>, id: &SessionId) -> LockOf {
+        let _ = l;
+        LockOf::Row(id.clone())
     }
 
-    /// The clock expiry is judged by as a call returns ([`checked`]).
-    fn lease_clock(&self) -> Arc<dyn Clock>;
-
-    /// [`SessionLease::on_liveness_lost`](crate::SessionLease::on_liveness_lost); the default
-    /// drops `notify` (a backend that cannot tell).
-    fn on_liveness_lost(&self, lease: &Lease, notify: Box<dyn FnOnce() + Send>) {
-        let _ = (lease, notify);
+    /// Called after each step of a transition (the flock backend's fault hook).
+    fn observe(l: &Leases<Self>, id: &SessionId) {
+        let _ = (l, id);
     }
 
-    /// [`SessionLease::store_gone`](crate::SessionLease::store_gone); the default: never.
-    fn store_gone(&self) -> Option<String> {
+    /// [`SessionLease::on_liveness_lost`]; the default drops `notify` (a backend that cannot
+    /// tell).
+    fn on_liveness_lost(l: &Leases<Self>, lease: &Lease, notify: Box<dyn FnOnce() + Send>) {
+        let _ = (l, lease, notify);
+    }
+
+    /// [`SessionLease::store_gone`]; the default: never.
+    fn store_gone(l: &Leases<Self>) -> Option<String> {
+        let _ = l;
         None
+    }
+
+    /// Called when the instance is dropped, before its entries are.
+    fn close(l: &mut Leases<Self>) {
+        let _ = l;
     }
 }
 
-/// One transition for `event` on `id`, the same for every backend: [`TRANSITION`]'s steps —
-/// the id's turn by the caller's deadline (this call's lock timeout from now), the state, the
-/// transition lock ([`begin_or_wait`]), the run ([`driver::run`]), the end.
+/// One id's entry in an instance: its turn, its state, and until when the instance holds it.
+#[derive(Debug, Default)]
+pub struct Entry<S> {
+    /// Taken for a whole transition: one caller at a time per id, each waiting for its own
+    /// deadline.
+    pub(crate) gate: Gate,
+    /// Locked while a transition runs, and for moments by the calls that only look.
+    pub(crate) state: Mutex<S>,
+    /// Until when this instance holds the id (Unix nanoseconds; `i64::MIN`, or 0 as made: not
+    /// held), readable without the state's mutex: kept by a backend whose waits read it
+    /// (flock: set at each commit point, `flock::tx::held_at`).
+    pub(crate) held: AtomicI64,
+}
+
+impl<S: Idle> Idle for Entry<S> {
+    fn idle(&self) -> bool {
+        self.gate.is_free() && self.state.try_lock().is_ok_and(|s| s.idle())
+    }
+}
+
+impl<B: Backend> Leases<B> {
+    /// An instance over `inner`; a zero `ttl` means [`DEFAULT_TTL`](crate::DEFAULT_TTL).
+    pub(crate) fn with(
+        inner: B,
+        ttl: Duration,
+        lock_timeout: Duration,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        Leases {
+            inner,
+            ids: Registry::default(),
+            ttl: if ttl.is_zero() {
+                crate::lease::DEFAULT_TTL
+            } else {
+                ttl
+            },
+            lock_timeout,
+            clock,
+        }
+    }
+
+    /// This instance's entry for `id`.
+    pub(crate) fn entry(&self, id: &SessionId) -> Arc<Entry<B::State>> {
+        self.ids.entry(id.as_str(), || Entry {
+            gate: Gate::default(),
+            state: Mutex::new(self.inner.state(id)),
+            held: AtomicI64::new(i64::MIN),
+        })
+    }
+
+    /// `id`'s in-process turn by `deadline` (`None`: no limit), or the call's
+    /// [`Error::LockTimeout`] (it `started` waiting then): a transition's, a fenced section's,
+    /// and a waiting PostgreSQL acquire's first look at what its instance holds.
+    pub(crate) fn turn<'e>(
+        &self,
+        id: &SessionId,
+        entry: &'e Entry<B::State>,
+        deadline: Option<Instant>,
+        started: Instant,
+    ) -> Result<Turn<'e>, Error> {
+        entry
+            .gate
+            .enter(deadline)
+            .ok_or_else(|| self.timed_out(id, started))
+    }
+
+    /// The [`Error::LockTimeout`] of a call on `id` that `started` waiting for its lock.
+    fn timed_out(&self, id: &SessionId, started: Instant) -> Error {
+        Error::LockTimeout {
+            lock: B::lock_of(self, id),
+            waited: started.elapsed(),
+        }
+    }
+
+    /// [`SessionLease::acquire`], callable without importing the trait.
+    ///
+    /// # Errors
+    ///
+    /// As [`SessionLease::acquire`].
+    pub fn acquire(&self, id: &SessionId, owner: &Owner) -> Result<Grant, Error> {
+        let event = Event::Acquire {
+            owner: owner.clone(),
+        };
+        checked(self, id, owner, transition(self, id, event))
+    }
+
+    /// [`SessionLease::renew`], callable without importing the trait.
+    ///
+    /// # Errors
+    ///
+    /// As [`SessionLease::renew`].
+    pub fn renew(&self, lease: &Lease) -> Result<Grant, Error> {
+        let event = Event::Renew {
+            owner: lease.owner.clone(),
+            token: lease.token,
+        };
+        let answer = transition(self, &lease.session_id, event);
+        checked(self, &lease.session_id, &lease.owner, answer)
+    }
+
+    /// [`SessionLease::release`], callable without importing the trait.
+    ///
+    /// # Errors
+    ///
+    /// As [`SessionLease::release`].
+    pub fn release(&self, lease: &Lease) -> Result<(), Error> {
+        let event = Event::Release {
+            owner: lease.owner.clone(),
+            token: lease.token,
+        };
+        transition(self, &lease.session_id, event).map(drop)
+    }
+
+    /// [`SessionLease::acquire_guard`], callable without importing the trait.
+    ///
+    /// # Errors
+    ///
+    /// As [`SessionLease::acquire`].
+    pub fn acquire_guard(&self, id: &SessionId) -> Result<Option<LeaseGuard<'_, Self>>, Error> {
+        <Self as SessionLease>::acquire_guard(self, id)
+    }
+}
+
+impl<B: Backend> SessionLease for Leases<B> {
+    fn acquire(&self, id: &SessionId, owner: &Owner) -> Result<Grant, Error> {
+        Leases::acquire(self, id, owner)
+    }
+
+    fn renew(&self, lease: &Lease) -> Result<Grant, Error> {
+        Leases::renew(self, lease)
+    }
+
+    fn release(&self, lease: &Lease) -> Result<(), Error> {
+        Leases::release(self, lease)
+    }
+
+    fn clock(&self) -> Arc<dyn Clock> {
+        Arc::clone(&self.clock)
+    }
+
+    fn on_liveness_lost(&self, lease: &Lease, notify: Box<dyn FnOnce() + Send>) {
+        B::on_liveness_lost(self, lease, notify);
+    }
+
+    fn store_gone(&self) -> Option<String> {
+        B::store_gone(self)
+    }
+}
+
+impl<B: Backend> Drop for Leases<B> {
+    fn drop(&mut self) {
+        B::close(self);
+    }
+}
+
+impl<B: Backend + std::fmt::Debug> std::fmt::Debug for Leases<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Leases")
+            .field("inner", &self.inner)
+            .field("ttl", &self.ttl)
+            .field("lock_timeout", &self.lock_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One transition for `event` on `id`, the same for every backend, in `driver::TRANSITION`'s
+/// order: the id's turn by the caller's deadline (this call's lock timeout from now), the
+/// state, the transition lock ([`begin_or_wait`]), the run ([`driver::run`]); then the lock,
+/// the state and the turn given back, in reverse.
 ///
 /// # Errors
 ///
 /// [`Error::LockTimeout`] when the turn or the lock is not had by the deadline; whatever
-/// [`Backend::begin`] or the run reports.
-pub(crate) fn transition<B: Backend + ?Sized>(
-    b: &B,
+/// [`Backend::lock`] or the run reports.
+pub(crate) fn transition<B: Backend>(
+    l: &Leases<B>,
     id: &SessionId,
     event: Event,
-) -> Result<(Outcome, B::After), Error> {
+) -> Result<Outcome, Error> {
+    transition_then(l, id, event, |_| ()).map(|(o, ())| o)
+}
+
+/// [`transition`], and `then` of the id's state before it is given back.
+pub(crate) fn transition_then<B: Backend, R>(
+    l: &Leases<B>,
+    id: &SessionId,
+    event: Event,
+    then: impl FnOnce(&mut B::State) -> R,
+) -> Result<(Outcome, R), Error> {
     let started = Instant::now();
-    let deadline = deadline_after(b.lock_timeout());
-    let entry = b.entry(id);
-    let state = B::parts(&entry).1;
-    let timeout = || timed_out(b, id, &entry, started);
-    let (mut turn, mut slot, mut held) = (None, None, None);
-    let (mut event, mut outcome, mut after) = (Some(event), None, None);
-    for step in TRANSITION {
-        match step {
-            HoldStep::Take(Hold::Turn) => {
-                turn = Some(self::turn(b, id, &entry, deadline, started)?)
-            }
-            HoldStep::Take(Hold::State) => slot = Some(lock(state)),
-            HoldStep::Take(Hold::Lock) => {
-                let st = slot.as_mut().expect("TRANSITION takes the state first");
-                let ev = event.as_ref().expect("TRANSITION locks before it runs");
-                held = Some(begin_or_wait(deadline, timeout, || {
-                    b.begin(id, &entry, st, ev, deadline)
-                })?);
-            }
-            // A transition's checks are the machine's, in its run.
-            HoldStep::Check => {}
-            HoldStep::Run => {
-                let st = slot.as_mut().expect("TRANSITION takes the state first");
-                let h = held.as_mut().expect("TRANSITION takes the lock first");
-                let event = event.take().expect("TRANSITION runs once");
-                let mut tx = b.tx(id, &entry, st, h);
-                outcome = Some(driver::run(&mut tx, id, b.ttl(), event));
-            }
-            HoldStep::Give(Hold::Lock) => {
-                if let (Some(st), Some(h), Some(o)) = (slot.as_mut(), held.take(), &outcome) {
-                    after = Some(b.end(&entry, st, h, o));
-                }
-            }
-            HoldStep::Give(Hold::State) => slot = None,
-            HoldStep::Give(Hold::Turn) => turn = None,
-        }
-        b.observe(&entry);
-    }
-    debug_assert!(turn.is_none() && slot.is_none() && held.is_none());
-    let outcome = outcome.expect("TRANSITION runs")?;
-    Ok((outcome, after.expect("TRANSITION ends the run")))
-}
-
-/// `id`'s in-process turn on `b` by `deadline` (`None`: no limit), or the call's
-/// [`Error::LockTimeout`] (it `started` waiting then): a transition's, a fenced section's, and
-/// a waiting PostgreSQL acquire's first look at what its instance holds.
-pub(crate) fn turn<'e, B: Backend + ?Sized>(
-    b: &B,
-    id: &SessionId,
-    entry: &'e B::Entry,
-    deadline: Option<Instant>,
-    started: Instant,
-) -> Result<Turn<'e>, Error>
-where
-    B::State: 'e,
-{
-    B::parts(entry)
-        .0
-        .enter(deadline)
-        .ok_or_else(|| timed_out(b, id, entry, started))
-}
-
-/// The [`Error::LockTimeout`] of a call on `id` that `started` waiting for `b`'s lock of it.
-fn timed_out<B: Backend + ?Sized>(
-    b: &B,
-    id: &SessionId,
-    entry: &B::Entry,
-    started: Instant,
-) -> Error {
-    Error::LockTimeout {
-        lock: b.lock_of(id, entry),
-        waited: started.elapsed(),
-    }
+    let deadline = deadline_after(l.lock_timeout);
+    let entry = l.entry(id);
+    let turn = l.turn(id, &entry, deadline, started)?;
+    B::observe(l, id);
+    let mut state = lock(&entry.state);
+    B::observe(l, id);
+    let timeout = || l.timed_out(id, started);
+    let mut held = begin_or_wait(deadline, timeout, || {
+        B::lock(l, id, &mut state, &event, deadline)
+    })?;
+    B::observe(l, id);
+    let outcome = driver::run(
+        &mut B::tx(l, id, &entry, &mut state, &mut held),
+        id,
+        l.ttl,
+        event,
+    );
+    B::observe(l, id);
+    B::unlock(l, &entry, &mut state, held, &outcome);
+    B::observe(l, id);
+    let after = then(&mut state);
+    drop(state);
+    B::observe(l, id);
+    drop(turn);
+    B::observe(l, id);
+    Ok((outcome?, after))
 }
 
 /// The bounded begin-or-wait loop an id's transition lock is taken by, for every backend (and
@@ -234,20 +367,20 @@ pub(crate) fn begin_or_wait<T>(
 }
 
 /// One transition advanced one step at a time, for the lockstep harnesses: the very
-/// [`Backend::begin`], [`Backend::tx`] and [`Backend::end`] a call runs, without the turn (the
-/// harness never runs two calls of one instance at once) and with the deadline the harness
-/// gives (the flock stepper's: one attempt per step, [`Step::Blocked`] while another
+/// [`Backend::lock`], [`Backend::tx`] and [`Backend::unlock`] a call runs, without the turn
+/// (the harness never runs two calls of one instance at once) and with the deadline the
+/// harness gives (the flock stepper's: one attempt per step, [`Step::Blocked`] while another
 /// transition holds the lock).
 #[cfg(all(
     feature = "fault-injection",
     any(feature = "internals", feature = "postgres")
 ))]
-pub(crate) struct Steps<B: Backend> {
+pub(crate) struct Steps<B: Backend, P> {
     id: SessionId,
-    entry: Arc<B::Entry>,
-    run: Run<B::Pending>,
-    /// The lock and what the run carries, once begun (the steppers read it).
-    pub(crate) held: Option<B::Held>,
+    entry: Arc<Entry<B::State>>,
+    run: Run<P>,
+    /// The lock and what the run carries, once taken (the steppers read it).
+    pub(crate) held: Option<B::Lock>,
     /// The lock could not be had for an error: the run ended before its first step.
     failed: bool,
 }
@@ -256,7 +389,10 @@ pub(crate) struct Steps<B: Backend> {
     feature = "fault-injection",
     any(feature = "internals", feature = "postgres")
 ))]
-impl<B: Backend> std::fmt::Debug for Steps<B> {
+impl<B: Backend, P> std::fmt::Debug for Steps<B, P>
+where
+    for<'a> B::Tx<'a>: Transaction<Pending = P>,
+{
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Steps")
             .field("id", &self.id)
@@ -269,13 +405,16 @@ impl<B: Backend> std::fmt::Debug for Steps<B> {
     feature = "fault-injection",
     any(feature = "internals", feature = "postgres")
 ))]
-impl<B: Backend> Steps<B> {
-    /// A transition of `b` for `event` on `id`, at `grain`, not started.
-    pub(crate) fn new(b: &B, id: &SessionId, event: Event, grain: Grain) -> Self {
+impl<B: Backend, P> Steps<B, P>
+where
+    for<'a> B::Tx<'a>: Transaction<Pending = P>,
+{
+    /// A transition of `l` for `event` on `id`, at `grain`, not started.
+    pub(crate) fn new(l: &Leases<B>, id: &SessionId, event: Event, grain: Grain) -> Self {
         Steps {
             id: id.clone(),
-            entry: b.entry(id),
-            run: Run::new(grain, event, b.ttl()),
+            entry: l.entry(id),
+            run: Run::new(grain, event, l.ttl),
             held: None,
             failed: false,
         }
@@ -286,16 +425,16 @@ impl<B: Backend> Steps<B> {
         if self.failed { None } else { self.run.peek() }
     }
 
-    /// Performs the next step on `b` (the instance that made these steps); the lock, when it
-    /// is not held yet, is begun with `deadline` (a deadline already past: one attempt).
-    pub(crate) fn next(&mut self, b: &B, deadline: Option<Instant>) -> Step {
+    /// Performs the next step on `l` (the instance that made these steps); the lock, when it
+    /// is not held yet, is taken with `deadline` (a deadline already past: one attempt).
+    pub(crate) fn next(&mut self, l: &Leases<B>, deadline: Option<Instant>) -> Step {
         let entry = Arc::clone(&self.entry);
-        let mut state = lock(B::parts(&entry).1);
+        let mut state = lock(&entry.state);
         assert!(!self.failed, "a step after the run failed to begin");
-        // Begun at the run's first step only: after its last there is no lock to take (and the
-        // call panics below, as documented).
+        // Taken at the run's first step only: after its last there is no lock to take (and
+        // the call panics below, as documented).
         if self.held.is_none() && self.run.peek().is_some() {
-            match b.begin(&self.id, &entry, &mut state, self.run.event(), deadline) {
+            match B::lock(l, &self.id, &mut state, self.run.event(), deadline) {
                 Ok(Some(held)) => self.held = Some(held),
                 Ok(None) => return Step::Blocked,
                 Err(e) => {
@@ -306,69 +445,38 @@ impl<B: Backend> Steps<B> {
             }
         }
         let held = self.held.as_mut().expect("locked before the run's steps");
-        let mut tx = b.tx(&self.id, &entry, &mut state, held);
+        let mut tx = B::tx(l, &self.id, &entry, &mut state, held);
         let step = self.run.next(&mut tx, &self.id);
         drop(tx);
         if let Step::Done(outcome) = &step
             && let Some(held) = self.held.take()
         {
-            b.end(&entry, &mut state, held, outcome);
+            B::unlock(l, &entry, &mut state, held, outcome);
         }
         step
     }
 }
 
-/// [`SessionLease::acquire`](crate::SessionLease::acquire) for every backend.
-pub(crate) fn acquire<B: Backend + ?Sized>(
-    b: &B,
-    id: &SessionId,
-    owner: &Owner,
-) -> Result<Grant, Error> {
-    let event = Event::Acquire {
-        owner: owner.clone(),
-    };
-    checked(b, id, owner, transition(b, id, event).map(|(o, _)| o))
-}
-
-/// [`SessionLease::renew`](crate::SessionLease::renew) for every backend.
-pub(crate) fn renew<B: Backend + ?Sized>(b: &B, lease: &Lease) -> Result<Grant, Error> {
-    let event = Event::Renew {
-        owner: lease.owner.clone(),
-        token: lease.token,
-    };
-    let answer = transition(b, &lease.session_id, event).map(|(o, _)| o);
-    checked(b, &lease.session_id, &lease.owner, answer)
-}
-
-/// [`SessionLease::release`](crate::SessionLease::release) for every backend.
-pub(crate) fn release<B: Backend + ?Sized>(b: &B, lease: &Lease) -> Result<(), Error> {
-    let event = Event::Release {
-        owner: lease.owner.clone(),
-        token: lease.token,
-    };
-    transition(b, &lease.session_id, event).map(drop)
-}
-
-/// `answer` (an acquire's or a renew's, for `owner` on `id`) as the caller gets it from `b`:
-/// never a grant already expired on `b`'s clock. The call's final expiry check
-/// ([`machine::FinalCheck`]) decides: returned while unexpired; renewed on `b` first — which
+/// `answer` (an acquire's or a renew's, for `owner` on `id`) as the caller gets it from `l`:
+/// never a grant already expired on `l`'s clock. The call's final expiry check
+/// ([`machine::FinalCheck`]) decides: returned while unexpired; renewed on `l` first — which
 /// succeeds only if nobody took over meanwhile (the machine decides) — and judged again; or
 /// answered lost ([`Grant::Held`]) once still expired after [`machine::RECLAIMS`] renews, or
 /// when a renew failed (never an error: the first answer's commit happened, and an expired
 /// lease is free for others whatever this instance still holds).
-pub(crate) fn checked<B: Backend + ?Sized>(
-    b: &B,
+pub(crate) fn checked<B: Backend>(
+    l: &Leases<B>,
     id: &SessionId,
     owner: &Owner,
     mut answer: Result<Outcome, Error>,
 ) -> Result<Grant, Error> {
     let mut check = machine::FinalCheck::default();
     loop {
-        match check.next(answer, || b.lease_clock().now()) {
+        match check.next(answer, || l.clock.now()) {
             machine::Then::Return(answer) => return answer.map(|o| grant(o, id, owner)),
             machine::Then::Renew { token } => {
                 let owner = owner.clone();
-                answer = transition(b, id, Event::Renew { owner, token }).map(|(o, _)| o);
+                answer = transition(l, id, Event::Renew { owner, token });
             }
         }
     }
@@ -395,93 +503,6 @@ pub(crate) fn grant(outcome: Outcome, id: &SessionId, owner: &Owner) -> Grant {
     }
 }
 
-/// Implements [`SessionLease`](crate::SessionLease) for a [`Backend`] through the front, and
-/// gives it inherent `acquire`, `renew`, `release` and `acquire_guard` methods that call it, so
-/// that callers of every backend need not import the trait.
-macro_rules! session_lease {
-    ($adapter:ty) => {
-        impl $crate::SessionLease for $adapter {
-            fn acquire(
-                &self,
-                id: &$crate::SessionId,
-                owner: &$crate::Owner,
-            ) -> Result<$crate::Grant, $crate::Error> {
-                $crate::front::acquire(self, id, owner)
-            }
-
-            fn renew(&self, lease: &$crate::Lease) -> Result<$crate::Grant, $crate::Error> {
-                $crate::front::renew(self, lease)
-            }
-
-            fn clock(&self) -> std::sync::Arc<dyn $crate::Clock> {
-                $crate::front::Backend::lease_clock(self)
-            }
-
-            fn release(&self, lease: &$crate::Lease) -> Result<(), $crate::Error> {
-                $crate::front::release(self, lease)
-            }
-
-            fn on_liveness_lost(&self, lease: &$crate::Lease, notify: Box<dyn FnOnce() + Send>) {
-                $crate::front::Backend::on_liveness_lost(self, lease, notify)
-            }
-
-            fn store_gone(&self) -> Option<String> {
-                $crate::front::Backend::store_gone(self)
-            }
-        }
-
-        impl $adapter {
-            /// [`SessionLease::acquire`](crate::SessionLease::acquire), callable without
-            /// importing the trait.
-            ///
-            /// # Errors
-            ///
-            /// As [`SessionLease::acquire`](crate::SessionLease::acquire).
-            pub fn acquire(
-                &self,
-                id: &$crate::SessionId,
-                owner: &$crate::Owner,
-            ) -> Result<$crate::Grant, $crate::Error> {
-                <Self as $crate::SessionLease>::acquire(self, id, owner)
-            }
-
-            /// [`SessionLease::renew`](crate::SessionLease::renew), callable without importing
-            /// the trait.
-            ///
-            /// # Errors
-            ///
-            /// As [`SessionLease::renew`](crate::SessionLease::renew).
-            pub fn renew(&self, lease: &$crate::Lease) -> Result<$crate::Grant, $crate::Error> {
-                <Self as $crate::SessionLease>::renew(self, lease)
-            }
-
-            /// [`SessionLease::release`](crate::SessionLease::release), callable without
-            /// importing the trait.
-            ///
-            /// # Errors
-            ///
-            /// As [`SessionLease::release`](crate::SessionLease::release).
-            pub fn release(&self, lease: &$crate::Lease) -> Result<(), $crate::Error> {
-                <Self as $crate::SessionLease>::release(self, lease)
-            }
-
-            /// [`SessionLease::acquire_guard`](crate::SessionLease::acquire_guard), callable
-            /// without importing the trait.
-            ///
-            /// # Errors
-            ///
-            /// As [`SessionLease::acquire`](crate::SessionLease::acquire).
-            pub fn acquire_guard(
-                &self,
-                id: &$crate::SessionId,
-            ) -> Result<Option<$crate::LeaseGuard<'_, Self>>, $crate::Error> {
-                <Self as $crate::SessionLease>::acquire_guard(self, id)
-            }
-        }
-    };
-}
-pub(crate) use session_lease;
-
 /// The per-id entries of one instance: one per id in use, made on first use; idle ones are
 /// pruned when the map grows past [`PRUNE_AT`], then past twice the size left after pruning,
 /// so memory stays bounded by the ids in use, not every id ever seen.
@@ -500,7 +521,7 @@ struct Slots<E> {
 pub(crate) const PRUNE_AT: usize = 1024;
 
 /// A registry entry that can tell whether it is idle (may be pruned).
-pub(crate) trait Idle {
+pub trait Idle {
     /// Whether nobody is inside and nothing is held for the id. Never waits: an entry whose
     /// state is locked is in use.
     fn idle(&self) -> bool;

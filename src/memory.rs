@@ -11,9 +11,8 @@ use std::time::{Duration, Instant};
 
 use crate::clock::Clock;
 use crate::driver::{Begun, CommitStep, Grain, Transaction};
-use crate::error::{Error, LockOf};
-use crate::front::{Gate, Idle, Registry};
-use crate::lease::DEFAULT_TTL;
+use crate::error::Error;
+use crate::front::{Backend, Entry, Idle, Leases};
 use crate::machine::{Cleanup, Event, Liveness, Local, Outcome, Plan};
 use crate::name::SessionId;
 use crate::record::Record;
@@ -82,110 +81,69 @@ impl MemStore {
 /// let taken = b.acquire(&id, &Owner::new("b").unwrap()).unwrap().lease().unwrap();
 /// assert!(taken.token > lease.token);
 /// ```
+pub type MemLease = Leases<Mem>;
+
+/// The memory backend of one [`MemLease`]: its store, and which instance of the store it is.
 #[derive(Debug)]
-pub struct MemLease {
+pub struct Mem {
     store: MemStore,
     instance: u64,
-    clock: Arc<dyn Clock>,
-    ttl: Duration,
-    ids: Registry<MemEntry>,
 }
 
 impl MemLease {
-    /// A new instance over `store`. A zero `ttl` means [`DEFAULT_TTL`].
+    /// A new instance over `store`. A zero `ttl` means [`DEFAULT_TTL`](crate::DEFAULT_TTL).
     pub fn new(store: MemStore, clock: Arc<dyn Clock>, ttl: Duration) -> MemLease {
         let instance = store.next_instance.fetch_add(1, Ordering::Relaxed);
-        MemLease {
-            store,
-            instance,
-            clock,
-            ttl: if ttl.is_zero() { DEFAULT_TTL } else { ttl },
-            ids: Registry::default(),
-        }
+        // No lock timeout: a transition holds the store's mutex for a few map operations only.
+        Leases::with(Mem { store, instance }, ttl, Duration::MAX, clock)
     }
 }
 
-/// One id's in-process turn in a [`MemLease`] (the store's mutex is the transition lock).
-#[derive(Debug, Default)]
-pub(crate) struct MemEntry {
-    gate: Gate,
-    state: Mutex<()>,
-}
-
-impl Idle for MemEntry {
-    fn idle(&self) -> bool {
-        self.gate.is_free()
-    }
-}
-
-impl crate::front::Backend for MemLease {
-    type Entry = MemEntry;
+/// The memory backend (the store's mutex is the transition lock, taken by the transaction).
+impl Backend for Mem {
     type State = ();
-    type Held = ();
-    type Pending = u64;
+    type Lock = ();
     type Tx<'a> = MemTx<'a>;
-    type After = ();
 
-    fn entry(&self, id: &SessionId) -> Arc<MemEntry> {
-        self.ids.entry(id.as_str(), MemEntry::default)
-    }
-
-    fn parts(entry: &MemEntry) -> (&Gate, &Mutex<()>) {
-        (&entry.gate, &entry.state)
-    }
-
-    /// No limit: a transition holds the store's mutex for a few map operations only.
-    fn lock_timeout(&self) -> Duration {
-        Duration::MAX
-    }
-
-    fn ttl(&self) -> Duration {
-        self.ttl
-    }
-
-    /// Never named: memory waits without a deadline.
-    fn lock_of(&self, id: &SessionId, _entry: &MemEntry) -> LockOf {
-        LockOf::Row(id.clone())
-    }
+    fn state(&self, _id: &SessionId) {}
 
     /// Always free: the transaction takes the store's mutex, for the whole run.
-    fn begin(
-        &self,
-        _id: &SessionId,
-        _entry: &MemEntry,
-        _state: &mut (),
-        _event: &Event,
-        _deadline: Option<Instant>,
+    fn lock(
+        _: &MemLease,
+        _: &SessionId,
+        _: &mut (),
+        _: &Event,
+        _: Option<Instant>,
     ) -> Result<Option<()>, Error> {
         Ok(Some(()))
     }
 
     fn tx<'a>(
-        &'a self,
+        l: &'a MemLease,
         id: &'a SessionId,
-        _entry: &'a MemEntry,
-        _state: &'a mut (),
-        _held: &'a mut (),
+        _: &'a Entry<()>,
+        _: &'a mut (),
+        _: &'a mut (),
     ) -> MemTx<'a> {
         MemTx {
-            state: self.store.lock(),
-            instance: self.instance,
+            state: l.inner.store.lock(),
+            instance: l.inner.instance,
             id,
-            now: self.clock.now(),
+            now: l.clock.now(),
             temp: None,
         }
     }
 
-    fn end(&self, _: &MemEntry, _: &mut (), _: (), _: &Result<Outcome, Error>) {}
+    fn unlock(_: &MemLease, _: &Entry<()>, _: &mut (), _: (), _: &Result<Outcome, Error>) {}
+}
 
-    fn lease_clock(&self) -> Arc<dyn Clock> {
-        Arc::clone(&self.clock)
+impl Idle for () {
+    fn idle(&self) -> bool {
+        true
     }
 }
 
-crate::front::session_lease!(MemLease);
-
-impl Drop for MemLease {
+impl Drop for Mem {
     /// A crash, as the kernel sees it: every liveness lock of this instance is dropped; the
     /// files and records stay.
     fn drop(&mut self) {
@@ -199,7 +157,7 @@ impl Drop for MemLease {
     }
 }
 
-pub(crate) struct MemTx<'a> {
+pub struct MemTx<'a> {
     state: MutexGuard<'a, StoreState>,
     instance: u64,
     id: &'a SessionId,

@@ -425,7 +425,7 @@ pub(crate) fn create_dir(dir: &Path) -> Result<(), Error> {
 /// An open lock file, locked, and which file it is (its device and inode): an id's
 /// `<stem>.lock`, or a fence's `<fence file>.lock`.
 #[derive(Debug)]
-pub(crate) struct HeldLock {
+pub struct HeldLock {
     pub(crate) file: File,
     pub(crate) dev: u64,
     pub(crate) ino: u64,
@@ -562,7 +562,7 @@ pub(crate) fn identity(file: &File) -> io::Result<(u64, u64)> {
 impl super::FlockLease {
     /// Opens (creating) the transition lock at `path` ([`Access::LockCreate`], relieved).
     pub(crate) fn open_lock(&self, path: &Path) -> Result<File, Error> {
-        self.relieved(|| self.opener.open(path, Access::LockCreate))
+        self.relieved(|| self.inner.opener.open(path, Access::LockCreate))
     }
 
     /// Runs `open` (a step whose only descriptor-making call is its open: retrying it after
@@ -585,8 +585,8 @@ impl super::FlockLease {
     /// instances and the kept `<stem>.lock` descriptors of ids nobody is using now (an id in
     /// use, this caller's own included, keeps its own; never waits). How many it closed.
     fn give_back(&self) -> usize {
-        let mut closed = self.watches.give_back();
-        for entry in self.slots.entries() {
+        let mut closed = self.inner.watches.give_back();
+        for entry in self.ids.entries() {
             if let Ok(mut slot) = entry.state.try_lock()
                 && slot.kept.take().is_some()
             {

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use crate::clock::{Clock, SystemClock};
 use crate::driver::{Hold, HoldStep};
 use crate::error::Error;
-use crate::fault::{FaultPoint, Faults};
+use crate::fault::Faults;
 use crate::lease::{DEFAULT_TTL, Grant, Lease};
 use crate::machine;
 use crate::name::{Owner, SessionId};
@@ -41,9 +41,9 @@ mod step;
 mod tx;
 pub(crate) mod wait;
 
-use crate::front::Registry;
+use crate::front::Backend;
+use crate::front::Leases;
 use files::{Access, DEFAULT_FILE_MODE, HeldLock, Opener, read_bounded};
-use tx::{Slot, SlotEntry};
 use wait::Cancel;
 
 #[cfg(all(feature = "fault-injection", feature = "internals"))]
@@ -109,15 +109,14 @@ pub enum Durability {
 /// let lease = leases.renew(&lease).unwrap().lease().expect("still ours");
 /// leases.release(&lease).unwrap();
 /// ```
+pub type FlockLease = Leases<Files>;
+
+/// The flock backend of one [`FlockLease`]: its lease directory and how it opens files there.
 #[derive(Debug)]
-pub struct FlockLease {
+pub struct Files {
     dir: PathBuf,
     dir_file: File,
-    ttl: Duration,
-    clock: Arc<dyn Clock>,
-    lock_timeout: Duration,
     durability: Durability,
-    slots: Registry<SlotEntry>,
     opener: Opener,
     /// Inotify instances kept for waiting acquires.
     watches: wait::Watches,
@@ -182,7 +181,7 @@ impl FlockLease {
 
     /// The lease directory.
     pub fn dir(&self) -> &Path {
-        &self.dir
+        &self.inner.dir
     }
 
     /// The lease time-to-live.
@@ -271,9 +270,9 @@ impl FlockLease {
         deadline: Option<Instant>,
         cancel: Option<&Cancel>,
     ) -> Result<Grant, Error> {
-        let entry = self.slot(id.stem());
-        let paths = &entry.paths;
-        let queue_path = queue::path(&self.dir, &paths.stem);
+        let entry = self.entry(id);
+        let paths = files::Paths::new(&self.inner.dir, id.stem().to_owned());
+        let queue_path = queue::path(&self.inner.dir, &paths.stem);
         // This call's place in the id's line of waiters (PROTOCOL §4.6): taken when it first
         // has to wait, kept until it returns; and how long it has let a free lease go to the
         // places ahead, on a clock started now.
@@ -295,12 +294,13 @@ impl FlockLease {
             // An instance that holds the id tries at once: its own owner's call is a refresh
             // (re-entrant), another owner's is answered held and lines up. Else the line
             // decides. The look never waits: it reads until when the instance holds the id
-            // (the expiry it last committed, `Slot::held`), not under the state's mutex, which
+            // (the expiry it last committed, `tx::held_at`), not under the state's mutex, which
             // another thread's call may hold while it waits for the transition lock (up to its
             // lock timeout) — so the wait keeps its bound of one lock timeout past `timeout`
             // (the model's threads check it) and the line its order (a busy state is no turn).
-            let held_here = tx::held_at(&entry.held_until, self.clock.now());
-            let line_turn = !held_here && line.may_try(&self.opener, &queue_path, origin.elapsed());
+            let held_here = tx::held_at(&entry.held, self.clock.now());
+            let line_turn =
+                !held_here && line.may_try(&self.inner.opener, &queue_path, origin.elapsed());
             let turn = held_here || line_turn;
             if turn {
                 // The first in the line, right after the holder let go, tries the transition
@@ -322,7 +322,7 @@ impl FlockLease {
                 }
             }
             drop(watched.take());
-            line.join(&self.opener, &queue_path);
+            line.join(&self.inner.opener, &queue_path);
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return busy.map_or(Ok(Grant::Held), Err);
             }
@@ -361,7 +361,7 @@ impl FlockLease {
                 (None, None) => Instant::now() + Duration::from_secs(3600),
             };
             let live = paths.live(token);
-            let opened = self.relieved(|| self.opener.open(&live, Access::Wait));
+            let opened = self.relieved(|| self.inner.opener.open(&live, Access::Wait));
             match live::identify(opened, &live, tag)? {
                 live::Found::Own(file) => {
                     if !turn && live::holder_gone(&file).map_err(|e| Error::io("lock", &live, e))? {
@@ -372,7 +372,7 @@ impl FlockLease {
                         continue;
                     }
                     line.saw_held();
-                    wait::wait_for_holder(&self.watches, &live, &file, wake, cancel)
+                    wait::wait_for_holder(&self.inner.watches, &live, &file, wake, cancel)
                         .map_err(|e| Error::io("wait for", &live, e))?;
                     watched = Some(file);
                 }
@@ -433,56 +433,49 @@ impl FlockLease {
     pub fn fenced<T>(&self, lease: &Lease, f: impl FnOnce() -> T) -> Result<Option<T>, Error> {
         let started = Instant::now();
         let deadline = wait::deadline_after(self.lock_timeout);
-        let entry = self.slot(lease.session_id.stem());
-        let paths = &entry.paths;
-        let (mut turn, mut slot, mut stable) = (None, None, None);
-        let (mut f, mut out) = (Some(f), None);
+        let id = &lease.session_id;
+        let entry = self.entry(id);
+        let observe = || <Files as Backend>::observe(self, id);
         // What the section holds, taken and given back in `SECTION`'s order, which the model
         // checker's threads run too. A panic of `f` gives everything back (the lock by an
         // explicit unlock: `Unlocking`).
-        for step in SECTION {
-            match step {
-                HoldStep::Take(Hold::Turn) => {
-                    let id = &lease.session_id;
-                    turn = Some(crate::front::turn(self, id, &entry, deadline, started)?);
-                }
-                HoldStep::Take(Hold::State) => slot = Some(lock(&entry.state)),
-                HoldStep::Take(Hold::Lock) => {
-                    stable = Some(Unlocking(self.lock_stable(
-                        &paths.lock,
-                        deadline,
-                        started,
-                    )?));
-                }
-                HoldStep::Check => {
-                    let slot: &Slot = slot.as_ref().expect("SECTION takes the state first");
-                    let held_here = slot.local.as_ref().is_some_and(|g| {
-                        g.local.token == lease.token && g.local.owner == lease.owner
-                    });
-                    let record = self.peek_record(&paths.record)?;
-                    if !machine::fence_holds(
-                        record.as_ref().map(|(r, _)| r),
-                        &lease.owner,
-                        lease.token,
-                        held_here,
-                        self.clock.now(),
-                    ) {
-                        return Ok(None);
-                    }
-                }
-                HoldStep::Give(Hold::State) => slot = None,
-                HoldStep::Run => out = f.take().map(|f| f()),
-                HoldStep::Give(Hold::Lock) => stable = None,
-                HoldStep::Give(Hold::Turn) => turn = None,
-            }
-            self.opener.faults.observe(FaultPoint::Held, &paths.lock);
+        let turn = self.turn(id, &entry, deadline, started)?;
+        observe();
+        let slot = lock(&entry.state);
+        observe();
+        let paths = Arc::clone(&slot.paths);
+        let stable = Unlocking(self.lock_stable(&paths.lock, deadline, started)?);
+        observe();
+        let held_here = slot
+            .local
+            .as_ref()
+            .is_some_and(|g| g.local.token == lease.token && g.local.owner == lease.owner);
+        let record = self.peek_record(&paths.record)?;
+        let now = self.clock.now();
+        let holds = machine::fence_holds(
+            record.as_ref().map(|(r, _)| r),
+            &lease.owner,
+            lease.token,
+            held_here,
+            now,
+        );
+        observe();
+        if !holds {
+            return Ok(None);
         }
-        debug_assert!(turn.is_none() && slot.is_none() && stable.is_none());
-        Ok(out)
+        drop(slot);
+        observe();
+        let out = f();
+        observe();
+        drop(stable);
+        observe();
+        drop(turn);
+        observe();
+        Ok(Some(out))
     }
 
     fn peek_record(&self, path: &Path) -> Result<Option<(Record, Option<LiveTag>)>, Error> {
-        let file = match self.relieved(|| self.opener.open(path, Access::Read)) {
+        let file = match self.relieved(|| self.inner.opener.open(path, Access::Read)) {
             Ok(f) => f,
             Err(e) if e.io_kind() == Some(io::ErrorKind::NotFound) => return Ok(None),
             Err(e) => return Err(e),
@@ -501,14 +494,14 @@ impl FlockLease {
     #[cfg(feature = "fault-injection")]
     #[doc(hidden)]
     pub fn holds(&self, id: &SessionId) -> (bool, bool) {
-        let entry = self.slot(id.stem());
+        let entry = self.entry(id);
         (!entry.gate.is_free(), entry.state.try_lock().is_err())
     }
 
     /// How many ids this instance keeps state for (for tests of the pruning).
     #[doc(hidden)]
     pub fn tracked_ids(&self) -> usize {
-        self.slots.len()
+        self.ids.len()
     }
 
     /// Takes `<stem>.lock` by `deadline` ([`files::lock_at_path`]), for a fenced section.
@@ -519,7 +512,7 @@ impl FlockLease {
         started: Instant,
     ) -> Result<HeldLock, Error> {
         let open = || self.open_lock(path);
-        files::lock_at_path(path, &self.opener.faults, open, deadline, started)
+        files::lock_at_path(path, &self.inner.opener.faults, open, deadline, started)
     }
 }
 
@@ -637,16 +630,12 @@ impl FlockLeaseBuilder {
         }
         let (dir_file, owners, sticky) =
             files::open_dir(&self.dir, self.allow_network_fs, self.trust_foreign_owners)?;
-        Ok(FlockLease {
+        let files = Files {
             watches: wait::Watches::new(),
             kept_locks: Arc::default(),
             dir: self.dir,
             dir_file,
-            ttl: self.ttl,
-            clock: self.clock,
-            lock_timeout: self.lock_timeout,
             durability: self.durability,
-            slots: Registry::default(),
             sweeps: Mutex::default(),
             #[cfg(feature = "fault-injection")]
             untagged_records: self.untagged_records,
@@ -657,7 +646,8 @@ impl FlockLeaseBuilder {
                 faults: self.faults,
                 share: self.share_liveness.map(Arc::new),
             },
-        })
+        };
+        Ok(Leases::with(files, self.ttl, self.lock_timeout, self.clock))
     }
 }
 
@@ -714,7 +704,7 @@ impl FlockLease {
         let cancel = match Cancel::new() {
             Ok(c) => Arc::new(c),
             Err(e) => {
-                lock(&shared).result = Some(Err(Error::io("start a wait in", &self.dir, e)));
+                lock(&shared).result = Some(Err(Error::io("start a wait in", &self.inner.dir, e)));
                 return AcquireWait {
                     shared,
                     leases: Arc::clone(self),
@@ -749,7 +739,11 @@ impl FlockLease {
                 }
             });
         if let Err(e) = spawned {
-            lock(&shared).result = Some(Err(Error::io("start a thread to wait for", &self.dir, e)));
+            lock(&shared).result = Some(Err(Error::io(
+                "start a thread to wait for",
+                &self.inner.dir,
+                e,
+            )));
         }
         AcquireWait {
             shared,
@@ -851,7 +845,7 @@ impl FlockLease {
     /// assert!(leases.liveness_fd(&lease).unwrap().is_none());
     /// ```
     pub fn liveness_fd(&self, lease: &Lease) -> Result<Option<std::os::fd::OwnedFd>, Error> {
-        let entry = self.slot(lease.session_id.stem());
+        let entry = self.entry(&lease.session_id);
         let slot = lock(&entry.state);
         match slot.local.as_ref() {
             Some(generation)
@@ -863,7 +857,7 @@ impl FlockLease {
                     .live
                     .file
                     .try_clone()
-                    .map_err(|e| Error::io("duplicate", &entry.paths.live(lease.token), e))?;
+                    .map_err(|e| Error::io("duplicate", &slot.paths.live(lease.token), e))?;
                 Ok(Some(copy.into()))
             }
             _ => Ok(None),

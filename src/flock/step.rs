@@ -26,7 +26,7 @@ use crate::name::SessionId;
 /// Dropping it mid-way closes what it holds (the transition lock, a new generation's liveness
 /// file): what a crash of the process would do to them.
 #[derive(Debug)]
-pub struct Stepper(Steps<FlockLease>);
+pub struct Stepper(Steps<super::Files, super::tx::PendingLive>);
 
 impl FlockLease {
     /// A transition for `event` on `id`, not started: see [`Stepper`].
@@ -75,7 +75,7 @@ impl FlockLease {
     pub fn line_stepper(&self, id: &SessionId) -> LineStepper<'_> {
         LineStepper {
             lease: self,
-            path: queue::path(&self.dir, id.stem()),
+            path: queue::path(&self.inner.dir, id.stem()),
             waiter: queue::Waiter::default(),
         }
     }
@@ -84,12 +84,13 @@ impl FlockLease {
 impl LineStepper<'_> {
     /// Takes a place at the end of the line (the wait's first pause).
     pub fn join(&mut self) {
-        self.waiter.join(&self.lease.opener, &self.path);
+        self.waiter.join(&self.lease.inner.opener, &self.path);
     }
 
     /// One look at `now` (since the wait began): whether the call may try to acquire.
     pub fn may_try(&mut self, now: Duration) -> bool {
-        self.waiter.may_try(&self.lease.opener, &self.path, now)
+        self.waiter
+            .may_try(&self.lease.inner.opener, &self.path, now)
     }
 
     /// The lease was seen free at `now` with the record at `token`, and it is an earlier

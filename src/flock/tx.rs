@@ -6,31 +6,47 @@
 use std::fs::{self, File};
 use std::io::{self, Write};
 use std::os::unix::ffi::OsStrExt;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::files::{self, Access, HeldLock, Paths, read_bounded, standing};
 use super::live::{self, Found, Published};
-use super::{Durability, FlockLease};
+use super::{Durability, Files, FlockLease};
 use crate::Timestamp;
-use crate::clock::Clock;
 use crate::driver::{Begun, CommitStep, Grain, Transaction};
 use crate::error::Error;
 use crate::fault::FaultPoint;
-use crate::front::{Gate, Idle};
+use crate::front::{Backend, Entry, Idle};
 use crate::machine::{self, Cleanup, Event, Liveness, Local, Outcome, Plan};
 use crate::name::SessionId;
 use crate::record::{self, LiveTag, Record};
 
-/// Whether an instance whose [`Slot::held`] reads `until` holds the id at `now`: until the
-/// committed expiry, by the machine's one definition of expiry.
+/// Whether an instance whose entry's `held` (`front::Entry::held`) reads `until` holds the id
+/// at `now`: until the committed expiry, by the machine's one definition of expiry.
+///
+/// The flock backend keeps it so (`mark_held`): set at each commit point to the expiry of the
+/// record committed when it names this instance's generation, to none when it does not (a
+/// release's tombstone), and to none at the end of a transition that leaves the instance
+/// without a generation. So it changes with the record, not later: the release's deletion of
+/// its liveness file, which wakes the waiters, comes after it went down, and an acquire's
+/// refresh tries at once from its commit on; and it lapses with the lease's expiry. (A
+/// takeover by another process before the expiry, which needs this holder's liveness lock
+/// gone, shows here only at this instance's next transition on the id; so does a commit whose
+/// transition then failed.) A waiting acquire's look reads it: it must neither wait for
+/// another thread's call that has the slot nor guess when it cannot read it.
 pub(super) fn held_at(until: &AtomicI64, now: Timestamp) -> bool {
     match until.load(Ordering::Acquire) {
         i64::MIN => false,
         at => Timestamp::from_unix_nanos(i128::from(at))
             .is_some_and(|expiry| !machine::is_expired(expiry, now)),
     }
+}
+
+/// Says in `held`, for the look that reads it without the slot's mutex, until when this
+/// instance holds the id (`None`: it does not; [`held_at`]'s rule).
+pub(super) fn mark_held(held: &AtomicI64, until: Option<Timestamp>) {
+    held.store(until.map_or(i64::MIN, nanos), Ordering::Release);
 }
 
 /// `t` in Unix nanoseconds, within `i64` (years 1677 to 2262; beyond, the nearest end).
@@ -43,23 +59,12 @@ fn nanos(t: Timestamp) -> i64 {
 }
 
 /// What this instance holds for one id.
-#[derive(Debug, Default)]
-pub(crate) struct Slot {
+#[derive(Debug)]
+pub struct Slot {
+    /// The id's paths in the lease directory.
+    pub(super) paths: Arc<Paths>,
     /// The generation this instance holds, if any.
     pub(super) local: Option<LocalGen>,
-    /// Until when this instance holds the id (Unix nanoseconds; `i64::MIN`, or 0 as built:
-    /// not held), readable without the slot's mutex ([`Slot::held_until`]): set at each commit
-    /// point to the expiry of the record committed when it names this instance's generation,
-    /// to none when it does not (a release's tombstone), and to none at the end of a
-    /// transition that leaves the instance without a generation. So it changes with the
-    /// record, not later: the release's deletion of its liveness file, which wakes the
-    /// waiters, comes after it went down, and an acquire's refresh tries at once from its
-    /// commit on; and it lapses with the lease's expiry. (A takeover by another process before
-    /// the expiry, which needs this holder's liveness lock gone, shows here only at this
-    /// instance's next transition on the id; so does a commit whose transition then failed.)
-    /// A waiting acquire's look reads it: it must neither wait for another thread's call that
-    /// has the slot nor guess when it cannot read it.
-    held: Arc<AtomicI64>,
     /// A sweep of generations below this token that a takeover left to this id's next
     /// transition here (see [`FlockTx::sweep`]).
     pub(super) pending_sweep: Option<u64>,
@@ -72,19 +77,6 @@ pub(crate) struct Slot {
 }
 
 impl Slot {
-    /// Says, for the look that reads it without the mutex, until when this instance holds
-    /// the id (`None`: it does not; [`Slot::held`]'s rule).
-    pub(super) fn mark_held(&self, until: Option<Timestamp>) {
-        self.held
-            .store(until.map_or(i64::MIN, nanos), Ordering::Release);
-    }
-
-    /// Until when this instance holds the id, readable without the slot's mutex
-    /// ([`held_at`] reads it).
-    pub(super) fn held_until(&self) -> Arc<AtomicI64> {
-        Arc::clone(&self.held)
-    }
-
     /// Leaves a listing below `below` to this id's next transition here.
     pub(super) fn keep_sweep(&mut self, below: u64) {
         self.pending_sweep = Some(self.pending_sweep.map_or(below, |b| b.max(below)));
@@ -161,11 +153,13 @@ pub(super) struct LocalGen {
 /// as it likes: then the undo removes the file, if it is still the one at the name, so that
 /// no later acquire finds the name locked (PROTOCOL §7.1).
 #[derive(Debug)]
-pub(crate) struct PendingLive(Published, u64);
+pub struct PendingLive(Published, u64);
 
-pub(crate) struct FlockTx<'a> {
+pub struct FlockTx<'a> {
     pub(super) lease: &'a FlockLease,
-    pub(super) paths: &'a Paths,
+    pub(super) paths: Arc<Paths>,
+    /// Until when this instance holds the id ([`held_at`]).
+    pub(super) held: &'a AtomicI64,
     pub(super) slot: &'a mut Slot,
     /// The transition lock, taken before the run; the driver says when to release it.
     pub(super) stable: &'a File,
@@ -177,7 +171,7 @@ pub(crate) struct FlockTx<'a> {
 
 /// What one transition carries from one of its steps to the next.
 #[derive(Debug, Default)]
-pub(crate) struct TxState {
+pub struct TxState {
     /// The temporary record this transition created (under a name of its own) and has not
     /// renamed yet.
     pub(super) temp: Option<(File, std::path::PathBuf)>,
@@ -210,15 +204,15 @@ pub(crate) struct TxState {
 
 impl FlockTx<'_> {
     fn check(&self, point: FaultPoint, path: &std::path::Path) -> Result<(), Error> {
-        self.lease.opener.faults.check(point, path)
+        self.lease.inner.opener.faults.check(point, path)
     }
 
     fn durable(&self) -> bool {
-        self.lease.durability == Durability::Full
+        self.lease.inner.durability == Durability::Full
     }
 
     fn open(&self, path: &std::path::Path, access: Access) -> Result<File, Error> {
-        let (opener, dir) = (&self.lease.opener, &self.lease.dir_file);
+        let (opener, dir) = (&self.lease.inner.opener, &self.lease.inner.dir_file);
         self.lease.relieved(|| opener.open_in(dir, path, access))
     }
 
@@ -229,7 +223,13 @@ impl FlockTx<'_> {
         // On any failure it removes its temporary file and leaves the final name as it was,
         // so running it again (with the same tag) after running out of descriptors is safe.
         let published = self.lease.relieved(|| {
-            live::publish(&self.lease.opener, &self.lease.dir_file, &path, tag, over)
+            live::publish(
+                &self.lease.inner.opener,
+                &self.lease.inner.dir_file,
+                &path,
+                tag,
+                over,
+            )
         })?;
         self.st.commit_tag = Some(tag);
         Ok(published)
@@ -250,7 +250,7 @@ impl FlockTx<'_> {
         self.note_seen_record()?;
         let lock = &self.paths.lock;
         self.check(FaultPoint::CheckStable, lock)?;
-        let dir = Some(&self.lease.dir_file);
+        let dir = Some(&self.lease.inner.dir_file);
         let id = |path: &std::path::Path| match standing(dir, path) {
             Ok(m) => Ok(m.map(|m| m.id())),
             Err(e) => Err(Error::io("stat", path, e)),
@@ -309,7 +309,7 @@ impl FlockTx<'_> {
                 None => {
                     self.slot.sweep_waits = 0;
                     if self.slot.pending_sweep.is_none() {
-                        super::lock(&self.lease.sweeps).end(&self.paths.stem);
+                        super::lock(&self.lease.inner.sweeps).end(&self.paths.stem);
                     }
                 }
             },
@@ -326,7 +326,7 @@ impl FlockTx<'_> {
         // Still pending afterwards if this very transition's takeover left a new sweep.
         let again = self.slot.pending_sweep.is_some();
         let others = {
-            let mut sweeps = super::lock(&self.lease.sweeps);
+            let mut sweeps = super::lock(&self.lease.inner.sweeps);
             if let Some(names) = sweeps.found.remove(stem) {
                 self.slot.sweep_waits = 0;
                 sweeps.end(stem);
@@ -367,7 +367,7 @@ impl FlockTx<'_> {
             others
         };
         let listed = self.list(below, &others);
-        let mut sweeps = super::lock(&self.lease.sweeps);
+        let mut sweeps = super::lock(&self.lease.inner.sweeps);
         sweeps.last = Some(std::time::Instant::now());
         let Some((entries, mut found)) = listed else {
             // An incomplete listing names nothing: the others keep waiting for their own.
@@ -517,7 +517,7 @@ impl Transaction for FlockTx<'_> {
             (CommitStep::Point, _, commit) => {
                 self.rename()?;
                 // The record names this instance's generation now, or (a release) none.
-                self.slot.mark_held(machine::held_until(commit.as_ref()));
+                mark_held(self.held, machine::held_until(commit.as_ref()));
             }
             (CommitStep::SyncDir, ..) => self.sync_dir()?,
             _ => unreachable!("a commit step its plan does not list"),
@@ -529,7 +529,7 @@ impl Transaction for FlockTx<'_> {
         // Closing the descriptor releases a new generation's lock; its file stays (see
         // `PendingLive`), unless a receiver may keep the lock.
         if let Some(PendingLive(published, token)) = pending
-            && self.lease.opener.share.is_some()
+            && self.lease.inner.opener.share.is_some()
         {
             use std::os::unix::fs::MetadataExt;
             let path = self.paths.live(token);
@@ -615,7 +615,7 @@ impl FlockTx<'_> {
         };
         self.check(FaultPoint::StatLive, &path)?;
         let ours = &generation.live;
-        match standing(Some(&self.lease.dir_file), &path) {
+        match standing(Some(&self.lease.inner.dir_file), &path) {
             Ok(Some(m)) if m.id() == (ours.dev, ours.ino) => {
                 self.st.commit_tag = Some(ours.tag);
                 return Ok(());
@@ -655,7 +655,10 @@ impl FlockTx<'_> {
         };
         self.check(FaultPoint::WriteTemp, &path)?;
         #[cfg(feature = "fault-injection")]
-        let tag = self.st.commit_tag.filter(|_| !self.lease.untagged_records);
+        let tag = self
+            .st
+            .commit_tag
+            .filter(|_| !self.lease.inner.untagged_records);
         #[cfg(not(feature = "fault-injection"))]
         let tag = self.st.commit_tag;
         let written = tmp.write_all(&record::encode_tagged(record, tag));
@@ -693,7 +696,7 @@ impl FlockTx<'_> {
         };
         self.check(FaultPoint::Rename, to)?;
         // Both names looked up from the lease directory's descriptor (one component each).
-        let dir = &self.lease.dir_file;
+        let dir = &self.lease.inner.dir_file;
         nix::fcntl::renameat(dir, name_of(from), dir, name_of(to))
             .map_err(|e| Error::io("rename", to, io::Error::from(e)))?;
         // The record read is closed now, before the directory sync and the unlock: the
@@ -715,9 +718,10 @@ impl FlockTx<'_> {
         if !self.durable() {
             return Ok(());
         }
-        let dir = &self.lease.dir;
+        let dir = &self.lease.inner.dir;
         self.check(FaultPoint::SyncDir, dir)?;
         self.lease
+            .inner
             .dir_file
             .sync_all()
             .map_err(|e| Error::io("fsync", dir, e))
@@ -738,7 +742,7 @@ impl FlockTx<'_> {
     fn delete_live(&mut self, token: u64) {
         let path = self.paths.live(token);
         if self.check(FaultPoint::Unlink, &path).is_ok() {
-            let dir = &self.lease.dir_file;
+            let dir = &self.lease.inner.dir_file;
             let _ =
                 nix::unistd::unlinkat(dir, name_of(&path), nix::unistd::UnlinkatFlags::NoRemoveDir);
         }
@@ -755,7 +759,7 @@ impl FlockTx<'_> {
             self.delete_live(dead);
         }
         self.slot.keep_sweep(below);
-        let mut sweeps = super::lock(&self.lease.sweeps);
+        let mut sweeps = super::lock(&self.lease.inner.sweeps);
         sweeps.since += 1;
         sweeps.pending.insert(self.paths.stem.clone());
     }
@@ -766,90 +770,44 @@ fn name_of(path: &std::path::Path) -> &std::ffi::OsStr {
     path.file_name().unwrap_or(path.as_os_str())
 }
 
-/// One id's cached paths, its in-process turn, and what this instance holds for it.
-#[derive(Debug)]
-pub(crate) struct SlotEntry {
-    pub(super) paths: Paths,
-    pub(super) gate: Gate,
-    /// Until when this instance holds the id, readable without `state`'s mutex (the rule is
-    /// `Slot::held`'s; `held_at` reads it).
-    pub(super) held_until: Arc<AtomicI64>,
-    pub(super) state: Mutex<Slot>,
-}
-
-impl Idle for SlotEntry {
+impl Idle for Slot {
     fn idle(&self) -> bool {
-        self.gate.is_free()
-            && self
-                .state
-                .try_lock()
-                .is_ok_and(|slot| slot.local.is_none() && slot.pending_sweep.is_none())
+        self.local.is_none() && self.pending_sweep.is_none()
     }
 }
 
-impl FlockLease {
-    /// This instance's entry for the id with file stem `stem`.
-    pub(super) fn slot(&self, stem: &str) -> Arc<SlotEntry> {
-        self.slots.entry(stem, || {
-            let state = Slot::default();
-            SlotEntry {
-                paths: Paths::new(&self.dir, stem.to_owned()),
-                gate: Gate::default(),
-                held_until: state.held_until(),
-                state: Mutex::new(state),
-            }
-        })
-    }
-}
-
-// `FlockLease`'s `SessionLease` and its inherent `acquire`, `renew`, `release`: the front's.
-crate::front::session_lease!(FlockLease);
-
-/// What the flock backend gives the front (PROTOCOL §4): its entry for an id, one attempt at
-/// `<stem>.lock`, the transaction of one run under it, and the end.
-impl crate::front::Backend for FlockLease {
-    type Entry = SlotEntry;
+/// What the flock backend gives the front (PROTOCOL §4): an id's slot, one attempt at
+/// `<stem>.lock`, the transaction of one run under it, and the lock given back.
+impl Backend for Files {
     type State = Slot;
-    type Held = (HeldLock, TxState);
-    type Pending = PendingLive;
+    type Lock = (HeldLock, TxState);
     type Tx<'a> = FlockTx<'a>;
-    type After = ();
 
-    fn entry(&self, id: &SessionId) -> Arc<SlotEntry> {
-        self.slot(id.stem())
-    }
-
-    fn parts(entry: &SlotEntry) -> (&Gate, &Mutex<Slot>) {
-        (&entry.gate, &entry.state)
-    }
-
-    fn lock_timeout(&self) -> Duration {
-        self.lock_timeout
-    }
-
-    fn ttl(&self) -> Duration {
-        self.ttl
-    }
-
-    fn lock_of(&self, _id: &SessionId, entry: &SlotEntry) -> crate::error::LockOf {
-        crate::error::LockOf::File(entry.paths.lock.clone())
+    fn state(&self, id: &SessionId) -> Slot {
+        Slot {
+            paths: Arc::new(Paths::new(&self.dir, id.stem().to_owned())),
+            local: None,
+            pending_sweep: None,
+            sweep_waits: 0,
+            kept: None,
+        }
     }
 
     /// One attempt at `<stem>.lock` ([`files::lock_once`]); taken, the run carries the
     /// listing an earlier takeover of this instance left to it.
-    fn begin(
-        &self,
+    fn lock(
+        l: &FlockLease,
         _id: &SessionId,
-        entry: &SlotEntry,
         slot: &mut Slot,
         _event: &Event,
         deadline: Option<Instant>,
-    ) -> Result<Option<Self::Held>, Error> {
-        let path = &entry.paths.lock;
-        let open = || self.open_lock(path);
+    ) -> Result<Option<Self::Lock>, Error> {
+        let path = &slot.paths.lock;
+        let open = || l.open_lock(path);
         let kept = slot.kept.take();
-        let dir = Some(&self.dir_file);
-        let taken = files::lock_once(path, dir, &self.opener.faults, open, kept, deadline)?;
+        let dir = Some(&l.inner.dir_file);
+        let faults = &l.inner.opener.faults;
+        let taken = files::lock_once(path, dir, faults, open, kept, deadline)?;
         Ok(taken.map(|lock| {
             let st = TxState {
                 carried_sweep: slot.pending_sweep.take(),
@@ -860,16 +818,16 @@ impl crate::front::Backend for FlockLease {
     }
 
     fn tx<'a>(
-        &'a self,
+        l: &'a FlockLease,
         _id: &'a SessionId,
-        entry: &'a SlotEntry,
+        entry: &'a Entry<Slot>,
         slot: &'a mut Slot,
-        held: &'a mut Self::Held,
+        (lock, st): &'a mut Self::Lock,
     ) -> FlockTx<'a> {
-        let (lock, st) = held;
         FlockTx {
-            lease: self,
-            paths: &entry.paths,
+            lease: l,
+            paths: Arc::clone(&slot.paths),
+            held: &entry.held,
             slot,
             stable: &lock.file,
             stable_id: (lock.dev, lock.ino),
@@ -877,15 +835,15 @@ impl crate::front::Backend for FlockLease {
         }
     }
 
-    fn end(
-        &self,
-        _entry: &SlotEntry,
+    fn unlock(
+        l: &FlockLease,
+        entry: &Entry<Slot>,
         slot: &mut Slot,
-        (mut lock, mut st): Self::Held,
+        (mut lock, mut st): Self::Lock,
         _outcome: &Result<Outcome, Error>,
     ) {
         if slot.local.is_none() {
-            slot.mark_held(None);
+            mark_held(&entry.held, None);
         }
         // The carried listing waits for the next transition if the run did not get to it (the
         // driver ends every run by releasing the lock, which runs it).
@@ -898,7 +856,7 @@ impl crate::front::Backend for FlockLease {
         // place is free; otherwise (or if unlocking failed) closed, which unlocks it.
         if st.unlocked || lock.file.unlock().is_ok() {
             if lock.place.is_none() {
-                lock.place = files::KeepPlace::take(&self.kept_locks);
+                lock.place = files::KeepPlace::take(&l.inner.kept_locks);
             }
             if lock.place.is_some() {
                 slot.kept = Some(lock);
@@ -906,26 +864,28 @@ impl crate::front::Backend for FlockLease {
         }
     }
 
-    fn observe(&self, entry: &SlotEntry) {
-        self.opener
-            .faults
-            .observe(FaultPoint::Held, &entry.paths.lock);
+    fn lock_of(l: &FlockLease, id: &SessionId) -> crate::error::LockOf {
+        crate::error::LockOf::File(Paths::new(&l.inner.dir, id.stem().to_owned()).lock)
     }
 
-    fn lease_clock(&self) -> Arc<dyn Clock> {
-        Arc::clone(&self.clock)
+    fn observe(l: &FlockLease, id: &SessionId) {
+        let faults = &l.inner.opener.faults;
+        if faults.hooked() {
+            let lock = Paths::new(&l.inner.dir, id.stem().to_owned()).lock;
+            faults.observe(FaultPoint::Held, &lock);
+        }
     }
 
-    fn store_gone(&self) -> Option<String> {
+    fn store_gone(l: &FlockLease) -> Option<String> {
         use std::os::unix::fs::MetadataExt;
         let id = |m: &fs::Metadata| (m.dev(), m.ino());
-        let held = id(&self.dir_file.metadata().ok()?);
-        let now = match fs::metadata(&self.dir) {
+        let held = id(&l.inner.dir_file.metadata().ok()?);
+        let now = match fs::metadata(&l.inner.dir) {
             Ok(m) => Ok(Some(id(&m))),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(_) => Err(()),
         };
-        let dir = self.dir.display();
+        let dir = l.inner.dir.display();
         match machine::store_place(&held, now.as_ref().map(Option::as_ref).map_err(|_| ())) {
             machine::StorePlace::Same | machine::StorePlace::Unknown => None,
             machine::StorePlace::Replaced => Some(format!(
@@ -948,17 +908,16 @@ mod tests {
     fn the_held_flag_lapses_at_the_expiry() {
         let expiry = Timestamp::from_unix_secs(1_700_000_030).unwrap();
         let before = Timestamp::from_unix_secs(1_700_000_029).unwrap();
-        let slot = Slot::default();
-        let until = slot.held_until();
+        let until = AtomicI64::new(i64::MIN);
         assert!(!held_at(&until, before), "held before any commit");
-        slot.mark_held(Some(expiry));
+        mark_held(&until, Some(expiry));
         assert!(held_at(&until, before));
         assert!(!held_at(&until, expiry), "held at the expiry instant");
         assert_eq!(
             held_at(&until, expiry),
             !crate::machine::is_expired(expiry, expiry)
         );
-        slot.mark_held(None);
+        mark_held(&until, None);
         assert!(!held_at(&until, before), "held after a release");
     }
 }

@@ -280,7 +280,7 @@ impl PgLease {
 
     /// Whether this instance holds `lease`'s generation (its liveness lock).
     fn holds_here(&self, lease: &Lease) -> bool {
-        let entry = self.inner.id_state(&lease.session_id);
+        let entry = self.entry(&lease.session_id);
         let state = super::conn::lock(&entry.state);
         state.local.as_ref().is_some_and(|g| {
             g.local.token == lease.token && g.local.owner == lease.owner && g.conn.answers()

@@ -161,7 +161,7 @@ mod step;
 mod tls;
 mod tx;
 
-use crate::front::{self, Gate, Idle, Registry};
+use crate::front::{self, Backend, Entry, Leases};
 use conn::{Configs, Conn, HolderWait, OpenSessions, lock};
 use fault::Faults;
 #[cfg(feature = "fault-injection")]
@@ -181,7 +181,7 @@ pub use sessions::PgSession;
 pub use tls::PgTls;
 /// The statement parameter and result row types of [`PgFenced`] (from `tokio-postgres`).
 pub use tokio_postgres::{Row, types::ToSql};
-use tx::{IdState, PendingLive, PgTx, TxData};
+use tx::{IdState, PgTx, TxData};
 
 /// The default bound on waiting for a lease row locked by another transition: 5 seconds.
 pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -213,9 +213,7 @@ const IN_PROCESS_HANDOFF: Duration = Duration::from_millis(2);
 /// # Ok(())
 /// # }
 /// ```
-pub struct PgLease {
-    inner: Inner,
-}
+pub type PgLease = Leases<Inner>;
 
 /// Options for [`PgLease`]; start from [`PgLease::builder`].
 #[must_use]
@@ -263,7 +261,7 @@ impl PgLease {
 
     /// The lease time-to-live.
     pub fn ttl(&self) -> Duration {
-        self.inner.ttl
+        self.ttl
     }
 
     /// The clock lease expiries are in: the server's clock as last read, plus the time
@@ -276,13 +274,7 @@ impl PgLease {
     /// the two), so a lease never looks valid here after the server sees it expired.
     /// [`KeepAlive`](crate::KeepAlive) uses it by default ([`SessionLease::clock`](crate::SessionLease::clock)).
     pub fn clock(&self) -> Arc<dyn Clock> {
-        match &self.inner.clock {
-            Some(c) => Arc::clone(c),
-            None => Arc::new(ServerClock {
-                local: Arc::clone(&self.inner.local_clock),
-                offset_nanos: Arc::clone(&self.inner.offset_nanos),
-            }),
-        }
+        Arc::clone(&self.clock)
     }
 
     /// Acquires the lease of `id` for `owner`, waiting up to `timeout` while another owner
@@ -344,7 +336,7 @@ impl PgLease {
         {
             return done;
         }
-        front::transition(self, id, event)
+        front::transition_then(self, id, event, |state| state.waited.take())
     }
 
     /// An acquire's transition behind a wait for the holder: the wait and the first round
@@ -363,12 +355,12 @@ impl PgLease {
         wait: HolderWait,
     ) -> Result<Option<Result<(Outcome, Waited), Error>>, Error> {
         let inner = &self.inner;
-        let entry = inner.id_state(id);
+        let entry = self.entry(id);
         let local_of = |s: &IdState| s.local.as_ref().map(|g| g.local.token as i64);
         let local = {
             let started = Instant::now();
             let bound = started.checked_add(inner.lock_timeout);
-            let _turn = front::turn(self, id, &entry, bound, started)?;
+            let _turn = self.turn(id, &entry, bound, started)?;
             local_of(&lock(&entry.state))
         };
         let conn = inner.live_conn(id)?;
@@ -397,17 +389,17 @@ impl PgLease {
             },
             acquire: true,
         };
-        use front::Backend;
-        let mut tx = self.tx(id, &entry, &mut state, &mut held);
-        let outcome = driver::run(&mut tx, id, inner.ttl, event.clone());
-        let waited = self.end(&entry, &mut state, held, &outcome);
+        let mut tx = Inner::tx(self, id, &entry, &mut state, &mut held);
+        let outcome = driver::run(&mut tx, id, self.ttl, event.clone());
+        Inner::unlock(self, &entry, &mut state, held, &outcome);
+        let waited = state.waited.take();
         Ok(Some(outcome.map(|o| (o, waited))))
     }
 }
 
 /// A PostgreSQL transition's lock, begun: the connection whose first statement (the run's
 /// begin) locks the row, and what the run carries from step to step.
-pub(crate) struct PgHeld {
+pub struct PgHeld {
     conn: Conn,
     data: TxData,
     acquire: bool,
@@ -417,32 +409,13 @@ pub(crate) struct PgHeld {
 /// read (for [`PgLease::acquire_wait`]'s next attempt).
 type Waited = Option<(HolderWait, Instant)>;
 
-impl front::Backend for PgLease {
-    type Entry = IdEntry;
+impl Backend for Inner {
     type State = IdState;
-    type Held = PgHeld;
-    type Pending = PendingLive;
+    type Lock = PgHeld;
     type Tx<'a> = PgTx<'a>;
-    type After = Waited;
 
-    fn entry(&self, id: &SessionId) -> Arc<IdEntry> {
-        self.inner.id_state(id)
-    }
-
-    fn parts(entry: &IdEntry) -> (&Gate, &Mutex<IdState>) {
-        (&entry.gate, &entry.state)
-    }
-
-    fn lock_timeout(&self) -> Duration {
-        self.inner.lock_timeout
-    }
-
-    fn ttl(&self) -> Duration {
-        self.inner.ttl
-    }
-
-    fn lock_of(&self, id: &SessionId, _entry: &IdEntry) -> crate::error::LockOf {
-        crate::error::LockOf::Row(id.clone())
+    fn state(&self, _id: &SessionId) -> IdState {
+        IdState::default()
     }
 
     /// The transition's connection (an acquire's: an idle liveness connection, which keeps
@@ -450,23 +423,21 @@ impl front::Backend for PgLease {
     /// speculative probe, and the row lock's wait — what is left of the caller's bound if its
     /// turn took a noticeable part of it (else the session's own `lock_timeout`); nothing
     /// left: not begun. The row lock itself is the run's first step, in the server.
-    fn begin(
-        &self,
+    fn lock(
+        l: &PgLease,
         id: &SessionId,
-        _entry: &IdEntry,
         state: &mut IdState,
         event: &Event,
         deadline: Option<Instant>,
     ) -> Result<Option<PgHeld>, Error> {
-        let inner = &self.inner;
         let left = deadline
             .map(|d| d.saturating_duration_since(Instant::now()))
-            .filter(|left| inner.lock_timeout.saturating_sub(*left) >= Duration::from_millis(1));
+            .filter(|left| l.lock_timeout.saturating_sub(*left) >= Duration::from_millis(1));
         if left == Some(Duration::ZERO) {
             return Ok(None);
         }
         let acquire = matches!(event, Event::Acquire { .. });
-        let (conn, probe) = inner.run_conn(id, acquire, state)?;
+        let (conn, probe) = l.inner.run_conn(id, acquire, state)?;
         let data = TxData {
             ask: (probe, left),
             ..TxData::default()
@@ -479,14 +450,14 @@ impl front::Backend for PgLease {
     }
 
     fn tx<'a>(
-        &'a self,
+        l: &'a PgLease,
         id: &'a SessionId,
-        _entry: &'a IdEntry,
+        _entry: &'a Entry<IdState>,
         state: &'a mut IdState,
         held: &'a mut PgHeld,
     ) -> PgTx<'a> {
         PgTx {
-            inner: &self.inner,
+            inner: &l.inner,
             id,
             conn: &mut held.conn,
             state,
@@ -495,15 +466,16 @@ impl front::Backend for PgLease {
     }
 
     /// Ends the run ([`Inner::end_run`]); what a waiting acquire answered held waits for
-    /// next: the machine says (the record as read).
-    fn end(
-        &self,
-        _entry: &IdEntry,
+    /// next is kept in the state for it (`IdState::waited`): the machine says (the record as
+    /// read).
+    fn unlock(
+        l: &PgLease,
+        _entry: &Entry<IdState>,
         state: &mut IdState,
         held: PgHeld,
         outcome: &Result<Outcome, Error>,
-    ) -> Waited {
-        let next = match (outcome, &held.data.first) {
+    ) {
+        state.waited = match (outcome, &held.data.first) {
             (Ok(Outcome::Held), Some(first)) if held.acquire => {
                 first.record.as_ref().and_then(|r| {
                     crate::machine::wait_for(r, first.now).map(|w| {
@@ -518,19 +490,13 @@ impl front::Backend for PgLease {
             }
             _ => None,
         };
-        self.inner.end_run(state, held.conn, held.data);
-        next
-    }
-
-    /// [`PgLease::clock`]: the server's clock as estimated on this host.
-    fn lease_clock(&self) -> Arc<dyn Clock> {
-        PgLease::clock(self)
+        l.inner.end_run(state, held.conn, held.data);
     }
 
     /// Calls `notify` when the liveness connection of `lease`'s generation ends (at once if
     /// it has, or if this instance does not hold the generation).
-    fn on_liveness_lost(&self, lease: &Lease, notify: Box<dyn FnOnce() + Send>) {
-        let entry = self.inner.id_state(&lease.session_id);
+    fn on_liveness_lost(l: &PgLease, lease: &Lease, notify: Box<dyn FnOnce() + Send>) {
+        let entry = l.entry(&lease.session_id);
         let state = lock(&entry.state);
         match &state.local {
             Some(g) if g.local.token == lease.token && g.local.owner == lease.owner => {
@@ -548,17 +514,11 @@ impl front::Backend for PgLease {
             }
         }
     }
-}
 
-front::session_lease!(PgLease);
-
-impl Drop for PgLease {
     /// Unlocks every liveness lock this instance holds (as the server would after a crash,
-    /// but before returning), then closes every connection.
-    fn drop(&mut self) {
-        let inner = &self.inner;
-        let ids = inner.ids.entries();
-        for entry in ids {
+    /// but before returning), then (as the instance's fields drop) closes every connection.
+    fn close(l: &mut PgLease) {
+        for entry in l.ids.entries() {
             if let Some(generation) = lock(&entry.state).local.take() {
                 generation.conn.ended.clear();
                 // Only in the connection's own server session (see `conn::ours`).
@@ -567,17 +527,16 @@ impl Drop for PgLease {
                     conn::ours(&format!("'{}'", generation.conn.nonce))
                 );
                 let unlock = generation.conn.client.simple_query(&sql);
-                let _ = conn::within(&inner.rt, Duration::from_secs(2), unlock);
+                let _ = conn::within(&l.inner.rt, Duration::from_secs(2), unlock);
             }
         }
     }
 }
 
-impl std::fmt::Debug for PgLease {
+impl std::fmt::Debug for Inner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgLease")
-            .field("ttl", &self.inner.ttl)
-            .field("lock_timeout", &self.inner.lock_timeout)
+            .field("lock_timeout", &self.lock_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -710,22 +669,26 @@ impl PgLeaseBuilder {
         let offset_nanos = Arc::new(AtomicI64::new(
             offset.clamp(i64::MIN.into(), i64::MAX.into()) as i64,
         ));
-        Ok(PgLease {
-            inner: Inner {
-                rt,
-                configs,
-                ttl: self.ttl,
-                lock_timeout: self.lock_timeout,
-                clock: self.clock,
-                local_clock: self.local_clock,
-                offset_nanos,
-                faults: self.faults,
-                tx_pool,
-                live_pool,
-                open,
-                ids: Registry::default(),
-            },
-        })
+        let clock: Arc<dyn Clock> = match &self.clock {
+            Some(c) => Arc::clone(c),
+            None => Arc::new(ServerClock {
+                local: Arc::clone(&self.local_clock),
+                offset_nanos: Arc::clone(&offset_nanos),
+            }),
+        };
+        let inner = Inner {
+            rt,
+            configs,
+            lock_timeout: self.lock_timeout,
+            clock: self.clock,
+            local_clock: self.local_clock,
+            offset_nanos,
+            faults: self.faults,
+            tx_pool,
+            live_pool,
+            open,
+        };
+        Ok(Leases::with(inner, self.ttl, self.lock_timeout, clock))
     }
 }
 
@@ -761,27 +724,11 @@ impl Clock for ServerClock {
     }
 }
 
-/// One id's in-process turn and what this instance holds for it.
-#[derive(Default)]
-pub(crate) struct IdEntry {
-    /// Taken for a whole transition: one at a time per id, each caller waiting for its own
-    /// deadline.
-    gate: Gate,
-    /// Locked while a transition runs, and for moments by the calls that only look.
-    state: Mutex<IdState>,
-}
-
-impl Idle for IdEntry {
-    fn idle(&self) -> bool {
-        self.gate.is_free() && self.state.try_lock().is_ok_and(|s| s.local.is_none())
-    }
-}
-
 /// Everything but the public face, so the transaction can borrow it.
-pub(crate) struct Inner {
+pub struct Inner {
     rt: conn::Rt,
     configs: Configs,
-    ttl: Duration,
+    /// The front's lock timeout, for the statements' own bounds.
     lock_timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
     local_clock: Arc<dyn Clock>,
@@ -791,7 +738,6 @@ pub(crate) struct Inner {
     live_pool: Arc<Mutex<Vec<Conn>>>,
     /// The server sessions of every open connection, each a different one.
     open: Arc<OpenSessions>,
-    ids: Registry<IdEntry>,
 }
 
 impl Inner {
@@ -822,10 +768,6 @@ impl Inner {
         } else {
             Ok((self.tx_conn(Some(id))?, None))
         }
-    }
-
-    fn id_state(&self, id: &SessionId) -> Arc<IdEntry> {
-        self.ids.entry(id.as_str(), IdEntry::default)
     }
 }
 

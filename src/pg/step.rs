@@ -21,7 +21,7 @@ use crate::name::SessionId;
 /// Dropping it mid-way drops its connection: the server ends the session, and with it the
 /// row lock and any advisory lock it took — what a crash of the process does.
 #[derive(Debug)]
-pub struct PgStepper(Steps<PgLease>);
+pub struct PgStepper(Steps<super::Inner, super::tx::PendingLive>);
 
 impl PgLease {
     /// A transition for `event` on `id`, not started: see [`PgStepper`].

@@ -17,8 +17,17 @@ use crate::timestamp::Timestamp;
 
 /// What this instance holds for one id.
 #[derive(Default)]
-pub(crate) struct IdState {
+pub struct IdState {
     pub(super) local: Option<LiveGen>,
+    /// What the last acquire answered held waits for next (for `PgLease::acquire_wait`):
+    /// the holder's generation and the wait, as of the instant the row was read.
+    pub(super) waited: Option<(super::conn::HolderWait, std::time::Instant)>,
+}
+
+impl crate::front::Idle for IdState {
+    fn idle(&self) -> bool {
+        self.local.is_none()
+    }
 }
 
 /// A generation this instance holds: its liveness connection keeps the session advisory lock
@@ -40,7 +49,7 @@ pub(super) fn gen_key(token: u64) -> i32 {
 /// transaction runs on the idle liveness connection that is to hold its new generation. So the
 /// lock is held before the commit, as the driver's schedule requires, without a round trip of
 /// its own.
-pub(crate) struct PendingLive;
+pub struct PendingLive;
 
 /// Where a planned generation lock stands on the transaction's connection.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -91,7 +100,7 @@ pub(crate) struct TxData {
 }
 
 /// One transition's transaction on `conn`.
-pub(crate) struct PgTx<'a> {
+pub struct PgTx<'a> {
     pub(super) inner: &'a Inner,
     pub(super) id: &'a SessionId,
     pub(super) conn: &'a mut Conn,
