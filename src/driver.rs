@@ -156,7 +156,7 @@ pub trait Transaction {
 
     /// Takes the id's lock without blocking: `Ok(false)` when another transition holds it
     /// (the run then waits at this step). The crate's backends keep this default: the front
-    /// takes the lock before the run (`front::Backend::begin`, in its bounded begin-or-wait
+    /// takes the lock before the run (`front::Backend::lock`, in its bounded begin-or-wait
     /// loop); the model checker's transaction takes it here.
     ///
     /// # Errors
@@ -528,6 +528,10 @@ impl<P> Run<P> {
         match machine::step(input).map_err(|e| step_error(e, id))? {
             Decision::Probe { token } => self.schedule.push(Io::Probe { token }),
             Decision::Plan(plan) => {
+                debug_assert!(
+                    plan.commit_keeps_invariants(input),
+                    "a plan breaks the commit's invariants: {input:?} -> {plan:?}"
+                );
                 self.schedule.extend(Run::<P>::schedule(self.grain, &plan));
                 self.plan = Some(plan);
             }

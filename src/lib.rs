@@ -123,6 +123,7 @@ pub mod fence;
 pub mod pg;
 // `status` lives beside the flock backend it reads.
 pub use flock::status;
+#[cfg(feature = "supervise")]
 pub mod supervise;
 
 mod clock;
@@ -191,6 +192,8 @@ pub use error::{Error, ErrorKind, LockOf};
 #[doc(inline)]
 pub use fence::{Admission, Fence};
 pub use flock::{AcquireWait, DEFAULT_LOCK_TIMEOUT, Durability, FlockLease, FlockLeaseBuilder};
+/// The one front of every backend: use it as [`FlockLease`], [`MemLease`] or `PgLease`.
+pub use front::Leases;
 pub use keepalive::{DEFAULT_CLOCK_CHECK, KeepAlive, KeepAliveBuilder, Loss, Lost};
 pub use lease::{DEFAULT_TTL, Grant, Lease, LeaseGuard, SessionLease};
 pub use memory::{MemLease, MemStore};

@@ -125,6 +125,30 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// Whether the record this plan commits keeps the machine's own invariants against the
+    /// `input` it was decided on: a new generation's token is the previous one plus one (1
+    /// without a record), any other commit keeps the token; a grant's expiry lies after `now`
+    /// and no later than `now + ttl`; a tombstone names nobody. A plan that commits nothing
+    /// keeps them trivially. The driver asserts it for every plan in debug builds (the tests
+    /// and the model's lockstep).
+    pub fn commit_keeps_invariants(&self, input: &Input) -> bool {
+        let Some(commit) = &self.commit else {
+            return true;
+        };
+        let previous = input.record.as_ref().map_or(0, |r| r.token);
+        let token_ok = match self.new_generation() {
+            Some(local) => commit.token == previous + 1 && local.token == commit.token,
+            None => commit.token == previous,
+        };
+        let expiry_ok = commit.is_tombstone()
+            || (commit.expiry > input.now
+                && input
+                    .now
+                    .checked_add(input.ttl)
+                    .is_some_and(|latest| commit.expiry <= latest));
+        token_ok && expiry_ok
+    }
+
     /// The generation the plan's preparation locks or checks ([`Prepare::LockLive`] or
     /// [`Prepare::EnsureLive`]), if it has one.
     pub fn prepared_token(&self) -> Option<u64> {

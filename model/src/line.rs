@@ -128,7 +128,7 @@ pub struct LineState {
     pub past_stopped: bool,
     /// Ghost: a waiter was granted past a stray lock of more than one byte.
     pub past_span: bool,
-    /// The holder's instance's held flag (`Slot::held`): until when the instance holds the id
+    /// The holder's instance's held flag (`flock::tx::held_at`): until when the instance holds the id
     /// (`None`: it does not).
     pub held: Option<flocklease::Timestamp>,
     /// The holder's release committed, its transition not ended yet.

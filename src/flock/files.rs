@@ -604,7 +604,7 @@ impl super::FlockLease {
 /// touched ([`keep_fresh`]). [`Error::LockTimeout`] at the deadline. The one "lock the file at
 /// this path" of the crate: the front's bounded begin-or-wait loop around [`lock_once`], which
 /// a [`Fence`](crate::Fence)'s lock and a fenced section's take here, and the front's
-/// transition takes through `front::Backend::begin` (the lockstep's stepper: one attempt).
+/// transition takes through `front::Backend::lock` (the lockstep's stepper: one attempt).
 pub(crate) fn lock_at_path(
     path: &Path,
     faults: &Faults,

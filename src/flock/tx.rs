@@ -1,5 +1,5 @@
 //! One transition of the flock backend: what it gives the front (`front::Backend`: the id's
-//! entry, one attempt at `<stem>.lock`, the end), and the transaction — the primitive steps of
+//! slot, one attempt at `<stem>.lock`, the lock given back), and the transaction — the primitive steps of
 //! one transition on files, done under the id's transition lock, for
 //! [`driver::run`](crate::driver::run), which orders them.
 

@@ -65,6 +65,22 @@ pub(super) enum LiveLock {
     Unknown,
 }
 
+/// What the commit statement answered, once its `COMMIT` succeeded.
+enum Reply {
+    /// The connection's statement ran in another server session than the one it marked (a
+    /// pooler): nothing was tried, nothing committed.
+    OtherSession,
+    /// The row update ran: `lock` says whether the new generation's lock was granted (always
+    /// with none planned; refused, the update changed nothing), `rows` how many rows it
+    /// changed.
+    Updated {
+        /// The new generation's lock was granted (or none was planned).
+        lock: bool,
+        /// Rows the update changed (0: the row vanished).
+        rows: u64,
+    },
+}
+
 /// The transition's first round trip: the row locked and read, with the server's clock.
 pub(super) struct First {
     /// The row's advisory key.
@@ -414,7 +430,7 @@ impl PgTx<'_> {
                     );
                     let rows = updated?;
                     committed?;
-                    Ok((Some(true), rows))
+                    Ok(Reply::Updated { lock: true, rows })
                 }
                 Some(t) => {
                     let gk = gen_key(t);
@@ -427,18 +443,17 @@ impl PgTx<'_> {
                     let row = updated?;
                     committed?;
                     if !row.try_get::<_, bool>(2)? {
-                        // Another server session than the connection's: nothing was tried.
-                        return Ok((None, 0));
+                        return Ok(Reply::OtherSession);
                     }
-                    Ok((
-                        Some(row.try_get::<_, bool>(0)?),
-                        row.try_get::<_, i64>(1)? as u64,
-                    ))
+                    Ok(Reply::Updated {
+                        lock: row.try_get::<_, bool>(0)?,
+                        rows: row.try_get::<_, i64>(1)? as u64,
+                    })
                 }
             }
         });
         match done {
-            Ok((None, _)) => {
+            Ok(Reply::OtherSession) => {
                 // Committed nothing (the row update depended on the lock); the connection's
                 // own session may serve other clients: closed, never ended on its account.
                 self.d.finished = true;
@@ -452,7 +467,7 @@ impl PgTx<'_> {
                     ),
                 })
             }
-            Ok((Some(got), rows)) => {
+            Ok(Reply::Updated { lock: got, rows }) => {
                 self.d.finished = true;
                 if let Some(t) = live {
                     self.d.live = if got { LiveLock::Held } else { LiveLock::None };
