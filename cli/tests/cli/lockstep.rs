@@ -307,8 +307,10 @@ fn take(
                     std::thread::sleep(Duration::from_millis(2));
                 }
             }
+            // To whichever is still there: a watchdog that died of it may have ended the rest.
             let _ = send(-job, Signal::SIGTERM);
-            send(run, Signal::SIGTERM)
+            let _ = send(run, Signal::SIGTERM);
+            Ok(())
         }
         other => Err(format!("{other:?} has no real counterpart here")),
     }
