@@ -30,9 +30,9 @@ use std::fs::File;
 use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::process::{Child, ExitStatus, Stdio};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use flocklease::supervise::Exit;
@@ -208,7 +208,7 @@ fn drive(schedule: &Schedule, (s, id): (&Scene, &str), run: &mut Child) -> Resul
     let job = s.pid("pid");
     let dog = watchdog_of(run_pid);
     s.track(dog);
-    let (rival, _stop_rival) = rival(s, id, job);
+    let (rival, _rival) = rival(s, id, job);
     let mut granted: Option<bool> = None;
     let mut exited: Option<ExitStatus> = None;
     for (i, &step) in schedule.steps.iter().enumerate() {
@@ -349,28 +349,57 @@ fn stop_outside_transition_if_alive(run: i32, s: &Scene, id: &str) -> Result<(),
     Err("never stopped outside a transition".into())
 }
 
-/// The harness's rival: waits for the lease in a thread of its own and, the moment it is
-/// granted, says whether a process of the job's group still runs. It holds the lease until the
-/// returned sender is dropped.
-fn rival(s: &Scene, id: &str, job: i32) -> (Receiver<bool>, mpsc::Sender<()>) {
+/// The harness's rival: waits for the lease in a thread of its own (`acquire_wait` in slices
+/// of 50 ms, so that it can be called off) and, the moment it is granted, says whether a
+/// process of the job's group still runs. It holds the lease until the guard is dropped, which
+/// ends the thread before the scene's directory is removed (a wait left behind would create it
+/// again and take the lease there).
+fn rival(s: &Scene, id: &str, job: i32) -> (Receiver<bool>, Rival) {
     let (tx, rx) = mpsc::channel();
-    let (stop, stopped) = mpsc::channel::<()>();
+    let stop = Arc::new(AtomicBool::new(false));
     let leases = FlockLease::builder(&s.leases)
         .ttl(Duration::from_secs(60))
         .durability(Durability::NoSync)
         .open()
         .unwrap();
     let id = SessionId::new(id).unwrap();
-    std::thread::spawn(move || {
+    let stopped = Arc::clone(&stop);
+    let thread = std::thread::spawn(move || {
         let owner = Owner::new("rival").unwrap();
-        if let Ok(grant) = leases.acquire_wait(&id, &owner, GUARD)
-            && grant.lease().is_some()
-        {
-            let _ = tx.send(group_runs(job));
-            let _ = stopped.recv();
+        while !stopped.load(Ordering::SeqCst) {
+            if let Ok(grant) = leases.acquire_wait(&id, &owner, Duration::from_millis(50))
+                && grant.lease().is_some()
+            {
+                let _ = tx.send(group_runs(job));
+                while !stopped.load(Ordering::SeqCst) {
+                    std::thread::park();
+                }
+            }
         }
     });
-    (rx, stop)
+    (
+        rx,
+        Rival {
+            stop,
+            thread: Some(thread),
+        },
+    )
+}
+
+/// Calls the rival off when dropped.
+struct Rival {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Rival {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            thread.thread().unpark();
+            let _ = thread.join();
+        }
+    }
 }
 
 /// Notes the rival's grant and `run`'s exit, if they came.
