@@ -111,13 +111,27 @@ impl Channel {
 
     /// Starts the watchdog process: `grace` as in [`WatchdogArgs`], and the job killed
     /// `margin` before the confirmed expiry unless a renew moved it (see [`Deadlines`]).
+    #[allow(unsafe_code)]
     pub fn spawn(mut self, grace: Duration, margin: Duration) -> Result<Watchdog, String> {
         let theirs = self
             .theirs
             .take()
             .ok_or("the watchdog was started already")?;
         let secs = |d: Duration| format!("{}.{:09}s", d.as_secs(), d.subsec_nanos());
-        Command::new("/proc/self/exe")
+        let mut command = Command::new("/proc/self/exe");
+        // The watchdog is deaf to a unit's SIGTERM (and the rest, see `ignore_signals`) from
+        // its first instruction: ignored dispositions survive exec. Set only in its `main`,
+        // they left the runtime's start and the parsing of its arguments open to a stop of
+        // the unit, which killed it and made `run` exit 79 (found by the process lockstep).
+        // SAFETY: between fork and exec only sigaction, which is async-signal-safe; no
+        // allocation.
+        unsafe {
+            command.pre_exec(|| {
+                ignore_signals();
+                Ok(())
+            });
+        }
+        command
             .arg0("flocklease")
             .arg("__watchdog")
             .arg("--grace")
@@ -343,9 +357,10 @@ struct State {
 
 /// The hidden `__watchdog` command.
 pub fn main(args: &WatchdogArgs) -> u8 {
-    // A signal mask is inherited across exec: `run` blocks the signals it waits for.
-    let _ = SigSet::empty().thread_set_mask();
+    // Ignored before they are unblocked (already since exec, see `Channel::spawn`): a signal
+    // mask is inherited across exec, and `run` blocks the signals it waits for.
     ignore_signals();
+    let _ = SigSet::empty().thread_set_mask();
     let margin = u64::try_from(args.margin.as_nanos()).unwrap_or(u64::MAX);
     let grace = u64::try_from(args.grace.as_nanos()).unwrap_or(u64::MAX);
     // Stdin is the socket `run` gave us.

@@ -34,6 +34,7 @@ pub mod props;
 pub mod report;
 pub mod resource;
 pub mod run;
+pub mod run_schedules;
 pub mod threads;
 mod tx;
 

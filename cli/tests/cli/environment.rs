@@ -216,3 +216,35 @@ fn a_lease_directory_removed_and_recreated_stops_the_job_at_once() {
     );
     assert_eq!(s.rival("gone"), Some(1));
 }
+
+#[test]
+fn the_watchdog_ignores_a_units_sigterm_from_its_start() {
+    // Found by the process lockstep (issue 49): the watchdog set its signals to ignored in its
+    // own `main`, after the runtime's start and the parsing of its arguments; a unit's SIGTERM
+    // in between killed it, and `run` exited 79 on an ordinary stop. Ignored before exec, they
+    // are ignored as soon as the watchdog runs as one.
+    let s = Scene::new();
+    let mut run = s.start("early", &[], &["sleep", "60"]);
+    let dog = watchdog_of(run.id() as i32);
+    s.track(dog);
+    let status = std::fs::read_to_string(format!("/proc/{dog}/status")).unwrap();
+    let ignored = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigIgn:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .unwrap();
+    for sig in [
+        Signal::SIGTERM,
+        Signal::SIGHUP,
+        Signal::SIGTTOU,
+        Signal::SIGPIPE,
+    ] {
+        assert_ne!(
+            ignored & (1 << (sig as i32 - 1)),
+            0,
+            "{sig} not ignored yet"
+        );
+    }
+    run.kill().unwrap();
+    run.wait().unwrap();
+}

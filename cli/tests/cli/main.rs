@@ -17,6 +17,7 @@ mod chaos;
 mod environment;
 mod fence;
 mod flock_compat;
+mod lockstep;
 mod pg_run;
 mod pg_tls;
 mod run;
