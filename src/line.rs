@@ -75,19 +75,31 @@ impl Place {
         earliest
     }
 
-    /// One look of a waiter in the line at `now` (its own clock, as [`Yielded`] counts it):
-    /// whether it may try to acquire. Its turn has come; or the lease has been left free to
-    /// the earliest place ahead for that place's grace ([`Yielded::grace_over`]), and once that
-    /// place is passed over (the whole span of its lock, [`Place::pass_over`]) it is this
-    /// waiter's turn. The flock backend's waits and the model's waiters look with this.
+    /// One look of a waiter in the line at `now` (its own clock, as [`Yielded`] counts it),
+    /// with the record's token as it reads it now (`token`, asked only while a count runs):
+    /// whether it may try to acquire. Its turn
+    /// has come; or the lease has been left free to the earliest place ahead for that place's
+    /// grace ([`Yielded::grace_over`], counted again if someone was served since the count
+    /// began: [`Yielded::seen`]), and once that place is passed over (the whole span of its
+    /// lock, [`Place::pass_over`]) it is this waiter's turn. The flock backend's waits and the
+    /// model's waiters look with this.
     pub fn may_try(
         &mut self,
         yielded: &mut Yielded,
         now: Duration,
+        token: impl FnOnce() -> Option<u64>,
         mut held: impl FnMut(i64, i64) -> Option<Span>,
     ) -> bool {
         if self.turn(&mut held) {
             return true;
+        }
+        yielded.seen(token);
+        if !yielded.counting() {
+            // No count runs (a holder was seen, or someone was served since the count began):
+            // what was passed over was passed in an earlier free period, and counts no more —
+            // a place ahead that was stopped then may be running now, and one that is still
+            // stopped is passed again within the bound.
+            self.after = -1;
         }
         if !yielded.grace_over(now) {
             return false;
@@ -138,6 +150,26 @@ impl Yielded {
             }
             None => self.since = Some((now, token)),
         }
+    }
+
+    /// The record was read at `token`: if the count began at another token, someone was
+    /// served since (a grant and, between two looks, perhaps its release too), and the count
+    /// starts again from nothing — no place ahead is passed over on a count that predates a
+    /// grant (the model's line found a waiter passing a running one so: `check --config line`,
+    /// "no waiter in the line is granted past a running waiter ahead of it ...").
+    /// `token` is asked only while a count runs (a read of the record, for the adapter).
+    pub fn seen(&mut self, token: impl FnOnce() -> Option<u64>) {
+        if let Some((_, at)) = self.since
+            && at != token()
+        {
+            *self = Yielded::default();
+        }
+    }
+
+    /// Whether a count runs: the lease was let go, and neither a holder nor a grant was seen
+    /// since.
+    pub fn counting(&self) -> bool {
+        self.since.is_some()
     }
 
     /// A live holder was seen: nobody is holding the line up.
@@ -222,15 +254,15 @@ mod tests {
         let locks = [(0, 1), (1, 1)];
         let (mut place, mut y) = (Place::new(2), Yielded::default());
         y.let_go(ms(0), Some(1));
-        assert!(!place.may_try(&mut y, ms(49), getlk(&locks)));
+        assert!(!place.may_try(&mut y, ms(49), || Some(1), getlk(&locks)));
         assert_eq!(place.after, -1);
         // The first one's grace is over: it is passed, the second one is still ahead.
-        assert!(!place.may_try(&mut y, ms(50), getlk(&locks)));
+        assert!(!place.may_try(&mut y, ms(50), || Some(1), getlk(&locks)));
         assert_eq!(place.after, 0);
         // The second one gets the short grace from the pass-over, not none.
-        assert!(!place.may_try(&mut y, ms(59), getlk(&locks)));
+        assert!(!place.may_try(&mut y, ms(59), || Some(1), getlk(&locks)));
         assert_eq!(place.after, 0);
-        assert!(place.may_try(&mut y, ms(60), getlk(&locks)));
+        assert!(place.may_try(&mut y, ms(60), || Some(1), getlk(&locks)));
         assert_eq!(place.after, 1);
     }
 
@@ -252,5 +284,27 @@ mod tests {
         assert!(y.grace_over(ms(111)));
         y.saw_held();
         assert!(!y.grace_over(ms(1000)));
+    }
+
+    #[test]
+    fn a_grant_between_two_looks_starts_the_count_and_the_pass_over_again() {
+        let ms = Duration::from_millis;
+        // A stopped place at 0, a running waiter at 1, this one at 2.
+        let locks = [(0, 1), (1, 1)];
+        let (mut place, mut y) = (Place::new(2), Yielded::default());
+        y.let_go(ms(0), Some(1));
+        assert!(!place.may_try(&mut y, ms(50), || Some(1), getlk(&locks)));
+        assert_eq!(place.after, 0, "the stopped place is passed");
+        // The waiter at 1 was granted and released between two looks: the token moved. The
+        // count from before that grant does not pass the waiter at 1, and the stopped place is
+        // passed again only after a whole grace of its own.
+        assert!(!place.may_try(&mut y, ms(60), || Some(2), getlk(&locks)));
+        assert_eq!(place.after, -1);
+        assert!(!y.counting());
+        y.let_go(ms(60), Some(2));
+        assert!(!place.may_try(&mut y, ms(109), || Some(2), getlk(&locks)));
+        assert!(!place.may_try(&mut y, ms(110), || Some(2), getlk(&locks)));
+        assert_eq!(place.after, 0);
+        assert!(place.may_try(&mut y, ms(120), || Some(2), getlk(&locks)));
     }
 }

@@ -76,7 +76,9 @@ options (applied in order, on top of the named configuration):
                      for the line: pass-over-first-byte (a lock of several bytes is passed
                      one byte at a time), whole-grace-each (every stopped place ahead costs
                      the whole 50 ms), held-until-close (the held flag of the holder's
-                     instance goes down at its release's close, not at its commit); for the
+                     instance goes down at its release's close, not at its commit),
+                     pass-over-reported (the pass-over passes the lock the kernel reported,
+                     not the earliest ahead: a running waiter is overtaken); for the
                      threads: state-across-closure (a fenced
                      section gives the instance's state back after its closure), look-waits
                      (acquire_wait's look at what the instance holds waits for the state),
@@ -257,6 +259,11 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
                 "whole-grace-each" => {
                     line_model.get_or_insert_with(LineModel::default).planted =
                         Some(LinePlanted::WholeGraceEach);
+                    named = true;
+                }
+                "pass-over-reported" => {
+                    line_model.get_or_insert_with(LineModel::default).planted =
+                        Some(LinePlanted::PassOverReported);
                     named = true;
                 }
                 "held-until-close" => {

@@ -133,7 +133,7 @@ fn walk(m: &LineModel, seed: u64) -> Result<Reached, String> {
             // The adapter's look: an instance that holds the id tries at once, without asking
             // the line. The flag is the model's (a line stepper has none): what is compared is
             // the real line, asked when the flag is down.
-            let tries = LineModel::held_here(&s, w) || waiter.may_try(now);
+            let tries = LineModel::held_here(&s, w) || waiter.may_try(now, Some(s.token));
             let free = s.holder.is_none();
             if tries && free {
                 // Granted: its call returns and its place is gone.

@@ -299,8 +299,21 @@ impl FlockLease {
             // lock timeout) — so the wait keeps its bound of one lock timeout past `timeout`
             // (the model's threads check it) and the line its order (a busy state is no turn).
             let held_here = tx::held_at(&entry.held, self.clock.now());
-            let line_turn =
-                !held_here && line.may_try(&self.inner.opener, &queue_path, origin.elapsed());
+            // The record as the line's look read it (only while its count runs), for the
+            // wait below if no attempt follows.
+            let mut read = None;
+            let line_turn = !held_here
+                && line.may_try(&self.inner.opener, &queue_path, origin.elapsed(), || {
+                    let peeked = self.peek_record(&paths.record);
+                    // Unreadable: no token (the count starts again, nobody is passed).
+                    let token = peeked
+                        .as_ref()
+                        .ok()
+                        .and_then(|p| p.as_ref())
+                        .map(|(r, _)| r.token);
+                    read = Some(peeked);
+                    token
+                });
             let turn = held_here || line_turn;
             if turn {
                 // The first in the line, right after the holder let go, tries the transition
@@ -333,7 +346,10 @@ impl FlockLease {
             // its lock or its expiry — then let the machine decide again. Reading without the
             // transition lock is safe: the record is only ever replaced by an atomic rename.
             let started = Instant::now();
-            let peeked = self.peek_record(&paths.record)?;
+            let peeked = match read.take() {
+                Some(peeked) if !turn => peeked?,
+                _ => self.peek_record(&paths.record)?,
+            };
             let tag = peeked.as_ref().and_then(|(_, tag)| *tag);
             let seen = peeked.as_ref().map(|(rec, _)| rec.token);
             let waiting = peeked.and_then(|(rec, _)| machine::wait_for(&rec, self.clock.now()));

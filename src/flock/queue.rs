@@ -66,13 +66,23 @@ impl Waiter {
     /// released and asks again at once lines up behind the waiters instead of taking the lease
     /// back); one in the line when no earlier place is held but those it passed over (a place
     /// ahead whose grace is over is passed over here); an unqueued call always.
-    pub(crate) fn may_try(&mut self, opener: &Opener, path: &Path, now: Duration) -> bool {
+    /// `token` reads the record's token, asked only while the call counts how long it has
+    /// let the lease go ([`line::Yielded::seen`]).
+    pub(crate) fn may_try(
+        &mut self,
+        opener: &Opener,
+        path: &Path,
+        now: Duration,
+        token: impl FnOnce() -> Option<u64>,
+    ) -> bool {
         match &mut self.line {
             Line::Outside => !anyone_waiting(opener, path),
-            Line::In(Place { file, rule }) => rule.may_try(&mut self.yielded, now, |start, len| {
-                // A failed check answers none: the line only orders attempts.
-                held_by_others(file, start, len).unwrap_or(None)
-            }),
+            Line::In(Place { file, rule }) => {
+                rule.may_try(&mut self.yielded, now, token, |start, len| {
+                    // A failed check answers none: the line only orders attempts.
+                    held_by_others(file, start, len).unwrap_or(None)
+                })
+            }
             Line::Off => true,
         }
     }

@@ -87,10 +87,11 @@ impl LineStepper<'_> {
         self.waiter.join(&self.lease.inner.opener, &self.path);
     }
 
-    /// One look at `now` (since the wait began): whether the call may try to acquire.
-    pub fn may_try(&mut self, now: Duration) -> bool {
+    /// One look at `now` (since the wait began), with the record at `token`: whether the call
+    /// may try to acquire.
+    pub fn may_try(&mut self, now: Duration, token: Option<u64>) -> bool {
         self.waiter
-            .may_try(&self.lease.inner.opener, &self.path, now)
+            .may_try(&self.lease.inner.opener, &self.path, now, || token)
     }
 
     /// The lease was seen free at `now` with the record at `token`, and it is an earlier
