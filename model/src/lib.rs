@@ -225,6 +225,9 @@ pub enum Planted {
     /// `commit::verdict`: it ended its own session, which keeps the commit on the primary
     /// alone).
     RereadAfterTerminate,
+    /// The transition lock given back as the cleanup begins, before the cleanup and the
+    /// adoption (a driver that schedules the unlock right after the commit).
+    UnlockBeforeCleanup,
 }
 
 /// The named configurations `check --config NAME` knows.

@@ -52,6 +52,8 @@ options (applied in order, on top of the named configuration):
   --fenced           fenced sections on
   --planted BUG      plant a known bug to see the checker catch it: create-then-lock (the
                      restore of a deleted liveness file creates it, then locks it);
+                     unlock-before-cleanup (the transition lock given back before the
+                     cleanup and the adoption: caught by [12]);
                      restore-keeps-tag (the restore publishes the file with the tag the
                      record already names: caught by check's moves run, or --config moves);
                      with --config postgres: relock-on-notice (a holder that sees its
@@ -314,6 +316,9 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
                     named = true;
                 }
                 "create-then-lock" => model.planted = Some(Planted::CreateThenLock),
+                "unlock-before-cleanup" => {
+                    model.planted = Some(Planted::UnlockBeforeCleanup);
+                }
                 "restore-keeps-tag" => model.planted = Some(Planted::RestoreKeepsTag),
                 "relock-on-notice" => model.planted = Some(Planted::RelockOnNotice),
                 "renew-without-relock" => model.planted = Some(Planted::RenewWithoutRelock),

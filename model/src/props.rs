@@ -5,6 +5,7 @@
 //! which lock), never the machine's helpers: a bug planted in the machine cannot bend the
 //! property that is to catch it.
 
+use flocklease::driver::Io;
 use flocklease::machine::Outcome;
 use flocklease::{Error, Record};
 use stateright::Property;
@@ -59,6 +60,11 @@ pub mod names {
     /// PROTOCOL §10.10: judged as a call returns a grant, after the front's final expiry check
     /// (`machine::FinalCheck`), against the model's clock.
     pub const RETURNED_EXPIRED: &str = "[10] no call returns a lease already expired";
+    /// PROTOCOL §4 (flock): a transition holds its `<stem>.lock` from its first read until its
+    /// end — the commit, its syncs, the cleanup and the adoption included (the model's own
+    /// reading: the lock the process holds, against the step its run is at).
+    pub const LOCK_HELD: &str =
+        "[12] a transition holds its lock from its first read until its end";
 }
 
 use names::*;
@@ -106,6 +112,9 @@ pub fn properties(model: &LeaseModel) -> Vec<Property<LeaseModel>> {
         v.push(Property::always(HOLDER_TOLD, |_, s: &State| {
             holders_told(s)
         }));
+    }
+    if model.backend == Backend::Flock {
+        v.push(Property::always(LOCK_HELD, |_, s: &State| lock_held(s)));
     }
     v.push(Property::always(NEVER_BACK, |_, s: &State| {
         let durable = s.durable.as_ref().map_or(0, |r| r.token);
@@ -242,6 +251,16 @@ pub fn properties(model: &LeaseModel) -> Vec<Property<LeaseModel>> {
         ));
     }
     v
+}
+
+/// Every process whose call has read the record (its run is past its lock and its read, and
+/// not over) holds the transition lock it took.
+fn lock_held(s: &State) -> bool {
+    s.procs.iter().all(|p| {
+        p.call.as_ref().is_none_or(|c| {
+            matches!(c.run.peek(), None | Some(Io::Lock | Io::Begin)) || p.stable.is_some()
+        })
+    })
 }
 
 /// PostgreSQL: every process whose generation's liveness lock is not held by it any more

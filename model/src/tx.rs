@@ -503,6 +503,9 @@ impl Transaction for ModelTx<'_> {
     }
 
     fn cleanup(&mut self, step: &Cleanup) {
+        if self.planted == Some(Planted::UnlockBeforeCleanup) {
+            self.state.procs[self.p].stable = None;
+        }
         match *step {
             Cleanup::CloseLocal { token } => self.close_local(token),
             Cleanup::DeleteLive { token } => self.delete_live(token),

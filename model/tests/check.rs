@@ -283,6 +283,18 @@ fn assert_all_hold(model: &LeaseModel) {
     );
 }
 
+/// The transition lock given back before the cleanup and the adoption: property [12] names
+/// it at once (before it, the default configuration ran into millions of extra states without
+/// a violation: the liveness locks keep the lease safe, the lock's promise broke unseen).
+#[test]
+fn a_lock_given_back_before_the_cleanup_is_caught() {
+    let model = LeaseModel {
+        planted: Some(Planted::UnlockBeforeCleanup),
+        ..LeaseModel::default()
+    };
+    assert!(report::shortest(&model, names::LOCK_HELD).is_some());
+}
+
 /// The restore of a deleted liveness file as it was before publishing became atomic: created
 /// at its final name, then locked. A failure of the lock leaves the live holder's generation
 /// unlocked under its name, and the checker finds the rival's grant while the holder runs
