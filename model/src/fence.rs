@@ -262,6 +262,8 @@ impl LeaseModel {
             durable: self.durable,
             backend: self.backend,
             untagged: self.untagged,
+            standbys: self.standbys,
+            caught_up: false,
             planted: self.planted,
             speculate: false,
             ghost: Ghost::default(),

@@ -56,10 +56,13 @@ pub enum Backend {
 /// The command-line options that give `check` and `explore` each of
 /// [`LeaseModel::alongside_default`]'s configurations, in its order (a planted mistake's
 /// `--planted NAME` added); printed under their counterexamples, and run by a test that pins
-/// the state counts they give.
-pub const ALONGSIDE_OPTIONS: [&str; 2] = [
+/// the state counts they give (the first two: the PostgreSQL ones take minutes in a debug
+/// build; `check` itself, the main job, runs all four).
+pub const ALONGSIDE_OPTIONS: [&str; 4] = [
     "--config moves --faults 0 --max-token 1 --no-host-crash",
     "--config go-records --faults 0 --no-host-crash",
+    "--config postgres --standbys 0",
+    "--config failover --standbys 2",
 ];
 
 /// The model's configuration.
@@ -117,6 +120,11 @@ pub struct LeaseModel {
     /// with a FIFO or a directory: a regular file planted at a live Go holder's name reads
     /// dead, the Go package's own rule (PROTOCOL §1.4, §11).
     pub untagged: bool,
+    /// PostgreSQL: how many synchronous standbys must confirm a commit before its reply
+    /// (`synchronous_standby_names`: 0, none — then no failover; 1; 2, both of two). A commit
+    /// whose reply was lost is judged by `commit::verdict` with this many required, and a
+    /// failover promotes any of them (each has every commit whose reply came).
+    pub standbys: u8,
 }
 
 /// What the cleaner may do.
@@ -225,6 +233,10 @@ pub enum Planted {
     /// `commit::verdict`: it ended its own session, which keeps the commit on the primary
     /// alone).
     RereadAfterTerminate,
+    /// PostgreSQL: a commit whose reply was lost counts once one standby confirmed it, however
+    /// many are required (a reading of `synchronous_standby_names` that stops at the first
+    /// name).
+    OneStandbyEnough,
     /// The transition lock given back as the cleanup begins, before the cleanup and the
     /// adoption (a driver that schedules the unlock right after the commit).
     UnlockBeforeCleanup,
@@ -265,6 +277,7 @@ impl Default for LeaseModel {
             fenced: true,
             failover: false,
             untagged: false,
+            standbys: 1,
         }
     }
 }
@@ -357,7 +370,12 @@ impl LeaseModel {
     /// 649 k states, 4 s), and records without a tag (`go-records` without the fault and the
     /// host crash: 437 k states, 2.3 s). Their named configurations explore more (`moves`:
     /// 48 M states; CI runs it with the host crash, and `go-records` whole).
-    pub fn alongside_default(&self) -> [LeaseModel; 2] {
+    ///
+    /// And PostgreSQL's commit verdict (`commit::verdict`) with no required standby and with
+    /// two, beside the one the named configurations have: `postgres` with none (a lost reply
+    /// counts once the re-read finds it; no failover: 261 k states, 3 s), and `failover` with
+    /// two, either of which the failover may promote (1.2 M states, 15 s).
+    pub fn alongside_default(&self) -> [LeaseModel; 4] {
         // ALONGSIDE_OPTIONS says the same on the command line.
         let named = |name| LeaseModel::named(name).expect("a named configuration");
         [
@@ -375,6 +393,18 @@ impl LeaseModel {
                 host_crash: false,
                 planted: self.planted,
                 ..named("go-records")
+            },
+            LeaseModel {
+                name: "postgres, no required standby",
+                standbys: 0,
+                planted: self.planted,
+                ..named("postgres")
+            },
+            LeaseModel {
+                name: "failover, two required standbys",
+                standbys: 2,
+                planted: self.planted,
+                ..named("failover")
             },
         ]
     }
@@ -736,6 +766,9 @@ pub struct State {
     pub durable: Option<Record>,
     /// The tag the durable record names.
     pub durable_tag: Option<usize>,
+    /// PostgreSQL with two required standbys: the second standby's copy of the record, and
+    /// the tag it names (`durable` is the first one's).
+    pub durable2: (Option<Record>, Option<usize>),
     /// Each process's temporary record file, if it has one.
     pub temps: Vec<Option<Temp>>,
     /// What stands at `<stem>.lock`.
@@ -878,6 +911,9 @@ enum Fault {
     Io,
     /// PostgreSQL: the commit statement answered with an error ([`Action::Refuse`]).
     Refused,
+    /// PostgreSQL: the commit's reply lost, and the first standby confirmed the commit before
+    /// the adapter's re-read ([`Action::FailCaughtUp`]).
+    CaughtUp,
 }
 
 /// A step of the system.
@@ -895,6 +931,11 @@ pub enum Action {
     /// goes with its session, which the adapter ends. (An injected failure of the commit step,
     /// [`Action::Fail`], is its reply lost after the commit.)
     Refuse(usize),
+    /// PostgreSQL: process `p` commits, its reply is lost, and by the adapter's re-read (it
+    /// looks again until its deadline) the first synchronous standby has confirmed the commit
+    /// (with two required, the second has not): the re-read's judgement sees a standby
+    /// confirmation other than none.
+    FailCaughtUp(usize),
     /// Process `p` crashes and restarts with no local state, keeping only a copy of its last
     /// lease to replay.
     Crash(usize),
@@ -926,9 +967,13 @@ pub enum Action {
     /// PostgreSQL: the synchronous standby confirms the primary's WAL up to now (it has the
     /// visible record).
     StandbyConfirms,
+    /// PostgreSQL, two required standbys: the second one confirms.
+    SecondStandbyConfirms,
     /// PostgreSQL: the primary fails; the standby is promoted with what it confirmed, and no
     /// advisory lock; every client's connections break.
     Failover,
+    /// PostgreSQL, two required standbys: the failover promotes the second one.
+    FailoverToSecond,
     /// Process `p` starts a fenced section with its lease and takes its first step.
     Fence(usize),
     /// Process `p` takes the next step of its fenced section.
@@ -1037,10 +1082,12 @@ impl LeaseModel {
             p,
             fault: fault != Fault::None,
             refuse: fault == Fault::Refused,
+            caught_up: fault == Fault::CaughtUp,
             fired: false,
             durable: self.durable,
             backend: self.backend,
             untagged: self.untagged,
+            standbys: self.standbys,
             planted: self.planted,
             speculate: self.backend == Backend::Postgres
                 && matches!(run.event(), Event::Acquire { .. }),
@@ -1222,6 +1269,10 @@ impl LeaseModel {
 fn failover(s: &mut State) {
     s.record = s.durable.clone();
     s.record_tag = s.durable_tag;
+    // Every standby follows the promoted one from here (a copy ahead of it is rebuilt).
+    if s.durable2.0.is_some() {
+        s.durable2 = (s.record.clone(), s.record_tag);
+    }
     s.record_synced = true;
     // Commits the standby did not have are gone; nobody was told of them (property
     // NEVER_BACK: a reported grant was confirmed).
@@ -1311,6 +1362,7 @@ impl Model for LeaseModel {
             record_bad: None,
             durable: None,
             durable_tag: None,
+            durable2: (None, None),
             temps: vec![None; self.procs],
             lock_at: LockAt::Missing,
             next_lock: 0,
@@ -1320,7 +1372,7 @@ impl Model for LeaseModel {
             procs: vec![Proc::default(); self.procs],
             faults_left: self.faults,
             host_crash_left: self.host_crash,
-            failover_left: self.failover && self.backend == Backend::Postgres,
+            failover_left: self.failover && self.backend == Backend::Postgres && self.standbys > 0,
             cleaner_left: self.cleaner,
             tampered: false,
             losses_left: self.liveness_losses,
@@ -1352,6 +1404,9 @@ impl Model for LeaseModel {
                         if self.backend == Backend::Postgres && io == Io::Commit(CommitStep::Point)
                         {
                             actions.push(Action::Refuse(p));
+                            if self.standbys > 0 {
+                                actions.push(Action::FailCaughtUp(p));
+                            }
                         }
                     }
                 }
@@ -1386,12 +1441,22 @@ impl Model for LeaseModel {
             actions.push(Action::HostCrash);
         }
         if self.backend == Backend::Postgres
+            && self.standbys > 0
             && (s.durable != s.record || s.durable_tag != s.record_tag)
         {
             actions.push(Action::StandbyConfirms);
         }
+        if self.backend == Backend::Postgres
+            && self.standbys > 1
+            && s.durable2 != (s.record.clone(), s.record_tag)
+        {
+            actions.push(Action::SecondStandbyConfirms);
+        }
         if s.failover_left {
             actions.push(Action::Failover);
+            if self.standbys > 1 {
+                actions.push(Action::FailoverToSecond);
+            }
         }
         self.tamper_actions(s, actions);
         self.prober_actions(s, actions);
@@ -1435,6 +1500,10 @@ impl Model for LeaseModel {
             Action::Refuse(p) => format!(
                 "p{p} commits, and the server answers its commit statement with an ERROR \
                  (nothing committed; the adapter ends the session)"
+            ),
+            Action::FailCaughtUp(p) => format!(
+                "p{p} commits (COMMIT), its reply is LOST, and the first standby confirms the \
+                 commit before the adapter's re-read (which then judges it)"
             ),
             Action::Crash(p) => format!("p{p} crashes"),
             Action::Tick => "tick".into(),
@@ -1481,9 +1550,21 @@ impl Model for LeaseModel {
                 "p{p} locks its generation again on a fresh connection, outside any \
                  transition (PLANTED)"
             ),
+            Action::StandbyConfirms if self.standbys > 1 => {
+                "the first synchronous standby confirms the primary's WAL (it has the record)"
+                    .into()
+            }
             Action::StandbyConfirms => {
                 "the synchronous standby confirms the primary's WAL (it has the record)".into()
             }
+            Action::SecondStandbyConfirms => {
+                "the second synchronous standby confirms the primary's WAL (it has the record)"
+                    .into()
+            }
+            Action::FailoverToSecond => "the primary fails over to the second standby (every \
+                                         client's connections break; no advisory lock \
+                                         survives)"
+                .into(),
             Action::Failover => "the primary fails over to the standby (every client's \
                                  connections break; no advisory lock survives)"
                 .into(),
@@ -1504,6 +1585,7 @@ impl LeaseModel {
             Action::Step(p, _) => self.step(last, p, Fault::None),
             Action::Fail(p, _) => self.step(last, p, Fault::Io),
             Action::Refuse(p) => self.step(last, p, Fault::Refused),
+            Action::FailCaughtUp(p) => self.step(last, p, Fault::CaughtUp),
             Action::Crash(p) => {
                 let mut s = last.clone();
                 s.scenario = None;
@@ -1604,9 +1686,24 @@ impl LeaseModel {
                 s.durable_tag = s.record_tag;
                 Some(s)
             }
+            Action::SecondStandbyConfirms => {
+                let mut s = last.clone();
+                s.scenario = None;
+                s.durable2 = (s.record.clone(), s.record_tag);
+                Some(s)
+            }
             Action::Failover => {
                 let mut s = last.clone();
                 s.scenario = None;
+                failover(&mut s);
+                Some(s)
+            }
+            Action::FailoverToSecond => {
+                let mut s = last.clone();
+                s.scenario = None;
+                // The second standby is promoted: what it has is what the first would have
+                // had; the first follows the new primary from there.
+                (s.durable, s.durable_tag) = s.durable2.clone();
                 failover(&mut s);
                 Some(s)
             }

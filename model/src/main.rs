@@ -38,6 +38,8 @@ options (applied in order, on top of the named configuration):
   --ttl T            lease TTL in ticks (default 2)
   --max-token K      no call starts past token K (default 2)
   --faults N         failing I/O steps to inject (default 1; 0 disables)
+  --standbys N       PostgreSQL: synchronous standbys a commit needs (0, 1 — the default —
+                     or 2; with 0 there is no failover)
   --shared-owner     every process uses the same owner string
   --no-host-crash    no host crash
   --no-cleaner       no cleaner (tmp cleaner, operator) touching the directory
@@ -61,7 +63,9 @@ options (applied in order, on top of the named configuration):
                      any transition), renew-without-relock (a renew after that trusts the
                      row and commits without locking the generation again),
                      reread-after-terminate (a commit whose reply was lost counts once the
-                     re-read finds it, confirmed by the standby or not);
+                     re-read finds it, confirmed by the standby or not); with --config
+                     failover --standbys 2: one-standby-enough (such a commit counts once one
+                     of the two required standbys confirmed it);
                      for property [11]: unfenced-write (the control: a write after a local
                      is_lost()-style check, no lock), fence-check-before-lock (the section
                      checks the record before taking its lock), fence-unlock-before-write
@@ -202,6 +206,12 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
             "--ttl" => model.ttl_ticks = number(value()?, flag)?,
             "--max-token" => model.max_token = number(value()?, flag)?,
             "--faults" => model.faults = number(value()?, flag)?,
+            "--standbys" => {
+                model.standbys = number(value()?, flag)?;
+                if model.standbys > 2 {
+                    return Err("--standbys: 0, 1 or 2".into());
+                }
+            }
             "--no-host-crash" => model.host_crash = false,
             "--no-cleaner" => model.cleaner = 0,
             "--cleaner" => model.cleaner = number(value()?, flag)?,
@@ -316,6 +326,7 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
                     named = true;
                 }
                 "create-then-lock" => model.planted = Some(Planted::CreateThenLock),
+                "one-standby-enough" => model.planted = Some(Planted::OneStandbyEnough),
                 "unlock-before-cleanup" => {
                     model.planted = Some(Planted::UnlockBeforeCleanup);
                 }

@@ -116,10 +116,13 @@ pub fn properties(model: &LeaseModel) -> Vec<Property<LeaseModel>> {
     if model.backend == Backend::Flock {
         v.push(Property::always(LOCK_HELD, |_, s: &State| lock_held(s)));
     }
-    v.push(Property::always(NEVER_BACK, |_, s: &State| {
+    v.push(Property::always(NEVER_BACK, |m: &LeaseModel, s: &State| {
         let durable = s.durable.as_ref().map_or(0, |r| r.token);
         let visible = s.record.as_ref().map_or(0, |r| r.token);
-        durable >= s.max_granted && visible >= durable
+        // With two required standbys, the failover may promote either: both must have it.
+        let second = s.durable2.0.as_ref().map_or(0, |r| r.token);
+        let second_ok = m.standbys < 2 || (second >= s.max_granted && visible >= second);
+        durable >= s.max_granted && visible >= durable && second_ok
     }));
     // One `always` property per call property, so each counterexample names what broke.
     macro_rules! call {

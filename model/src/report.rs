@@ -210,15 +210,30 @@ pub fn describe(m: &LeaseModel) -> String {
     let backend = match m.backend {
         Backend::Flock => "flock".to_owned(),
         Backend::Postgres => format!(
-            "PostgreSQL (liveness may be lost while its holder runs, up to {} time{}; a \
-             synchronous standby confirms every commit whose reply comes; a commit whose reply \
-             is lost (an injected failure of the commit) stays unconfirmed until the standby \
-             catches up, and the adapter judges it by re-reading the row{})",
+            "PostgreSQL (liveness may be lost while its holder runs, up to {} time{}; {}{})",
             m.liveness_losses,
             if m.liveness_losses == 1 { "" } else { "s" },
+            match m.standbys {
+                0 => "no synchronous standby: a commit is durable once the primary has it, and \
+                      a commit whose reply is lost (an injected failure of the commit) counts \
+                      as soon as the adapter's re-read of the row finds it"
+                    .to_owned(),
+                n => format!(
+                    "{} confirm{} every commit whose reply comes; a commit whose reply is lost \
+                     (an injected failure of the commit) stays unconfirmed until the standbys \
+                     catch up, and the adapter judges it by re-reading the row (commit::verdict, \
+                     {n} required)",
+                    if n == 1 {
+                        "a synchronous standby"
+                    } else {
+                        "two synchronous standbys, each on its own,"
+                    },
+                    if n == 1 { "s" } else { "" },
+                ),
+            },
             if m.failover {
-                "; the primary may fail over to the standby once, at any moment: the row as \
-                 the standby has it, no advisory lock, every client's connections broken"
+                "; the primary may fail over to a standby once, at any moment: the row as \
+                 that standby has it, no advisory lock, every client's connections broken"
             } else {
                 ""
             }

@@ -131,6 +131,11 @@ pub struct ModelTx<'a> {
     pub(crate) backend: Backend,
     /// Records name no liveness tag ([`crate::LeaseModel::untagged`]).
     pub(crate) untagged: bool,
+    /// PostgreSQL: the synchronous standbys a commit needs ([`crate::LeaseModel::standbys`]).
+    pub(crate) standbys: u8,
+    /// PostgreSQL: the fault is a lost reply after which the first standby confirmed the
+    /// commit before the re-read.
+    pub(crate) caught_up: bool,
     /// A bug planted on purpose, to show the checker catches it.
     pub(crate) planted: Option<Planted>,
     /// PostgreSQL: the call is an acquire, whose first statement probes speculatively.
@@ -159,16 +164,34 @@ impl ModelTx<'_> {
     /// primary alone), re-reads the row, and judges by [`commit::verdict`], as `PgTx` does.
     fn reply_lost(&mut self) -> Result<(), Error> {
         let mine = self.ghost.committed.clone();
+        if self.standbys == 0 || self.caught_up {
+            // No standby: the primary's own commit is all there is (fsynced at COMMIT). Or
+            // the first standby caught up before the re-read.
+            self.state.durable = self.state.record.clone();
+            self.state.durable_tag = self.state.record_tag;
+        }
         let read = if mine.is_some() && self.state.record == mine {
+            let first = u32::from(self.standbys > 0 && self.state.durable == mine);
+            let second = u32::from(self.standbys > 1 && self.state.durable2.0 == mine);
             Reread::Ours {
-                required: Some(1),
-                confirmed: u32::from(self.state.durable == mine),
+                required: Some(u32::from(self.standbys)),
+                confirmed: first + second,
             }
         } else {
             Reread::NotOurs
         };
         let verdict = match (self.planted, read) {
             (Some(Planted::RereadAfterTerminate), Reread::Ours { .. }) => Verdict::Committed,
+            (
+                Some(Planted::OneStandbyEnough),
+                Reread::Ours {
+                    required,
+                    confirmed,
+                },
+            ) => commit::verdict(Reread::Ours {
+                required: required.map(|r| r.min(1)),
+                confirmed,
+            }),
             _ => commit::verdict(read),
         };
         if verdict == Verdict::Committed {
@@ -716,10 +739,13 @@ impl ModelTx<'_> {
             if reply_lost {
                 return self.reply_lost();
             }
-            // The reply comes once the synchronous standby confirmed the commit (and so every
-            // commit before it).
+            // The reply comes once the synchronous standbys confirmed the commit (and so every
+            // commit before it); with none, once the primary flushed it.
             self.state.durable = self.state.record.clone();
             self.state.durable_tag = self.state.record_tag;
+            if self.standbys > 1 {
+                self.state.durable2 = (self.state.record.clone(), self.state.record_tag);
+            }
         }
         Ok(())
     }

@@ -77,7 +77,7 @@ fn smaller_configurations_hold() {
 /// crash, 1.5 million states, and `go-records` whole, 2.5 million.)
 #[test]
 fn the_configurations_checked_with_the_default_hold() {
-    let [moves, go_records] = LeaseModel::default().alongside_default();
+    let [moves, go_records, ..] = LeaseModel::default().alongside_default();
     for (model, states) in [(moves, 648_566), (go_records, 437_144)] {
         let outcome = report::explore(&model);
         assert!(outcome.complete, "{}", model.name);
@@ -281,6 +281,20 @@ fn assert_all_hold(model: &LeaseModel) {
         "{:?}",
         outcome.verdicts
     );
+}
+
+/// PostgreSQL with two required standbys: a lost reply's commit counted once one standby
+/// confirmed it is granted again after a failover to the other (the re-read's judgement,
+/// `commit::verdict`, run with each number of required standbys: 0 and 2 beside the default
+/// check, 1 in the named configurations).
+#[test]
+fn one_confirmation_of_two_is_caught() {
+    let model = LeaseModel {
+        planted: Some(Planted::OneStandbyEnough),
+        standbys: 2,
+        ..LeaseModel::named("failover").expect("a named configuration")
+    };
+    assert!(report::shortest(&model, names::NEVER_BACK).is_some());
 }
 
 /// The transition lock given back before the cleanup and the adoption: property [12] names

@@ -531,8 +531,11 @@ impl Real {
             | Action::SessionEnds(_)
             | Action::Relock(_)
             | Action::StandbyConfirms
+            | Action::SecondStandbyConfirms
             | Action::Refuse(_)
+            | Action::FailCaughtUp(_)
             | Action::Failover
+            | Action::FailoverToSecond
             | Action::Fence(_)
             | Action::FenceStep(..) => unreachable!("not run in lockstep"),
         }
