@@ -3,9 +3,9 @@
 //! model checker's PostgreSQL configuration makes at the same point, against a standby whose
 //! confirmation can lag and a failover.
 //!
-//! A commit becomes visible on the primary before the synchronous standbys confirm it; a
-//! commit whose wait for them was cut short stays on the primary alone. So finding one's own
-//! record in a re-read proves the commit only once the standbys that must confirm it have.
+//! A commit whose wait for the synchronous standbys was cut short becomes visible on the
+//! primary alone (one still waiting is not visible to others yet). So finding one's own record
+//! in a re-read proves the commit only once the standbys that must confirm it have.
 
 /// How many synchronous standbys must confirm a commit, from `synchronous_standby_names`
 /// (PostgreSQL's grammar: empty for none; `s1, s2` or `*` for the first one; `FIRST n (…)` or

@@ -269,19 +269,44 @@ pub enum Error {
     /// runtime (where it is announced with `block_in_place`).
     #[cfg(feature = "postgres")]
     AsyncContext,
-    /// A PostgreSQL `COMMIT` got no reply and its outcome could not be settled: the server
-    /// stopped answering and its session could not be confirmed ended, or the row could not be
-    /// re-read after that. The row may name the new generation (whose liveness lock this
-    /// instance then does not hold: it looks dead, and the next acquire replaces it with a
-    /// greater token) or still the old one. Never reported for a commit known to have
-    /// happened.
+    /// The `COMMIT` of a PostgreSQL transition (an acquire, renew or release) is not known to
+    /// have happened durably: its reply never came (or a session-ending error came instead)
+    /// and the re-read could not settle it, or it was answered with a warning (an operator's
+    /// `pg_cancel_backend` during the wait for the synchronous standbys); and the standbys
+    /// that must confirm commits did not confirm it within the reply bound. The row may name
+    /// the new generation (whose liveness lock this instance then does not hold: it looks
+    /// dead, and the next acquire replaces it with a greater token) or still the old one.
+    /// Never reported for a commit known to have happened durably.
     ///
-    /// Remedy: call again once the server answers; the next call settles it. Fence only with
-    /// the token of a lease actually granted.
+    /// Remedy: the lease's state lives in its row alone, so the next call on the id settles
+    /// it: acquire again (a grant that did land is replaced by a greater token), renew again
+    /// (a lost lease answers as lost), release again (releasing twice is harmless). Never
+    /// fence with the token of a call that answered this. A fenced section's commit has its
+    /// own error, [`Error::FencedCommitUnknown`].
     #[cfg(feature = "postgres")]
     CommitUnknown {
         /// The session id.
         id: SessionId,
+        /// Why the outcome could not be settled.
+        detail: String,
+    },
+    /// A fenced section's `COMMIT` ([`PgLease::fenced`](crate::pg::PgLease::fenced)) is not
+    /// known to have happened durably: its reply never came (or a session-ending error came
+    /// instead), or it was answered with a warning and the synchronous standbys did not
+    /// confirm it within the reply bound. The section's writes may be in the database, or
+    /// not, or on the primary alone (lost if it fails over); nothing the library does later
+    /// settles that, and running the section again may write them twice.
+    ///
+    /// Remedy: look at the data before running the section again (write it so that it can
+    /// tell: a row keyed by the work item, an upsert, a unique constraint), or make the
+    /// section's writes idempotent. The lease itself is unaffected: if it is still held, the
+    /// next section runs under it.
+    #[cfg(feature = "postgres")]
+    FencedCommitUnknown {
+        /// The session id.
+        id: SessionId,
+        /// The token of the lease the section ran under.
+        token: u64,
         /// Why the outcome could not be settled.
         detail: String,
     },
@@ -313,8 +338,11 @@ pub enum ErrorKind {
     /// taken for the whole lock timeout: that transition is stuck. Never contention.
     LockTimeout,
     /// Something changed under the call (the lock replaced, a generation's liveness lock
-    /// busy, a commit whose outcome could not be settled): call again.
+    /// busy, a transition's commit whose outcome could not be settled): call again.
     Retry,
+    /// A fenced section's writes may or may not have committed, and no later call tells
+    /// ([`Error::FencedCommitUnknown`]): look at the data before running the section again.
+    WritesUnknown,
     /// A record or row holds what no lease can, or a schema this version does not know: the
     /// data needs a human.
     Corrupt,
@@ -382,6 +410,8 @@ impl Error {
             | Error::AsyncContext => ErrorKind::Setup,
             #[cfg(feature = "postgres")]
             Error::CommitUnknown { .. } | Error::AdvisoryLockBusy { .. } => ErrorKind::Retry,
+            #[cfg(feature = "postgres")]
+            Error::FencedCommitUnknown { .. } => ErrorKind::WritesUnknown,
         }
     }
 }
@@ -642,8 +672,16 @@ impl fmt::Display for Error {
             #[cfg(feature = "postgres")]
             Error::CommitUnknown { id, detail } => write!(
                 f,
-                "postgresql: the commit of session {id} got no reply and its outcome is unknown \
-                 ({detail}); the next call settles it"
+                "postgresql: a transition of session {id} may or may not have committed \
+                 durably ({detail}); the row alone holds the lease's state, and the next call \
+                 on the id settles it"
+            ),
+            #[cfg(feature = "postgres")]
+            Error::FencedCommitUnknown { id, token, detail } => write!(
+                f,
+                "postgresql: the writes of a fenced section of session {id} (token {token}) may \
+                 or may not have committed durably ({detail}); nothing settles this later: \
+                 look at the data before running the section again"
             ),
             #[cfg(feature = "postgres")]
             Error::AdvisoryLockBusy { id, token } => write!(

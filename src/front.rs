@@ -314,6 +314,8 @@ pub(crate) fn transition_then<B: Backend, R>(
     event: Event,
     then: impl FnOnce(&mut B::State) -> R,
 ) -> Result<(Outcome, R), Error> {
+    #[cfg(feature = "tracing")]
+    let noted = crate::trace::Noted::new(id, &event, l.ttl);
     let started = Instant::now();
     let deadline = deadline_after(l.lock_timeout);
     let entry = l.entry(id);
@@ -326,12 +328,12 @@ pub(crate) fn transition_then<B: Backend, R>(
         B::lock(l, id, &mut state, &event, deadline)
     })?;
     B::observe(l, id);
-    let outcome = driver::run(
-        &mut B::tx(l, id, &entry, &mut state, &mut held),
-        id,
-        l.ttl,
-        event,
-    );
+    let tx = B::tx(l, id, &entry, &mut state, &mut held);
+    #[cfg(feature = "tracing")]
+    let tx = noted.wrap(tx);
+    let outcome = driver::run(&mut { tx }, id, l.ttl, event);
+    #[cfg(feature = "tracing")]
+    noted.done(&outcome);
     B::observe(l, id);
     B::unlock(l, &entry, &mut state, held, &outcome);
     B::observe(l, id);

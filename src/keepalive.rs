@@ -540,6 +540,8 @@ impl Shared {
 
     /// Runs the loss callback, once.
     fn report(&self, loss: &Loss) {
+        #[cfg(feature = "tracing")]
+        crate::trace::keepalive_lost(&self.lock().lease, loss);
         let f = self
             .on_loss
             .lock()

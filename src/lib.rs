@@ -35,9 +35,12 @@
 //!   whole-file write that happens only for an admitted token ([`Fence::write_file`]).
 //! - [`status`]: a read-only view of a lease directory (what `flocklease status` prints).
 //! - `pg` (feature `postgres`): the same leases across hosts, in a PostgreSQL database.
+//! - Feature `tracing`: events for the `tracing` ecosystem at each decision that matters (a
+//!   grant with its token and reason, a refusal, a renew lost or slow, a release, a failed
+//!   transition, a keep-alive's loss as a warning); the README shows them.
 //! - [`error`]: the detail types [`Error`]'s variants carry.
-//! - The protocol, every guarantee and what is not promised: `docs/PROTOCOL.md` in the
-//!   repository. The machinery behind the adapters (the pure transition function `machine`,
+//! - The protocol, every guarantee and what is not promised: [PROTOCOL](https://docs.rs/crate/flocklease/latest/source/docs/PROTOCOL.md) (`docs/PROTOCOL.md`
+//!   in the package and the repository). The machinery behind the adapters (the pure transition function `machine`,
 //!   its interpreter `driver`, the conformance suite every backend passes) is public only with
 //!   the `internals` feature, for the model checker and the fuzz targets.
 //!
@@ -84,7 +87,7 @@
 //!
 //! The choices in the protocol that a reader of the Go package might not expect (the order of a
 //! takeover, a failed directory fsync, sweeping, shared directories, descriptors) are listed
-//! in `docs/PROTOCOL.md` §12 in the repository.
+//! in [PROTOCOL](https://docs.rs/crate/flocklease/latest/source/docs/PROTOCOL.md) §12.
 //!
 //! # Architecture
 //!
@@ -133,6 +136,8 @@ mod lease;
 mod memory;
 mod name;
 mod timestamp;
+#[cfg(feature = "tracing")]
+mod trace;
 
 // The machinery behind the adapters, public only with the `internals` feature (for the model
 // checker, the fuzz targets and the crate's own tests; no stability promise): the pure
@@ -201,7 +206,10 @@ pub use name::{MAX_ID_BYTES, MAX_OWNER_BYTES, Owner, SessionId, stem};
 pub use record::Record;
 pub use timestamp::Timestamp;
 
-/// The README's examples, compiled and run as doctests.
-#[cfg(doctest)]
+/// The README's examples, compiled and run as doctests. Only with the `postgres` and
+/// `tracing` features (CI's `--all-features`): those examples are written as a user copies
+/// them into a crate that enables the feature, with no `cfg` guard that would compile them to
+/// an empty `main` there.
+#[cfg(all(doctest, feature = "postgres", feature = "tracing"))]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;

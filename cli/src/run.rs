@@ -110,6 +110,7 @@ pub struct RunArgs {
     )]
     nonblock: bool,
     /// Wait at most this long for the lease to be released, its holder to die or to expire.
+    /// With --pg, a lost or refused connection (a failover) is tried again until then.
     #[arg(short = 'w', long = "wait", visible_alias = "timeout", value_name = "DURATION",
           value_parser = duration::parse, allow_hyphen_values = true)]
     wait: Option<Duration>,
@@ -482,18 +483,8 @@ fn run_pg(
     owner: &Owner,
     channel: Option<Channel>,
 ) -> Result<u8, String> {
-    let leases = Arc::new(
-        pg_builder(url, a.pg_ca.as_deref())?
-            .ttl(a.ttl)
-            .connect()
-            .map_err(|e| crate::describe(&e))?,
-    );
     let wait = a.wait.filter(|w| !w.is_zero());
-    let grant = match wait {
-        None => leases.acquire(id, owner),
-        Some(w) => leases.acquire_wait(id, owner, w),
-    }
-    .map_err(|e| crate::describe(&e))?;
+    let (leases, grant) = pg_acquire(a, url, id, owner, wait)?;
     let Some(lease) = grant.lease() else {
         if !a.quiet {
             let waited = wait.map_or(String::new(), |w| {
@@ -545,6 +536,66 @@ fn run_pg(
         None,
         (&deadlines, &*clock, channel),
     )
+}
+
+/// Connects and acquires, waiting up to `wait` if given. A waiter keeps waiting through a
+/// failover: a connection error or a call to be made again (`ErrorKind::Io`, `Retry`) is
+/// followed by another attempt, from a new connection if need be, until the wait's end
+/// (the lease is free on a promoted standby once the old primary's sessions are gone).
+#[cfg(feature = "postgres")]
+fn pg_acquire(
+    a: &RunArgs,
+    url: &str,
+    id: &SessionId,
+    owner: &Owner,
+    wait: Option<Duration>,
+) -> Result<(Arc<flocklease::pg::PgLease>, flocklease::Grant), String> {
+    use flocklease::ErrorKind;
+    /// The pause between attempts (a server coming back is polled: nothing signals it).
+    const PAUSE: Duration = Duration::from_millis(250);
+    let deadline = wait.map(|w| Instant::now() + w);
+    let mut leases: Option<Arc<flocklease::pg::PgLease>> = None;
+    let mut said = false;
+    loop {
+        let attempt = match &leases {
+            Some(l) => Ok(Arc::clone(l)),
+            None => pg_builder(url, a.pg_ca.as_deref())?
+                .ttl(a.ttl)
+                .connect()
+                .map(Arc::new),
+        }
+        .and_then(|l| {
+            leases = Some(Arc::clone(&l));
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            match left {
+                None => l.acquire(id, owner),
+                Some(w) => l.acquire_wait(id, owner, w.max(Duration::from_millis(1))),
+            }
+            .map(|g| (l, g))
+        });
+        let e = match attempt {
+            Ok(got) => return Ok(got),
+            Err(e) => e,
+        };
+        let again = matches!(e.kind(), ErrorKind::Io | ErrorKind::Retry)
+            && deadline.is_some_and(|d| Instant::now() + PAUSE < d);
+        if !again {
+            return Err(crate::describe(&e));
+        }
+        if !said && !a.quiet {
+            say!(
+                "flocklease: {}; trying again until the wait ends",
+                crate::describe(&e)
+            );
+            said = true;
+        }
+        if matches!(e.kind(), ErrorKind::Io) && leases.is_some() {
+            // A connection error: the next attempt may go to another server (a promoted
+            // standby); a new instance checks it afresh (writable, schema).
+            leases = None;
+        }
+        std::thread::sleep(PAUSE);
+    }
 }
 
 #[cfg(not(feature = "postgres"))]

@@ -60,6 +60,44 @@ impl Ended {
     }
 }
 
+/// The warnings a connection's server session sent (see [`Conn::warnings`]).
+#[derive(Default)]
+pub(crate) struct Warnings {
+    count: AtomicU64,
+    last: Mutex<String>,
+}
+
+impl Warnings {
+    /// Counts `notice` if its severity is `WARNING` (notices of lower severity say nothing
+    /// about a statement's outcome).
+    pub(super) fn note(&self, notice: &tokio_postgres::error::DbError) {
+        use tokio_postgres::error::Severity;
+        let warning = match notice.parsed_severity() {
+            Some(s) => s == Severity::Warning,
+            None => notice.severity() == "WARNING",
+        };
+        if warning {
+            let mut said = notice.message().to_owned();
+            if let Some(detail) = notice.detail() {
+                said.push_str(": ");
+                said.push_str(detail);
+            }
+            *lock(&self.last) = said;
+            self.count.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// How many warnings came so far.
+    pub(super) fn count(&self) -> u64 {
+        self.count.load(Ordering::SeqCst)
+    }
+
+    /// The last warning's message and detail, in the server's words.
+    pub(super) fn last(&self) -> String {
+        lock(&self.last).clone()
+    }
+}
+
 /// The statements prepared on every connection (transition and liveness alike: one round trip
 /// at connect, pipelined).
 pub(super) struct Stmts {
@@ -91,6 +129,10 @@ pub(super) struct Conn {
     /// clients now, is never ended on its account.
     disowned: AtomicBool,
     pub(super) ended: Arc<Ended>,
+    /// The warnings its server session sent, counted as they arrive: a `COMMIT` answered with
+    /// success after a `WARNING` (a synchronous-replication wait cancelled by an operator's
+    /// `pg_cancel_backend`) committed on this server alone, maybe.
+    pub(super) warnings: Arc<Warnings>,
     pub(super) stmts: Stmts,
     /// The mark of its server session (see [`claim`]).
     pub(super) nonce: String,
@@ -634,7 +676,11 @@ pub(super) fn connect_unset(
     open: &Arc<OpenSessions>,
 ) -> Result<Conn, Fail> {
     within(rt, role.reply_bound, async {
-        let (client, connection) = connector.connect(&role.config).await.map_err(Fail::Db)?;
+        let warnings = Arc::new(Warnings::default());
+        let (client, connection) = connector
+            .connect(&role.config, Arc::clone(&warnings))
+            .await
+            .map_err(Fail::Db)?;
         let ended = Arc::new(Ended::default());
         let signal = Arc::clone(&ended);
         let task = tokio::spawn(async move {
@@ -670,6 +716,7 @@ pub(super) fn connect_unset(
             disowned: AtomicBool::new(false),
             client,
             ended,
+            warnings,
             stmts: stmts.map_err(Fail::Db)?,
             nonce,
             poisoned: AtomicBool::new(false),

@@ -1,16 +1,19 @@
 //! When a commit counts: the judgements behind "no grant, renew or release is reported on a
 //! commit that may not be durable" (PROTOCOL §8.6).
 //!
-//! A `COMMIT` in PostgreSQL becomes visible to every session *before* it is replicated: with
-//! synchronous replication, the committing backend writes and flushes its commit record,
-//! marks the transaction committed, and only then waits for the standbys to confirm. If that
-//! wait is cut short (the library ends a stuck session, an administrator terminates or cancels
-//! it, the server shuts down), the commit stays on the primary alone, visible, and is lost if
-//! the primary fails over. So a re-read that finds our record after a commit whose reply never
-//! came proves the commit durable only when no standby had to confirm it, or when the
-//! standbys that must confirm it have confirmed the primary's WAL position as of the re-read.
-//! Everything else is [`Error::CommitUnknown`](crate::Error::CommitUnknown). The judgement
-//! itself is backend-neutral and pure ([`crate::commit`]): the model checker runs it too.
+//! With synchronous replication, the committing backend writes and flushes its commit record,
+//! marks the transaction committed, and then waits for the standbys to confirm; other sessions
+//! see the transaction as still in progress until that wait ends. If the wait is cut short
+//! (the library ends a stuck session, an administrator terminates or cancels it, the server
+//! shuts down), the commit becomes visible on the primary alone, and is lost if the primary
+//! fails over. A cancel is answered with success and a WARNING; `statement_timeout` does not
+//! end the wait. So a re-read that finds our record after a commit whose reply never came,
+//! or a success that came with a warning, proves the commit durable only when no standby had
+//! to confirm it, or when the standbys that must confirm it have confirmed the primary's WAL
+//! position as of the re-read. Everything else is
+//! [`Error::CommitUnknown`](crate::Error::CommitUnknown) (for a fenced section,
+//! [`Error::FencedCommitUnknown`](crate::Error::FencedCommitUnknown)). The judgement itself is
+//! backend-neutral and pure ([`crate::commit`]): the model checker runs it too.
 
 pub(crate) use crate::commit::{Reread, Verdict, standbys_required, verdict};
 

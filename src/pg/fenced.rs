@@ -147,8 +147,10 @@ impl PgLease {
     /// # Errors
     ///
     /// `f`'s error, or [`Error::Database`] from a statement (the section rolls back);
-    /// [`Error::CommitUnknown`] when the `COMMIT`'s reply was lost (the writes may have
-    /// committed, and if so, while the lease was the caller's).
+    /// [`Error::FencedCommitUnknown`] when the `COMMIT`'s reply was lost, or it was answered
+    /// with a warning and the synchronous standbys did not confirm it: the writes may have
+    /// committed (if so, while the lease was the caller's), and running the section again may
+    /// write them twice.
     ///
     /// # Examples
     ///
@@ -263,19 +265,51 @@ impl PgLease {
         if !machine::fence_holds(record.as_ref(), &lease.owner, lease.token, held_here, now) {
             return Ok(None);
         }
+        let unknown = |detail: String| Error::FencedCommitUnknown {
+            id: id.clone(),
+            token: lease.token,
+            detail,
+        };
+        let warned = conn.warnings.count();
         match exec(&inner.rt, &inner.faults, PgStep::Commit, conn, |c| {
             c.client.execute(&c.stmts.commit, &[])
         }) {
+            Ok(_) if conn.warnings.count() != warned => {
+                // Success with a warning: a cancelled wait for the synchronous standbys
+                // leaves the commit on this server alone, maybe (as for a transition's).
+                let warning = conn.warnings.last();
+                self.confirmed(conn).map(|()| Some(out)).map_err(|detail| {
+                    unknown(format!(
+                        "the server answered the COMMIT with success and the warning \
+                             '{warning}'; {detail}"
+                    ))
+                })
+            }
             Ok(_) => Ok(Some(out)),
-            Err(e) if e.outcome_unknown() => Err(Error::CommitUnknown {
-                id: id.clone(),
-                detail: format!(
-                    "the reply to a fenced section's COMMIT was lost: {}",
-                    e.into_error("commit a fenced section", Some(id))
-                ),
-            }),
+            Err(e) if e.outcome_unknown() => Err(unknown(format!(
+                "the reply to its COMMIT was lost: {}",
+                e.into_error("commit a fenced section", Some(id))
+            ))),
             Err(e) => Err(e.into_error("commit a fenced section", Some(id))),
         }
+    }
+
+    /// Whether the synchronous standbys confirmed what `conn`'s session committed (its WAL
+    /// position now is at or past the commit record): see [`super::tx::standbys_confirm`].
+    fn confirmed(&self, conn: &Conn) -> Result<(), String> {
+        let inner = &self.inner;
+        let wal = exec(&inner.rt, &inner.faults, PgStep::Reread, conn, |c| {
+            c.client.query_one(super::durable::WAL_POSITION, &[])
+        })
+        .map_err(|e| {
+            format!(
+                "the WAL position could not be read: {}",
+                e.into_error("read the WAL position", None)
+            )
+        })?;
+        let names: String = wal.try_get(0).unwrap_or_default();
+        let lsn: String = wal.try_get(1).unwrap_or_default();
+        super::tx::standbys_confirm(inner, conn, &names, &lsn)
     }
 
     /// Whether this instance holds `lease`'s generation (its liveness lock).

@@ -124,11 +124,14 @@
 //!   pooler the server-side TCP settings apply to the pooler's link, not to the holder's: a
 //!   dead holder host is noticed by the pooler's own `tcp_keepalive*` settings (set them
 //!   below the TTL), else only at the expiry.
-//! - Tokens survive a failover only with **synchronous replication**: with asynchronous
-//!   replication the last token bump can be lost and a token issued twice.
+//! - Tokens survive a failover only with **synchronous replication**, and only to the standby
+//!   that has every acknowledged commit (the synchronous one; under `ANY n`, the most
+//!   advanced): with asynchronous replication, or another standby promoted, the last token
+//!   bump can be lost and a token issued twice. The README's deployment table says which
+//!   standby may be promoted and what never to do.
 //! - Each lease held costs one server connection for its lifetime and one lock-table entry
 //!   (`max_locks_per_transaction × max_connections`).
-//! - Across a network, use TLS (feature `postgres-tls`): [`PgLeaseBuilder::tls`] with a
+//! - Across a network, use TLS (feature `postgres-tls`): `PgLeaseBuilder::tls` with a
 //!   `PgTls`, or `sslmode=require` in the connection string for the system's roots. The
 //!   server's certificate and name are always verified; a server without TLS is refused.
 //! - The two-`int4` advisory-lock key space is shared with the database's other users:
@@ -389,8 +392,14 @@ impl PgLease {
             },
             acquire: true,
         };
-        let mut tx = Inner::tx(self, id, &entry, &mut state, &mut held);
-        let outcome = driver::run(&mut tx, id, self.ttl, event.clone());
+        let tx = Inner::tx(self, id, &entry, &mut state, &mut held);
+        #[cfg(feature = "tracing")]
+        let noted = crate::trace::Noted::new(id, event, self.ttl);
+        #[cfg(feature = "tracing")]
+        let tx = noted.wrap(tx);
+        let outcome = driver::run(&mut { tx }, id, self.ttl, event.clone());
+        #[cfg(feature = "tracing")]
+        noted.done(&outcome);
         Inner::unlock(self, &entry, &mut state, held, &outcome);
         let waited = state.waited.take();
         Ok(Some(outcome.map(|o| (o, waited))))

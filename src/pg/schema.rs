@@ -99,7 +99,10 @@ pub(super) fn ensure(
         remedy: remedy.to_owned(),
     };
     within(rt, bound, async {
-        let (mut client, connection) = connector.connect(config).await.map_err(db("connect"))?;
+        let (mut client, connection) = connector
+            .connect(config, Default::default())
+            .await
+            .map_err(db("connect"))?;
         let task = tokio::spawn(connection);
         let writable = client
             .query_one(

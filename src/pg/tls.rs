@@ -2,14 +2,37 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_postgres::config::SslMode;
-use tokio_postgres::{Client, Config, NoTls};
+use tokio_postgres::{AsyncMessage, Client, Config, Connection, NoTls};
 
+use super::conn::Warnings;
 use crate::error::Error;
 
 /// A connection's driver: resolves when its session ends.
 pub(super) type Driver = Pin<Box<dyn Future<Output = Result<(), tokio_postgres::Error>> + Send>>;
+
+/// Drives `connection` until its session ends, counting in `heard` the warnings the server
+/// sends (a `NoticeResponse` of severity `WARNING`). A notice is taken from the socket, and
+/// counted here, before any reply that follows it is handed to the statement waiting for it:
+/// a statement that sees no new warning once it has its reply got none.
+async fn drive<S, T>(
+    mut connection: Connection<S, T>,
+    heard: Arc<Warnings>,
+) -> Result<(), tokio_postgres::Error>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+    T: AsyncRead + AsyncWrite + Unpin,
+{
+    while let Some(message) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+        if let AsyncMessage::Notice(notice) = message? {
+            heard.note(&notice);
+        }
+    }
+    Ok(())
+}
 
 /// What every connection of one `PgLease` is opened with.
 #[derive(Clone)]
@@ -51,20 +74,21 @@ impl Connector {
         }
     }
 
-    /// Opens a connection with `config`.
+    /// Opens a connection with `config`; its driver counts the server's warnings in `heard`.
     pub(super) async fn connect(
         &self,
         config: &Config,
+        heard: Arc<Warnings>,
     ) -> Result<(Client, Driver), tokio_postgres::Error> {
         match self {
             Connector::Plain => {
-                let (client, driver) = config.connect(NoTls).await?;
-                Ok((client, Box::pin(driver)))
+                let (client, connection) = config.connect(NoTls).await?;
+                Ok((client, Box::pin(drive(connection, heard))))
             }
             #[cfg(feature = "postgres-tls")]
             Connector::Rustls(tls) => {
-                let (client, driver) = config.connect(tls.clone()).await?;
-                Ok((client, Box::pin(driver)))
+                let (client, connection) = config.connect(tls.clone()).await?;
+                Ok((client, Box::pin(drive(connection, heard))))
             }
         }
     }

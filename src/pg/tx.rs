@@ -189,56 +189,15 @@ impl PgTx<'_> {
         };
         let names: String = wal.try_get(0).unwrap_or_default();
         let lsn: String = wal.try_get(1).unwrap_or_default();
-        let required = durable::standbys_required(&names);
-        let by = std::time::Instant::now() + conn.reply_bound;
-        loop {
-            let confirmed = if !ours || required == Some(0) {
-                0
-            } else {
-                let lsn = lsn.as_str();
-                exec(
-                    &self.inner.rt,
-                    &self.inner.faults,
-                    PgStep::Reread,
-                    &conn,
-                    |c| async move {
-                        c.client
-                            .query_one(durable::CONFIRMED_STANDBYS, &[&lsn])
-                            .await
-                            .map(|r| r.try_get::<_, i64>(0).unwrap_or(0))
-                    },
-                )
-                .unwrap_or(0)
-            };
-            let read = if ours {
-                durable::Reread::Ours {
-                    required,
-                    confirmed: u32::try_from(confirmed).unwrap_or(u32::MAX),
-                }
-            } else {
-                durable::Reread::NotOurs
-            };
-            match durable::verdict(read) {
-                durable::Verdict::NotCommitted => {
-                    self.inner.give_back(conn);
-                    return Ok(false);
-                }
-                durable::Verdict::Committed => {
-                    self.inner.give_back(conn);
-                    return Ok(true);
-                }
-                durable::Verdict::NotYetDurable => {}
-            }
-            if std::time::Instant::now() >= by {
-                let bound = conn.reply_bound;
-                self.inner.give_back(conn);
-                return Err(unknown(format!(
-                    "the commit is on the server, but {} synchronous standby(s) of                      synchronous_standby_names = '{names}' had to confirm it (WAL {lsn}) and                      {confirmed} did within {} ms: a failover may lose it (the role needs                      pg_monitor to see the standbys' positions)",
-                    required.map_or("an unknown number of".to_owned(), |n| n.to_string()),
-                    bound.as_millis()
-                )));
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
+        let confirmed = if ours {
+            standbys_confirm(self.inner, &conn, &names, &lsn)
+        } else {
+            Ok(())
+        };
+        self.inner.give_back(conn);
+        match confirmed {
+            Ok(()) => Ok(ours),
+            Err(detail) => Err(unknown(detail)),
         }
     }
 
@@ -415,6 +374,9 @@ impl PgTx<'_> {
         let expiry = SqlTime::from_timestamp(record.expiry);
         let key = self.key();
         let (rt, faults) = (&self.inner.rt, &self.inner.faults);
+        // Counted before the round trip: a warning that arrives with the COMMIT's reply is
+        // counted before the reply is handed over (see `tls::drive`).
+        let warned = self.conn.warnings.count();
         // UPDATE (with the new generation's lock, if planned) and COMMIT pipelined: one round
         // trip. If the UPDATE fails, the server turns the COMMIT into a rollback, and the
         // UPDATE's error is the one reported. With a lock, the statement updates the row only
@@ -481,13 +443,19 @@ impl PgTx<'_> {
                     }
                 }
                 if rows == 0 {
-                    Err(Error::CorruptRow {
+                    return Err(Error::CorruptRow {
                         id: self.id.clone(),
                         reason: "the locked row vanished (deleted by hand?)".into(),
-                    })
-                } else {
-                    Ok(())
+                    });
                 }
+                if self.conn.warnings.count() != warned {
+                    // A success that came with a warning: PostgreSQL answers a COMMIT whose
+                    // wait for the synchronous standbys was cancelled (`pg_cancel_backend`)
+                    // with success, and the commit may be on this server alone. The same
+                    // check as for a lost reply: the standbys must confirm it.
+                    return self.confirmed_after_warning(record);
+                }
+                Ok(())
             }
             Err(e) if e.outcome_unknown() => {
                 // The connection broke, or the server stopped answering, during COMMIT: it may
@@ -518,6 +486,31 @@ impl PgTx<'_> {
         }
     }
 
+    /// After a `COMMIT` answered with success and a warning: the commit happened on this
+    /// server (its row lock is released), and counts once the synchronous standbys that must
+    /// confirm it have ([`PgTx::committed_anyway`], whose re-read needs no session ended);
+    /// else [`Error::CommitUnknown`], the server's warning in its detail.
+    fn confirmed_after_warning(&mut self, record: &Record) -> Result<(), Error> {
+        let warning = self.conn.warnings.last();
+        let said = |detail: &str| {
+            format!(
+                "the server answered the COMMIT with success and the warning '{warning}'; {detail}"
+            )
+        };
+        match self.committed_anyway(record, false) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(Error::CommitUnknown {
+                id: self.id.clone(),
+                detail: said("the row no longer holds what it committed"),
+            }),
+            Err(Error::CommitUnknown { id, detail }) => Err(Error::CommitUnknown {
+                id,
+                detail: said(&detail),
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
     fn close_local(&mut self, token: u64) {
         if self
             .state
@@ -530,6 +523,58 @@ impl PgTx<'_> {
             self.inner
                 .unlock_and_pool(generation.conn, generation.key, token);
         }
+    }
+}
+
+/// Waits until the synchronous standbys that must confirm commits (as
+/// `synchronous_standby_names` = `names` says) have confirmed WAL position `lsn`, asking on
+/// `conn` until its reply bound ([`durable::verdict`] judges). `Err` says why the commit is
+/// not known durable.
+pub(super) fn standbys_confirm(
+    inner: &Inner,
+    conn: &Conn,
+    names: &str,
+    lsn: &str,
+) -> Result<(), String> {
+    let required = durable::standbys_required(names);
+    let by = Instant::now() + conn.reply_bound;
+    loop {
+        let confirmed = if required == Some(0) {
+            0
+        } else {
+            exec(
+                &inner.rt,
+                &inner.faults,
+                PgStep::Reread,
+                conn,
+                |c| async move {
+                    c.client
+                        .query_one(durable::CONFIRMED_STANDBYS, &[&lsn])
+                        .await
+                        .map(|r| r.try_get::<_, i64>(0).unwrap_or(0))
+                },
+            )
+            .unwrap_or(0)
+        };
+        let read = durable::Reread::Ours {
+            required,
+            confirmed: u32::try_from(confirmed).unwrap_or(u32::MAX),
+        };
+        if durable::verdict(read) == durable::Verdict::Committed {
+            return Ok(());
+        }
+        if Instant::now() >= by {
+            return Err(format!(
+                "the commit is on the server, but {} synchronous standby(s) of \
+                 synchronous_standby_names = '{names}' had to confirm it (WAL {lsn}) and \
+                 {confirmed} did within {} ms: a failover may lose it (the role needs \
+                 pg_monitor to see the standbys' positions)",
+                required.map_or("an unknown number of".to_owned(), |n| n.to_string()),
+                conn.reply_bound.as_millis()
+            ));
+        }
+        // Polling the server: nothing signals a standby's confirmation to this client.
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

@@ -645,3 +645,36 @@ fn a_waiting_acquire_holding_the_row_gives_it_up_to_a_call_holding_the_in_proces
     assert_eq!(b_lease.token, a_lease.token + 1);
     b.join().unwrap();
 }
+
+#[test]
+fn a_fenced_section_whose_commit_reply_is_lost_is_unknown_writes_not_a_retry() {
+    // Issue 51: the section's writes may have committed and nothing settles them later (34 of
+    // 37 such sections had), so re-running it as "retry" would write them again: its own
+    // error and kind, and words that say to look at the data first.
+    let Some(h) = Harness::new() else { return };
+    h.admin.execute("CREATE TABLE written (n int8)", &[]);
+    let a = h.instance();
+    let lease = a
+        .acquire(&sid("section"), &who("a"))
+        .unwrap()
+        .lease()
+        .unwrap();
+    let (got, fired) = h.with_fault((PgStep::Commit, Kind::LoseReply, 0), || {
+        a.fenced(&lease, |tx| {
+            tx.execute("INSERT INTO written VALUES (1)", &[])
+        })
+    });
+    assert!(fired);
+    let e = got.expect_err("a lost COMMIT reply");
+    assert!(
+        matches!(&e, flocklease::Error::FencedCommitUnknown { token, .. } if *token == lease.token),
+        "{e:?}"
+    );
+    assert_eq!(e.kind(), flocklease::ErrorKind::WritesUnknown);
+    let said = e.to_string();
+    assert!(said.contains("look at the data"), "{said}");
+    assert!(!said.contains("  "), "runs of blanks in: {said:?}");
+    // The server did commit it (the reply alone was lost): retrying would write it twice.
+    let rows = h.admin.query("SELECT count(*) FROM written", &[]);
+    assert_eq!(rows[0].get::<_, i64>(0), 1);
+}

@@ -6,6 +6,9 @@
 
 mod cli_support;
 #[cfg(feature = "postgres")]
+#[path = "../../../tests/support/cluster.rs"]
+mod cluster;
+#[cfg(feature = "postgres")]
 #[path = "../../../tests/support/pg.rs"]
 mod pg;
 #[cfg(feature = "postgres-tls")]

@@ -220,3 +220,79 @@ fn run_pg_killed_takes_its_job_down_at_once() {
     let out = flocklease(&["run", "--pg", &url, "--id", "killed", "--", "true"]);
     assert!(out.status.success(), "{out:?}");
 }
+
+/// Issue 51: `run --pg -w` exited 70 at the first connection error of a failover, although
+/// the lease was free on the new primary. A waiter keeps waiting, reconnecting, until its
+/// deadline: here a holder on the primary, a waiter given both servers
+/// (`target_session_attrs=read-write`), then the primary crashes and its synchronous standby
+/// is promoted; the waiter runs its job there, with a greater token, well within its wait.
+#[test]
+fn a_waiter_waits_through_a_failover_and_runs_its_job_on_the_new_primary() {
+    use crate::cluster::Node;
+    use std::time::{Duration, Instant};
+    let Some(primary) = Node::primary(&["synchronous_standby_names=s1", "fsync=off"]) else {
+        return;
+    };
+    let standby = primary.standby("s1");
+    primary.sync_walsender("s1");
+    let both = format!(
+        "host=127.0.0.1,127.0.0.1 port={},{} user=postgres dbname=postgres \
+         target_session_attrs=read-write",
+        primary.port, standby.port
+    );
+    let holder = PgLease::builder(&primary.url())
+        .ttl(Duration::from_secs(60))
+        .connect()
+        .unwrap();
+    let held = holder
+        .acquire(&SessionId::new("job").unwrap(), &Owner::new("old").unwrap())
+        .unwrap()
+        .lease()
+        .unwrap();
+    let waiter = Command::new(env!("CARGO_BIN_EXE_flocklease"))
+        .args([
+            "run",
+            "--pg",
+            &both,
+            "--id",
+            "job",
+            "-w",
+            "60s",
+            "--",
+            "sh",
+            "-c",
+            "echo token=$FLOCKLEASE_TOKEN",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let admin = primary.admin();
+    pg::until("the waiter to wait for the holder", || {
+        !admin
+            .query(
+                "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                 AND wait_event = 'advisory'",
+                &[],
+            )
+            .is_empty()
+    });
+    drop(admin);
+    let crashed = Instant::now();
+    primary.crash();
+    standby.promote();
+    let out = waiter.wait_with_output().unwrap();
+    let took = crashed.elapsed();
+    eprintln!("the waiter's job ran and it exited {took:?} after the crash");
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("token={}", held.token + 1),
+        "{out:?}"
+    );
+    assert!(took < Duration::from_secs(60), "{took:?}");
+    // On the new primary: granted there, and released after the job.
+    let row = standby.admin().row("job").unwrap();
+    assert_eq!((row.0.as_str(), row.1), ("", held.token as i64 + 1));
+    drop(holder);
+}
