@@ -366,7 +366,7 @@ fn next_blocked(dir: &Path, stem: &str, token: u64) -> Option<String> {
     if meta.is_dir() {
         return Some(format!(
             "a directory stands at {}, the next generation's liveness file: every acquire \
-             fails until it is removed",
+             fails until it is removed (rmdir, or rm -r after a look at what it holds)",
             path.display()
         ));
     }
