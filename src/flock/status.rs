@@ -192,7 +192,7 @@ pub fn session_trusting(
 
 /// The library's opener for `dir` under its ownership policy (as a default
 /// [`FlockLease`](crate::FlockLease) would open it).
-fn opener(dir: &Path, trust_foreign_owners: bool) -> Result<Opener, Error> {
+pub(crate) fn opener(dir: &Path, trust_foreign_owners: bool) -> Result<Opener, Error> {
     let (owners, sticky) = files::policy(dir, trust_foreign_owners)?;
     Ok(Opener {
         owners,
