@@ -116,6 +116,24 @@ pub enum Error {
         /// The user id owning it.
         uid: u32,
     },
+    /// The kernel refused to open a lease file of another user in a shared (sticky,
+    /// world-writable) directory (`EACCES`/`EPERM`): its mode lets no one else write it (the
+    /// default 0600), or `fs.protected_regular` refuses to open another user's file there for
+    /// creating. Trusting other users' files
+    /// ([`trust_foreign_owners`](crate::FlockLeaseBuilder::trust_foreign_owners)) cannot lift
+    /// this: only the kernel's refusal is left.
+    ///
+    /// Remedy: share the id through a group directory (setgid, mode 2770, lease files 0660)
+    /// instead of a sticky one, use a lease directory of your own, or have the file's owner
+    /// (or root) remove it if it is left over.
+    ForeignDenied {
+        /// The file.
+        path: PathBuf,
+        /// The user id owning it.
+        uid: u32,
+        /// The kernel's refusal.
+        source: io::Error,
+    },
     /// The mode given to [`file_mode`](crate::FlockLeaseBuilder::file_mode) is unusable: it
     /// must include `0o600`, may not let other users write (`0o002`), and has no other bits
     /// than `0o666`.
@@ -393,6 +411,7 @@ impl Error {
             | Error::NotADirectory { .. }
             | Error::NetworkFilesystem { .. }
             | Error::ForeignOwner { .. }
+            | Error::ForeignDenied { .. }
             | Error::InvalidFileMode { .. } => ErrorKind::Setup,
             Error::TokenExhausted { .. } => ErrorKind::Exhausted,
             Error::ExpiryOutOfRange { .. }
@@ -424,9 +443,12 @@ impl From<Error> for io::Error {
         let kind = match (&e, e.io_kind(), e.kind()) {
             (_, Some(kind), _) => kind,
             // A file or directory others could have planted or written: refused.
-            (Error::ForeignOwner { .. } | Error::WorldWritable { .. }, ..) => {
-                io::ErrorKind::PermissionDenied
-            }
+            (
+                Error::ForeignOwner { .. }
+                | Error::ForeignDenied { .. }
+                | Error::WorldWritable { .. },
+                ..,
+            ) => io::ErrorKind::PermissionDenied,
             (Error::NotADirectory { .. }, ..) => io::ErrorKind::NotADirectory,
             (_, None, ErrorKind::LockTimeout) => io::ErrorKind::TimedOut,
             (_, None, ErrorKind::Corrupt) => io::ErrorKind::InvalidData,
@@ -449,6 +471,7 @@ impl Error {
             | Error::NotADirectory { path }
             | Error::NetworkFilesystem { path, .. }
             | Error::ForeignOwner { path, .. }
+            | Error::ForeignDenied { path, .. }
             | Error::LiveLockBusy { path }
             | Error::TooManyOpenFiles { path, .. }
             | Error::LockReplaced { path } => Some(path),
@@ -505,9 +528,24 @@ fn remedy(path: &Path, remove: &str) -> String {
              the id's <stem>.N.live files (docs/PROTOCOL.md §6.6): without a record the \
              fencing token would start again at 1"
         )
+    } else if is_live_name(&name) {
+        // Only a takeover publishes there, by one rename, which cannot replace a directory:
+        // no acquire of the id succeeds until it is gone (PROTOCOL §6.6).
+        format!(
+            "it stands at a generation's liveness file name, where an acquire publishes its \
+             own, so every acquire of the id fails until it is gone; {remove} (a directory: \
+             rmdir, or rm -r after a look at what it holds): nothing of the lease is in it"
+        )
     } else {
         format!("{remove}: lease files are regular files of their own")
     }
+}
+
+/// Whether `name` is a generation's liveness file name, `<stem>.<token>.live`.
+fn is_live_name(name: &str) -> bool {
+    name.strip_suffix(".live")
+        .and_then(|rest| rest.rsplit_once('.'))
+        .is_some_and(|(_, token)| !token.is_empty() && token.bytes().all(|b| b.is_ascii_digit()))
 }
 
 impl fmt::Display for Error {
@@ -574,6 +612,17 @@ impl fmt::Display for Error {
                  own (mkdir -m 0700), trust the directory's users (trust_foreign_owners: \
                  the library's builder; --trust-foreign-owners: flocklease run), or, if it was \
                  planted, remove it as its owner or root",
+                path.display()
+            ),
+            Error::ForeignDenied { path, uid, source } => write!(
+                f,
+                "the kernel refused to open lease file {} of another user (uid {uid}) in a \
+                 shared (sticky) directory: {source}; trusting other users' files \
+                 (--trust-foreign-owners, trust_foreign_owners) cannot lift this, since only \
+                 its owner may open it there (its mode, or fs.protected_regular). To share the \
+                 id between users, use a group directory instead (chgrp GROUP DIR; chmod 2770 \
+                 DIR; --file-mode 660 for every user, root too); else use a lease directory of \
+                 your own, or have uid {uid} or root remove the file if it is left over",
                 path.display()
             ),
             Error::InvalidFileMode { mode } => write!(
@@ -696,7 +745,7 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Error::Io { source, .. } => Some(source),
+            Error::Io { source, .. } | Error::ForeignDenied { source, .. } => Some(source),
             Error::Corrupt { source, .. } => Some(source),
             Error::InvalidInput(e) => Some(e),
             #[cfg(feature = "postgres")]

@@ -126,6 +126,8 @@ pub mod fence;
 pub mod pg;
 // `status` lives beside the flock backend it reads.
 pub use flock::status;
+// `mend` too: it repairs what `status` reports unreadable.
+pub use flock::mend;
 #[cfg(feature = "supervise")]
 pub mod supervise;
 

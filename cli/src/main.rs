@@ -9,6 +9,7 @@ mod dirs;
 mod duration;
 mod fence;
 mod job;
+mod mend;
 mod run;
 mod say;
 mod signals;
@@ -124,13 +125,26 @@ enum Cmd {
     /// admitted (exit 0) and recorded before the write. The token is --token N or, in a job of
     /// `flocklease run`, $FLOCKLEASE_TOKEN.
     Fence(fence::FenceArgs),
+    /// Repair the record of an id that no call can use (a FIFO, a directory, a symbolic link
+    /// or garbage in its place), never losing the fencing token.
+    ///
+    /// Under the id's transition lock, writes a released record whose token is the highest
+    /// the directory shows (the record's own if it reads, and every STEM.N.live file's N) or
+    /// --at-least N if greater (a release deletes its generation's file), as
+    /// a transition writes it (temporary file, fsync, rename, fsync of the directory); an
+    /// empty directory at the record's name is removed first. A record that reads and is not
+    /// behind its generations' files is left as it is. Refused while a holder lives (a
+    /// generation's liveness file is locked). Exit status: 0 when mended or nothing to mend;
+    /// 75 when refused because a holder lives or the record names one until its expiry; 70 on
+    /// an error (a bad STEM.lock: remove it); 64 on bad usage. PROTOCOL §6.6.
+    Mend(mend::MendArgs),
     /// Print the manual page (roff) of flocklease, or of one of its commands.
     ///
     /// Install: mkdir -p /usr/local/share/man/man1; flocklease man >
-    /// /usr/local/share/man/man1/flocklease.1, and for each of run, status and fence:
+    /// /usr/local/share/man/man1/flocklease.1, and for each of run, status, fence and mend:
     /// flocklease man run > /usr/local/share/man/man1/flocklease-run.1.
     Man {
-        /// The command whose page to print (run, status, fence); none: flocklease(1).
+        /// The command whose page to print (run, status, fence, mend); none: flocklease(1).
         #[arg(value_name = "COMMAND")]
         command: Option<String>,
     },
@@ -192,6 +206,7 @@ fn main() -> ExitCode {
         }
         Cmd::Status(args) => status::main(&args),
         Cmd::Fence(args) => fence::main(&args),
+        Cmd::Mend(args) => mend::main(&args),
         Cmd::Man { command } => man(command.as_deref()),
         Cmd::Completions { shell } => {
             let mut script = Vec::new();
@@ -320,7 +335,9 @@ fn man(command: Option<&str>) -> u8 {
                 .display_name(format!("flocklease-{name}"))
                 .bin_name(format!("flocklease {name}")),
             None => {
-                eprintln!("flocklease: no command {name:?} (run, status, fence, man, completions)");
+                eprintln!(
+                    "flocklease: no command {name:?} (run, status, fence, mend, man, completions)"
+                );
                 return EXIT_USAGE;
             }
         },

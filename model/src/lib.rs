@@ -1475,6 +1475,12 @@ impl Model for LeaseModel {
         props::properties(self)
     }
 
+    /// Presentation only: the explorer shows this beside every step, so it carries the
+    /// legend ([`report::legend_svg`]).
+    fn as_svg(&self, _path: stateright::Path<State, Action>) -> Option<String> {
+        Some(report::legend_svg())
+    }
+
     fn format_action(&self, action: &Action) -> String {
         match action {
             Action::Call(p, kind) => {

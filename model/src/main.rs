@@ -482,6 +482,7 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
                 std::net::TcpListener::bind(addr.as_str())
                     .map_err(|e| format!("cannot listen on {addr}: {e}"))?,
             );
+            // The page shows the legend too, beside each step (the model's `as_svg`).
             println!("{}\n\n{}\n", report::describe(&model), report::LEGEND);
             println!("explorer on http://{addr} (Ctrl-C to stop)");
             // Serves until the process is stopped.

@@ -396,6 +396,7 @@ pub fn check_with(
                     .into_actions()
                     .last()
                     .map(|a| model.format_action(a));
+                let last_action = path.clone().into_actions().last().cloned();
                 let encoded = path.encode(model);
                 write_path(model, path, out)?;
                 writeln!(
@@ -405,6 +406,13 @@ pub fn check_with(
                 )?;
                 if let Some(step) = last_step {
                     writeln!(out, "  the step that broke it: {step}")?;
+                }
+                if let ([.., before, after], Some(action)) = (states.as_slice(), &last_action) {
+                    writeln!(
+                        out,
+                        "  in words: {}",
+                        in_words(model, v.name, before, after, action)
+                    )?;
                 }
                 if let [.., before, after] = states.as_slice() {
                     for change in changes(before, after) {
@@ -471,6 +479,135 @@ fn why(m: &LeaseModel, name: &str, s: &State) -> String {
             )
         }
     }
+}
+
+/// The violating step of a counterexample as one sentence: who acted and, for a call that the
+/// step ended, what it was answered; what the record names and who else believes it holds
+/// after the step; and the property it breaks. Generic over the properties: derived from the
+/// last action and the two states around it, e.g. "p0's renew of #1 was answered held,
+/// although the record names p0#1@4, and nobody else holds a lease: that breaks \"[5] renew by
+/// the current holder succeeds\"".
+pub fn in_words(
+    m: &LeaseModel,
+    name: &str,
+    before: &State,
+    after: &State,
+    action: &Action,
+) -> String {
+    let actor = match *action {
+        Action::Call(p, _)
+        | Action::Step(p, _)
+        | Action::Fail(p, _)
+        | Action::Refuse(p)
+        | Action::Crash(p)
+        | Action::LoseLiveness(p, _)
+        | Action::NoticeLoss(p)
+        | Action::SessionEnds(p)
+        | Action::Relock(p)
+        | Action::Fence(p)
+        | Action::FenceStep(p, _) => Some(p),
+        _ => None,
+    };
+    let step = m.format_action(action);
+    let took_over = match after.max_committed > before.max_committed {
+        true => format!(" (it committed generation #{})", after.max_committed),
+        false => String::new(),
+    };
+    let record = format!(
+        "{}{}",
+        rec(&after.record),
+        if after.record_bad.is_some() {
+            " (a planted file stands at its name)"
+        } else {
+            ""
+        }
+    );
+    // Who acted and what came of it, up to the record.
+    let what = match actor {
+        Some(p) => {
+            let (b, a) = (&before.procs[p], &after.procs[p]);
+            let call = b.call.as_ref().or(a.call.as_ref());
+            let of = call
+                .and_then(|c| c.view)
+                .map(|v| format!(" of #{}", v.token))
+                .unwrap_or_default();
+            match (a.last != b.last, a.last, call.map(|c| c.kind)) {
+                (true, Some((kind, said)), _) => {
+                    let answer = match said {
+                        Said::Granted(t, e) => format!("was answered granted #{t}@{e}"),
+                        Said::Held => "was answered held".into(),
+                        Said::Released => "was answered released".into(),
+                        Said::Failed => "failed".into(),
+                        Said::Crashed => "crashed".into(),
+                    };
+                    format!(
+                        "p{p}'s {}{of} {answer}{took_over}, although the record names {record}",
+                        kind.label()
+                    )
+                }
+                (_, _, Some(kind)) => format!(
+                    "in p{p}'s {}{of}, the step \"{step}\"{took_over} left the record naming \
+                     {record}",
+                    kind.label()
+                ),
+                _ => match b.fence.or(a.fence) {
+                    Some(f) => format!(
+                        "in p{p}'s fenced section with #{}, the step \"{step}\" came while the \
+                         record names {record}",
+                        f.token
+                    ),
+                    None => {
+                        format!("the step \"{step}\"{took_over} left the record naming {record}")
+                    }
+                },
+            }
+        }
+        None => format!("the step \"{step}\"{took_over} left the record naming {record}"),
+    };
+    let lock = match (before.lock_holder(), after.lock_holder()) {
+        (b, a) if b == a => String::new(),
+        (Some(b), None) => format!(", p{b} no longer holds the transition lock"),
+        (None, Some(a)) => format!(", p{a} took the transition lock"),
+        (Some(b), Some(a)) => format!(", the transition lock went from p{b} to p{a}"),
+        (None, None) => String::new(),
+    };
+    let others: Vec<String> = after
+        .procs
+        .iter()
+        .enumerate()
+        .filter(|(p, _)| Some(*p) != actor)
+        .filter_map(|(p, pr)| pr.lease.filter(|l| after.now < l.expiry).map(|l| (p, l)))
+        .map(|(p, l)| format!("p{p} believes it holds #{}@{}", l.token, l.expiry))
+        .collect();
+    let others = match (others.is_empty(), actor.is_some()) {
+        (true, true) => "nobody else holds a lease".to_owned(),
+        (true, false) => "nobody holds a lease".to_owned(),
+        (false, _) => others.join(" and "),
+    };
+    format!("{what}{lock}, and {others}: that breaks \"{name}\"")
+}
+
+/// The legend as an SVG image, for the explorer's page: it shows a model's `as_svg` beside
+/// each step, and has no other place for text of ours.
+pub fn legend_svg() -> String {
+    let lines: Vec<&str> = LEGEND.lines().collect();
+    let mut out = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"760\" height=\"{}\" \
+         font-family=\"monospace\" font-size=\"12\">",
+        lines.len() * 15 + 10
+    );
+    for (i, line) in lines.iter().enumerate() {
+        let text = line
+            .replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;");
+        out.push_str(&format!(
+            "<text x=\"4\" y=\"{}\" xml:space=\"preserve\">{text}</text>",
+            i * 15 + 15
+        ));
+    }
+    out.push_str("</svg>");
+    out
 }
 
 /// What changed between two states, in words: the record, its durable copy, the highest

@@ -552,3 +552,53 @@ fn the_printed_options_of_the_side_runs_give_their_configurations() {
         );
     }
 }
+
+/// Issue 50: one planted bug printed several counterexamples, each with the 30-line legend,
+/// and none said in words what went wrong. Across every `check_with` of a process the legend
+/// comes once, and each counterexample has one sentence naming who acted, what came of it,
+/// and the property broken.
+#[test]
+fn each_counterexample_says_its_violation_in_words_under_one_legend() {
+    let mut out = vec![];
+    for planted in [Planted::UnlockBeforeCleanup, Planted::CreateThenLock] {
+        let model = LeaseModel {
+            planted: Some(planted),
+            ..LeaseModel::default()
+        };
+        assert!(!report::check_with(&model, usize::MAX, "", &mut out).unwrap());
+    }
+    let text = String::from_utf8(out).unwrap();
+    assert_eq!(text.matches("how to read a state:").count(), 1, "{text}");
+    let blocks: Vec<&str> = text
+        .split("shortest counterexample for \"")
+        .skip(1)
+        .collect();
+    assert!(blocks.len() >= 2, "{text}");
+    for block in blocks {
+        let property = block.split('"').next().unwrap();
+        let words = block
+            .lines()
+            .find_map(|l| l.strip_prefix("  in words: "))
+            .unwrap_or_else(|| panic!("no sentence in words for {property}: {block}"));
+        assert!(words.contains("p0") || words.contains("p1"), "{words}");
+        assert!(words.contains("the record"), "{words}");
+        assert!(
+            words.ends_with(&format!("that breaks \"{property}\"")),
+            "{words}"
+        );
+    }
+}
+
+/// The explorer shows a model's SVG beside every step: the lease model's is the legend.
+#[test]
+fn the_explorer_page_carries_the_legend() {
+    let model = LeaseModel::default();
+    let none: [&Action; 0] = [];
+    let path = stateright::Path::from_actions(&model, model.init_states()[0].clone(), none);
+    let svg = model.as_svg(path.unwrap()).unwrap();
+    assert!(
+        svg.starts_with("<svg") && svg.contains("how to read a state:"),
+        "{svg}"
+    );
+    assert!(svg.contains("&lt;stem&gt;.lock"), "{svg}");
+}

@@ -294,12 +294,14 @@ impl Opener {
                 path: path.to_owned(),
             },
             // In a sticky directory the kernel refuses to open or remove another user's file
-            // (fs.protected_regular, the sticky bit): say whose it is.
+            // (its mode, fs.protected_regular, the sticky bit): say whose it is, and that it
+            // is the kernel's refusal, which trusting other users' files does not lift.
             Some(nix::libc::EACCES | nix::libc::EPERM) if self.sticky => {
                 match fs::symlink_metadata(path) {
-                    Ok(m) if m.uid() != nix::unistd::geteuid().as_raw() => Error::ForeignOwner {
+                    Ok(m) if m.uid() != nix::unistd::geteuid().as_raw() => Error::ForeignDenied {
                         path: path.to_owned(),
                         uid: m.uid(),
+                        source: e,
                     },
                     _ => Error::io("open", path, e),
                 }

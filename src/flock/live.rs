@@ -80,7 +80,12 @@ pub(crate) fn identify(
     let file = match opened {
         Ok(f) => f,
         Err(e) if e.io_kind() == Some(io::ErrorKind::NotFound) => return Ok(Found::Missing),
-        Err(e @ (Error::Symlink { .. } | Error::NotAFile { .. } | Error::ForeignOwner { .. })) => {
+        Err(
+            e @ (Error::Symlink { .. }
+            | Error::NotAFile { .. }
+            | Error::ForeignOwner { .. }
+            | Error::ForeignDenied { .. }),
+        ) => {
             return Ok(Found::NotOwn(e.to_string()));
         }
         Err(e) => return Err(e),

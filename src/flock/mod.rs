@@ -33,6 +33,7 @@ use crate::record::{self, LiveTag, Record};
 
 pub(crate) mod files;
 pub(crate) mod live;
+pub mod mend;
 mod queue;
 pub mod status;
 // The lockstep harness's stepper: reachable only where the module is public.

@@ -192,7 +192,7 @@ pub fn session_trusting(
 
 /// The library's opener for `dir` under its ownership policy (as a default
 /// [`FlockLease`](crate::FlockLease) would open it).
-fn opener(dir: &Path, trust_foreign_owners: bool) -> Result<Opener, Error> {
+pub(crate) fn opener(dir: &Path, trust_foreign_owners: bool) -> Result<Opener, Error> {
     let (owners, sticky) = files::policy(dir, trust_foreign_owners)?;
     Ok(Opener {
         owners,
@@ -366,7 +366,7 @@ fn next_blocked(dir: &Path, stem: &str, token: u64) -> Option<String> {
     if meta.is_dir() {
         return Some(format!(
             "a directory stands at {}, the next generation's liveness file: every acquire \
-             fails until it is removed",
+             fails until it is removed (rmdir, or rm -r after a look at what it holds)",
             path.display()
         ));
     }

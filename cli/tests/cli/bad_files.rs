@@ -281,13 +281,19 @@ fn a_directory_at_the_next_generations_name_is_reported_blocked() {
     let dir = tempfile::tempdir().unwrap();
     let (leases, id, me, next) = released_once(dir.path());
     std::fs::create_dir(&next).unwrap();
-    // The truth status must tell: no acquire can succeed.
-    assert!(
-        FlockLease::open(dir.path())
-            .unwrap()
-            .acquire(&id, &me)
-            .is_err()
-    );
+    // The truth status must tell: no acquire can succeed. PROTOCOL §6.6 says so (issue 50:
+    // the refusal stays, since a takeover can publish its generation nowhere else and the
+    // library removes no directory it did not make), and the error says what to remove and
+    // why, not only "not a regular file".
+    let refused = FlockLease::open(dir.path())
+        .unwrap()
+        .acquire(&id, &me)
+        .unwrap_err();
+    assert!(matches!(refused, Error::NotAFile { .. }), "{refused:?}");
+    let said = refused.to_string();
+    for words in [".2.live", "every acquire of the id fails", "rmdir"] {
+        assert!(said.contains(words), "{words:?} not in {said:?}");
+    }
     let row = flocklease::status::session(dir.path(), &id, flocklease::Timestamp::now())
         .unwrap()
         .unwrap();
@@ -329,4 +335,53 @@ fn another_users_file_at_the_next_generations_name_is_judged_as_the_kernel_will(
         matches!(acquired, Ok(flocklease::Grant::Granted(_))),
         "{acquired:?}"
     );
+}
+
+/// Issue 50: in a shared sticky directory, a user who gave `--trust-foreign-owners` was told to
+/// give it, when the cause was the kernel refusing root's 0600 file. The message says it is the
+/// kernel's refusal, that the option cannot lift it, and what to do instead. Run as root, which
+/// creates the files, then as uid 65534 (`nobody`) in the same directory.
+#[test]
+fn a_kernel_refusal_in_a_shared_directory_is_not_blamed_on_a_missing_option() {
+    use std::os::unix::process::CommandExt;
+    if !root() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    // The user must reach the shared directory: its parent readable by all.
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let shared = tmp.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let out = cli(&["run"], &shared, &["--id", ID, "--", "true"]);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    for trust in [true, false] {
+        let mut cmd = std::process::Command::new(bin());
+        cmd.args(["run", "--dir", shared.to_str().unwrap(), "--id", ID]);
+        if trust {
+            cmd.arg("--trust-foreign-owners");
+        }
+        let out = cmd
+            .args(["--", "true"])
+            .uid(65534)
+            .gid(65534)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(70), "{}", describe(&out));
+        let said = String::from_utf8_lossy(&out.stderr);
+        for words in [
+            "the kernel refused",
+            "uid 0",
+            "cannot lift this",
+            "group directory",
+        ] {
+            assert!(
+                said.contains(words),
+                "trust {trust}: {words:?} not in {said:?}"
+            );
+        }
+        // Not the advice to give the option (the words of a refusal by the library's rule).
+        assert!(!said.contains("trust the directory's users"), "{said}");
+    }
 }

@@ -21,6 +21,7 @@ mod environment;
 mod fence;
 mod flock_compat;
 mod lockstep;
+mod mend;
 mod pg_run;
 mod pg_tls;
 mod run;
