@@ -359,7 +359,8 @@ pub enum ErrorKind {
     /// busy, a transition's commit whose outcome could not be settled): call again.
     Retry,
     /// A fenced section's writes may or may not have committed, and no later call tells
-    /// ([`Error::FencedCommitUnknown`]): look at the data before running the section again.
+    /// (`Error::FencedCommitUnknown`, feature `postgres`): look at the data before running the
+    /// section again.
     WritesUnknown,
     /// A record or row holds what no lease can, or a schema this version does not know: the
     /// data needs a human.

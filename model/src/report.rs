@@ -485,7 +485,7 @@ fn why(m: &LeaseModel, name: &str, s: &State) -> String {
 /// step ended, what it was answered; what the record names and who else believes it holds
 /// after the step; and the property it breaks. Generic over the properties: derived from the
 /// last action and the two states around it, e.g. "p0's renew of #1 was answered held,
-/// although the record names p0#1@4, and nobody else holds a lease: that breaks \"[5] renew by
+/// although the record names p0#1@4, and nobody else holds a lease: that breaks \"\[5\] renew by
 /// the current holder succeeds\"".
 pub fn in_words(
     m: &LeaseModel,
