@@ -56,14 +56,16 @@ pub fn main(a: &MendArgs) -> u8 {
                 path.display(),
                 token.saturating_add(1)
             );
-            if token == 0 {
-                println!(
-                    "{shown}: no generation's file was left to read a token from: if tokens \
-                     were handed out, mend again with --at-least N (N the highest, e.g. a \
-                     fence file's count) before the next holder"
-                );
-            }
             0
+        }
+        Ok(Mended::NoToken { replaced }) => {
+            eprintln!(
+                "flocklease: refusing to mend {shown}: its record is {replaced}, and no \
+                 generation's file is left to read a token from (a release deletes its own); \
+                 nothing written. Mend with --at-least N, N the highest token handed out (a \
+                 fence file's count, FLOCKLEASE_TOKEN in a job's log; 1 if none was)"
+            );
+            crate::EXIT_USAGE
         }
         Ok(Mended::Sound { token: Some(token) }) => {
             println!(

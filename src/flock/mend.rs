@@ -50,6 +50,14 @@ pub enum Mended {
         /// The record's token, if there is a record.
         token: Option<u64>,
     },
+    /// Refused: the record is unusable and nothing in the directory names a token (a release
+    /// deleted its generation's file), and `at_least` gave none: writing one would hand out a
+    /// token again. Nothing written; mend with `at_least` the highest token handed out (a
+    /// fence file's count, a job log's `FLOCKLEASE_TOKEN`; 1 if none was).
+    NoToken {
+        /// What stands at the record's name, in words.
+        replaced: String,
+    },
     /// Refused: a holder lives (this generation's liveness file is locked). Nothing written.
     Live {
         /// The locked liveness file.
@@ -73,7 +81,8 @@ pub enum Mended {
 /// or there is nothing to mend.
 ///
 /// A release deletes its generation's file: a record replaced after a release leaves no
-/// name to read its token from, and without `at_least` the record written has token 0.
+/// name to read its token from, and without `at_least` nothing is written
+/// ([`Mended::NoToken`]): a guess would hand out tokens again.
 ///
 /// # Errors
 ///
@@ -157,7 +166,10 @@ pub fn mend(dir: &Path, id: &SessionId, now: Timestamp, at_least: u64) -> Result
             None => return Ok(Mended::Sound { token: None }),
             Some(n) => (n, "no record".to_owned()),
         },
-        Found::Bad(what) => (highest.unwrap_or(0), what),
+        Found::Bad(what) => match highest {
+            Some(n) => (n, what),
+            None => return Ok(Mended::NoToken { replaced: what }),
+        },
     };
     // A holder lives while its generation's file is locked: whatever the record says.
     for (_, live_path) in generations.iter().filter(|(_, p)| is_live(p)) {

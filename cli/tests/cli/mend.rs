@@ -92,6 +92,7 @@ fn a_fifo_record_is_mended_with_the_highest_token_of_the_generations_names() {
 /// (`--at-least`). An empty directory at the record's name is removed and replaced.
 #[test]
 fn a_directory_at_the_records_name_is_mended_with_the_token_the_operator_gives() {
+    use std::os::unix::fs::FileTypeExt;
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let leases = granted(dir, 3);
@@ -113,16 +114,24 @@ fn a_directory_at_the_records_name_is_mended_with_the_token_the_operator_gives()
         .unwrap();
     assert_eq!(next.token, 4);
     leases.release(&next).unwrap();
-    // Without evidence or --at-least, the command says the token may be behind.
+    // Without evidence or --at-least, nothing is written (a guess would hand out token 1
+    // again): the command asks for --at-least.
     fifo_over_record(dir);
     let out = mend(dir);
-    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    assert_eq!(out.status.code(), Some(64), "{}", describe(&out));
     assert!(
-        String::from_utf8_lossy(&out.stdout).contains("--at-least"),
+        String::from_utf8_lossy(&out.stderr).contains("--at-least"),
         "{}",
         describe(&out)
     );
-    // Told afterwards, a second mend raises the released record's token.
+    assert!(
+        std::fs::symlink_metadata(record_path(dir))
+            .unwrap()
+            .file_type()
+            .is_fifo(),
+        "the FIFO was replaced"
+    );
+    // Told, it writes the released record with that token.
     let out = flocklease(["mend", "--dir", dir_s, "--id", ID, "--at-least", "4"]);
     assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
     assert_eq!(read_record(dir).token, 4);
