@@ -90,7 +90,8 @@ options (applied in order, on top of the named configuration):
                      (acquire_wait's look at what the instance holds waits for the state),
                      wait-past-deadline (acquire_wait attempts again after an attempt that
                      ended past its deadline); for a
-                     resource's fence: fence-admits-lower,
+                     resource's fence: fence-admits-lower, fence-refuses-equal (the
+                     token already recorded is refused: caught by the exactness property),
                      fence-no-recheck (write_file renames its target without checking its
                      admission again), fence-store-checks-lock-only (recording a token checks
                      the lock's identity, not that the fence file is as read),
@@ -305,6 +306,12 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
                     resource_model
                         .get_or_insert_with(ResourceModel::default)
                         .planted = Some(ResourcePlanted::AdmitsLower);
+                    named = true;
+                }
+                "fence-refuses-equal" => {
+                    resource_model
+                        .get_or_insert_with(ResourceModel::default)
+                        .planted = Some(ResourcePlanted::RefusesEqual);
                     named = true;
                 }
                 "fence-no-recheck" => {

@@ -46,6 +46,10 @@ pub enum ResourcePlanted {
     /// Recording a token checks only the lock's identity, not that the fence file still
     /// holds what was read (the fence before this round).
     StoreChecksLockOnly,
+    /// The admission rule refuses a token equal to the highest recorded (`<=` for `<`): the
+    /// holder's own second write is refused. Safe, and wrong: only the exactness property
+    /// sees it.
+    RefusesEqual,
     /// The two checks before a rename in the other order: the fence file, then the lock (the
     /// first fix of this round: the lock moved aside, another call's whole store, and the
     /// lock put back could fall between them).
@@ -159,6 +163,9 @@ pub struct ResourceState {
     pub stale_landed: bool,
     /// Ghost: a write was refused at its re-check.
     pub refused_at_recheck: bool,
+    /// Ghost: a decision differed from PROTOCOL §9's rule (the model's own reading: admit a
+    /// token at or above the highest read, record only a greater one).
+    pub inexact: bool,
 }
 
 /// One step.
@@ -184,15 +191,33 @@ pub const NO_STALE_WRITE: &str =
 pub const WINDOW: &str = "a writer renames after its lock was removed in its window";
 /// Reachability: a stale write refused at the re-check.
 pub const REFUSED_AT_RECHECK: &str = "a guarded write is refused at its re-check";
+/// The property of the rule at its boundary (PROTOCOL §9): what the fence admits and records
+/// is exactly what the rule says, equal tokens included.
+pub const EXACT: &str = "the fence admits exactly the tokens at or above the highest it read, and records only greater ones";
 
 impl ResourceModel {
     fn decide(&self, read: Option<u64>, token: u64) -> FenceStep {
-        if self.planted == Some(ResourcePlanted::AdmitsLower) {
-            return FenceStep::Admit {
+        match self.planted {
+            Some(ResourcePlanted::AdmitsLower) => FenceStep::Admit {
                 record: (read != Some(token)).then_some(token),
-            };
+            },
+            Some(ResourcePlanted::RefusesEqual) if read == Some(token) => {
+                FenceStep::Refuse { highest: token }
+            }
+            _ => machine::fence_step(read, token),
         }
-        machine::fence_step(read, token)
+    }
+
+    /// Whether `step`, decided for `token` on a fence file that read `read`, is PROTOCOL
+    /// §9's: admitted exactly when no greater token was recorded, recorded exactly when it is
+    /// greater than what was read (or nothing was).
+    fn exact(read: Option<u64>, token: u64, step: FenceStep) -> bool {
+        let admit = read.is_none_or(|h| token >= h);
+        let record = read.is_none_or(|h| token > h);
+        match step {
+            FenceStep::Refuse { highest } => !admit && Some(highest) == read,
+            FenceStep::Admit { record: r } => admit && r == record.then_some(token),
+        }
     }
 
     /// The window PROTOCOL §9.4 leaves, as a writer at `pc` stands in it: for `write_file`,
@@ -309,7 +334,9 @@ impl ResourceModel {
                 // put there: what this writer decides from now on is judged.
                 w.overrun = false;
                 w.read = s.fence;
-                w.pc = match self.decide(s.fence, token) {
+                let step = self.decide(s.fence, token);
+                s.inexact |= !Self::exact(s.fence, token, step);
+                w.pc = match step {
                     FenceStep::Refuse { .. } => Pc::Unlock,
                     FenceStep::Admit { record: Some(_) } => self.first_check(Pc::StoreLock),
                     FenceStep::Admit { record: None } => self.after_admission(how),
@@ -367,7 +394,9 @@ impl ResourceModel {
             }
             Pc::RecheckFence => {
                 w.overrun = false;
-                if let FenceStep::Refuse { .. } = machine::fence_step(s.fence, token) {
+                let step = machine::fence_step(s.fence, token);
+                s.inexact |= !Self::exact(s.fence, token, step);
+                if let FenceStep::Refuse { .. } = step {
                     s.refused_at_recheck = true;
                     w.lock_ok = false;
                     w.pc = Pc::Unlock;
@@ -430,6 +459,7 @@ impl Model for ResourceModel {
             went_back: false,
             stale_landed: false,
             refused_at_recheck: false,
+            inexact: false,
         }]
     }
 
@@ -484,6 +514,7 @@ impl Model for ResourceModel {
         vec![
             Property::always(NEVER_BACK, |_, s: &ResourceState| !s.went_back),
             Property::always(NO_STALE_WRITE, |_, s: &ResourceState| !s.stale_landed),
+            Property::always(EXACT, |_, s: &ResourceState| !s.inexact),
             Property::sometimes(WINDOW, |_, s: &ResourceState| s.window),
             Property::sometimes(REFUSED_AT_RECHECK, |_, s: &ResourceState| {
                 s.refused_at_recheck
@@ -563,7 +594,22 @@ mod tests {
         assert_eq!(checker.unique_state_count(), 62_882);
         assert!(checker.discovery(NEVER_BACK).is_none());
         assert!(checker.discovery(NO_STALE_WRITE).is_none());
+        assert!(checker.discovery(EXACT).is_none());
         assert!(checker.discovery(REFUSED_AT_RECHECK).is_some());
+    }
+
+    /// Refusing the token already recorded is safe, so neither safety property sees it; the
+    /// exactness property does.
+    #[test]
+    fn a_fence_that_refuses_an_equal_token_fails_the_exactness() {
+        let checker = ResourceModel {
+            planted: Some(ResourcePlanted::RefusesEqual),
+            ..ResourceModel::default()
+        }
+        .checker();
+        assert!(checker.discovery(EXACT).is_some());
+        assert!(checker.discovery(NEVER_BACK).is_none());
+        assert!(checker.discovery(NO_STALE_WRITE).is_none());
     }
 
     #[test]
