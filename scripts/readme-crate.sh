@@ -20,8 +20,17 @@ flocklease = { path = "$repo" }
 tokio = { version = "1.38", features = ["rt", "macros", "time"] }
 
 [features]
-# The README's PostgreSQL examples are written for a crate with this feature.
+# The README's PostgreSQL examples are written for a crate that enables flocklease's
+# postgres feature, its tracing example for one with tracing and tracing-subscriber, as
+# their text says.
 postgres = ["flocklease/postgres"]
+tracing = ["flocklease/tracing", "dep:tracing-subscriber"]
+
+[dependencies.tracing-subscriber]
+version = "0.3.18"
+optional = true
+default-features = false
+features = ["registry", "std", "fmt"]
 
 [workspace]
 TOML
@@ -36,7 +45,14 @@ awk -v dir="$work/src/bin" '
 count=$(ls "$work/src/bin" | wc -l)
 echo "building $count README examples as a separate crate in $work"
 cp "$repo/Cargo.lock" "$work/Cargo.lock"
-# As a flock-only user builds them, and with the PostgreSQL backend.
+# With the features their text names, every example; as a user with no feature builds them,
+# every example that names none (the PostgreSQL and tracing ones are set aside meanwhile).
+cargo build --offline --quiet --manifest-path "$work/Cargo.toml" --bins --features postgres,tracing
+aside="$work/aside"
+rm -rf "$aside" && mkdir -p "$aside"
+for f in "$work"/src/bin/*.rs; do
+    if grep -qE '(^|[^a-z_])pg::|tracing_subscriber|features = \[' "$f"; then mv "$f" "$aside/"; fi
+done
 cargo build --offline --quiet --manifest-path "$work/Cargo.toml" --bins
-cargo build --offline --quiet --manifest-path "$work/Cargo.toml" --bins --features postgres
-echo "README examples compile in a crate that depends only on flocklease (with and without postgres)"
+mv "$aside"/*.rs "$work/src/bin/" 2>/dev/null || true
+echo "README examples compile in a crate that depends only on flocklease (each with the features its text names, and those that name none with none)"
