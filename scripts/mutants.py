@@ -64,7 +64,11 @@ def main():
     listed = subprocess.run(
         ["cargo", "mutants", "--list", "--json", "--diff", "--file", a.file],
         cwd=REPO, check=True, capture_output=True, text=True).stdout
-    mutants = [m for m in json.loads(listed) if m["file"] == a.file]
+    mutants = []
+    for m in json.loads(listed):
+        # Only the file asked for, each mutant once.
+        if m["file"] == a.file and all(m["name"] != n["name"] for n in mutants):
+            mutants.append(m)
     if a.sample and a.sample < len(mutants):
         mutants = random.Random(a.seed).sample(mutants, a.sample)
 
