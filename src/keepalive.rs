@@ -540,8 +540,6 @@ impl Shared {
 
     /// Runs the loss callback, once.
     fn report(&self, loss: &Loss) {
-        #[cfg(feature = "tracing")]
-        crate::trace::keepalive_lost(&self.lock().lease, loss);
         let f = self
             .on_loss
             .lock()
@@ -551,6 +549,9 @@ impl Shared {
             // The loss is recorded: a panicking callback cannot hide it.
             let _ = catch_unwind(AssertUnwindSafe(|| f(loss)));
         }
+        // Said after the callback acted: a subscriber whose writer blocks never delays it.
+        #[cfg(feature = "tracing")]
+        crate::trace::keepalive_lost(&self.lock().lease, loss);
     }
 
     /// The watcher thread: waits for a loss — recorded by the renewer or the backend, or the
