@@ -75,13 +75,15 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::error::Error;
+use crate::error::{Error, LockOf};
 use crate::fault::{FaultPoint, Faults};
 use crate::flock::DEFAULT_LOCK_TIMEOUT;
 use crate::flock::files::{
-    Access, DEFAULT_FILE_MODE, HeldLock, Opener, lock_at_path, open_dir, read_bounded,
+    Access, DEFAULT_FILE_MODE, HeldLock, Opener, lock_once, open_dir, read_bounded,
 };
 use crate::flock::live::fresh_tag;
+use crate::front::begin_or_wait;
+use crate::fs::{Fs, TempFor};
 use crate::machine::{self, FenceStep};
 use crate::record::DecodeError;
 
@@ -107,14 +109,27 @@ use crate::record::DecodeError;
 /// # Ok(())
 /// # }
 /// ```
+pub type Fence = FenceOn<Kernel>;
+
+/// A [`Fence`] on the file system `F`: the kernel's, or the model checker's simulated one
+/// (`flocklease_model::resource`), which runs this very code. Use it as [`Fence`].
 #[derive(Debug)]
-pub struct Fence {
+pub struct FenceOn<F: Fs> {
     path: PathBuf,
     lock_path: PathBuf,
     dir: PathBuf,
+    lock_timeout: Duration,
+    fs: F,
+}
+
+/// The kernel's file system, as a [`Fence`] uses it: the lease directory's rules for opening
+/// files (never through a symbolic link, close-on-exec, the owner policy), and the fence's
+/// directory open for its fsyncs.
+#[derive(Debug)]
+pub struct Kernel {
+    dir: PathBuf,
     dir_file: File,
     opener: Opener,
-    lock_timeout: Duration,
 }
 
 /// What a [`Fence`] answered for a token.
@@ -264,10 +279,8 @@ impl FenceBuilder {
         let (dir_file, owners, sticky) = open_dir(&dir, self.allow_network_fs, false)?;
         let mut lock_name = name.to_owned();
         lock_name.push(".lock");
-        let fence = Fence {
-            lock_path: dir.join(lock_name),
-            path: dir.join(name),
-            dir,
+        let kernel = Kernel {
+            dir: dir.clone(),
             dir_file,
             opener: Opener {
                 owners,
@@ -276,9 +289,12 @@ impl FenceBuilder {
                 faults: self.faults,
                 share: None,
             },
-            lock_timeout: self.lock_timeout,
         };
-        fence.open_lock()?;
+        let fence = FenceOn::on(kernel, &path, self.lock_timeout)?;
+        // The lock file is made now, so a directory that refuses it is reported here.
+        HeldLock::open(&fence.lock_path, || {
+            fence.fs.opener.open(&fence.lock_path, Access::LockCreate)
+        })?;
         fence.highest()?;
         Ok(fence)
     }
@@ -316,6 +332,36 @@ impl Fence {
             faults: Faults::default(),
         }
     }
+}
+
+impl<F: Fs> FenceOn<F> {
+    /// The fence file at `path` on `fs`, with `lock_timeout`; nothing is opened or checked
+    /// (the kernel's fence opens through [`FenceBuilder::open`], which checks its directory
+    /// first; the model checker makes its writers' fences here).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotAFile`] when the path names no file (`/`, `..`).
+    pub fn on(fs: F, path: &Path, lock_timeout: Duration) -> Result<Self, Error> {
+        let Some(name) = path.file_name() else {
+            return Err(Error::NotAFile {
+                path: path.to_owned(),
+            });
+        };
+        let dir = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
+            _ => PathBuf::from("."),
+        };
+        let mut lock_name = name.to_owned();
+        lock_name.push(".lock");
+        Ok(FenceOn {
+            lock_path: dir.join(lock_name),
+            path: dir.join(name),
+            dir,
+            lock_timeout,
+            fs,
+        })
+    }
 
     /// The fence file's path.
     pub fn path(&self) -> &Path {
@@ -346,20 +392,9 @@ impl Fence {
     /// # }
     /// ```
     pub fn highest(&self) -> Result<Option<u64>, Error> {
-        let file = match self.opener.open(&self.path, Access::Read) {
-            Ok(file) => file,
-            Err(e) if e.io_kind() == Some(io::ErrorKind::NotFound) => return Ok(None),
-            Err(e) => return Err(e),
+        let Some(bytes) = self.fs.read(&self.path)? else {
+            return Ok(None);
         };
-        let meta = file
-            .metadata()
-            .map_err(|e| Error::io("stat", &self.path, e))?;
-        if !meta.is_file() {
-            return Err(Error::NotAFile {
-                path: self.path.clone(),
-            });
-        }
-        let bytes = read_bounded(&file).map_err(|e| Error::io("read", &self.path, e))?;
         decode(&bytes).map_err(|source| Error::Corrupt {
             path: self.path.clone(),
             source,
@@ -440,15 +475,15 @@ impl Fence {
         bytes: &[u8],
     ) -> Result<Admission, Error> {
         let target = target.as_ref();
-        let write = |lock: &HeldLock| {
-            write_atomically(
+        let write = |lock: &F::Lock| {
+            self.write_atomically(
                 target,
                 bytes,
                 || {
-                    self.opener.faults.check(FaultPoint::Rename, target)?;
+                    self.fs.hook(FaultPoint::Rename, target)?;
                     self.still_admits(token, lock)
                 },
-                || self.opener.faults.check(FaultPoint::CommitTarget, target),
+                || self.fs.hook(FaultPoint::CommitTarget, target),
             )
         };
         match self.locked(token, write)? {
@@ -501,13 +536,13 @@ impl Fence {
     }
 }
 
-impl Fence {
+impl<F: Fs> FenceOn<F> {
     /// Under the lock: decides on `token` ([`machine::fence_step`]), records it if it is
     /// greater, and runs `f` if it is admitted. `Ok(Err(highest))` when refused.
     fn locked<T>(
         &self,
         token: u64,
-        f: impl FnOnce(&HeldLock) -> T,
+        f: impl FnOnce(&F::Lock) -> T,
     ) -> Result<Result<(Option<u64>, T), u64>, Error> {
         let lock = self.lock()?;
         let admitted = self.admitted(token, &lock);
@@ -523,7 +558,7 @@ impl Fence {
     /// Under `lock`: reads the fence file and decides on `token` ([`machine::fence_step`]),
     /// recording it if it is greater. `Ok(Ok(previous))` when admitted, `Ok(Err(highest))`
     /// when refused.
-    fn admitted(&self, token: u64, lock: &HeldLock) -> Result<Result<Option<u64>, u64>, Error> {
+    fn admitted(&self, token: u64, lock: &F::Lock) -> Result<Result<Option<u64>, u64>, Error> {
         let previous = self.highest()?;
         match machine::fence_step(previous, token) {
             FenceStep::Refuse { highest } => return Ok(Err(highest)),
@@ -540,37 +575,26 @@ impl Fence {
     }
 
     /// Gives up the lock (closing the lock file unlocks it).
-    fn unlock(&self, lock: HeldLock) {
+    fn unlock(&self, lock: F::Lock) {
         // Never fails; a test's hook may pause here (the lockstep harness does).
-        let _ = self
-            .opener
-            .faults
-            .check(FaultPoint::UnlockFence, &self.lock_path);
-        // Explicitly, not only by closing: a process forked meanwhile keeps a copy.
-        let _ = lock.file.unlock();
-    }
-
-    /// Opens (creating) the lock file.
-    fn open_lock(&self) -> Result<HeldLock, Error> {
-        HeldLock::open(&self.lock_path, || {
-            self.opener.open(&self.lock_path, Access::LockCreate)
-        })
+        let _ = self.fs.hook(FaultPoint::UnlockFence, &self.lock_path);
+        self.fs.unlock(lock);
     }
 
     /// Takes the lock by the lock timeout, on the file that is at the lock's path once it is
-    /// taken (a tmp cleaner or an operator may have replaced it): the adapter's own
-    /// [`lock_at_path`].
-    fn lock(&self) -> Result<HeldLock, Error> {
+    /// taken (a tmp cleaner or an operator may have replaced it): the front's bounded
+    /// begin-or-wait loop around [`Fs::lock_once`] (the kernel's: the flock adapter's own
+    /// `lock_once`).
+    fn lock(&self) -> Result<F::Lock, Error> {
         let started = Instant::now();
-        let open = || self.opener.open(&self.lock_path, Access::LockCreate);
         let deadline = started.checked_add(self.lock_timeout);
-        lock_at_path(
-            &self.lock_path,
-            &self.opener.faults,
-            open,
-            deadline,
-            started,
-        )
+        let timeout = || Error::LockTimeout {
+            lock: LockOf::File(self.lock_path.clone()),
+            waited: started.elapsed(),
+        };
+        begin_or_wait(deadline, timeout, || {
+            self.fs.lock_once(&self.lock_path, deadline)
+        })
     }
 
     /// At a guarded write's commit: whether `token` is still admitted (no greater token was
@@ -578,13 +602,11 @@ impl Fence {
     /// still the lock everyone takes. `Ok(Err(highest))` when a greater token was admitted
     /// meanwhile: the lock was deleted while this call held it, and another call took a new
     /// one. The write must not land then.
-    fn still_admits(&self, token: u64, lock: &HeldLock) -> Result<Result<(), u64>, Error> {
+    fn still_admits(&self, token: u64, lock: &F::Lock) -> Result<Result<(), u64>, Error> {
         // The lock first, the fence file last (as in `store`): a greater admission recorded
         // after the lock check is then seen, unless the lock was removed after that check,
         // which is the POSIX window.
-        let here = lock
-            .at(&self.lock_path, None, &self.opener.faults)?
-            .is_some();
+        let here = self.fs.still_at(lock, &self.lock_path)?;
         if let FenceStep::Refuse { highest } = machine::fence_step(self.highest()?, token) {
             return Ok(Err(highest));
         }
@@ -604,20 +626,18 @@ impl Fence {
         &self,
         token: u64,
         read: Option<u64>,
-        lock: &HeldLock,
+        lock: &F::Lock,
     ) -> Result<Result<(), u64>, Error> {
         let mut name = self.path.file_name().unwrap_or_default().to_owned();
-        name.push(format!(".{:016x}.tmp", fresh_tag().0));
+        name.push(format!(".{:016x}.tmp", self.fs.fresh()));
         let tmp = self.dir.join(name);
-        let file = self.opener.open(&tmp, Access::Temp)?;
+        let file = self.fs.create(&tmp, TempFor::Fence)?;
         // Recorded only under the lock everyone else takes, and only over the value decided
         // on: both checked again just before the rename, the lock first and the fence file
         // last. (In the other order, the lock moved aside, another call's whole store on a
         // new lock, and the lock put back could all fall between the two checks.)
         let may_land = || {
-            let here = lock
-                .at(&self.lock_path, None, &self.opener.faults)?
-                .is_some();
+            let here = self.fs.still_at(lock, &self.lock_path)?;
             let now = self.highest()?;
             if now != read {
                 return Ok(Err(now));
@@ -629,20 +649,14 @@ impl Fence {
             }
             Ok(Ok(()))
         };
-        let renaming = || self.opener.faults.check(FaultPoint::Rename, &self.path);
-        let sync_dir = || {
-            self.dir_file
-                .sync_all()
-                .map_err(|e| Error::io("fsync", &self.dir, e))
-        };
-        let stored = replace_whole(
+        let renaming = || self.fs.hook(FaultPoint::Rename, &self.path);
+        let stored = self.replace_whole(
             &tmp,
             file,
             &self.path,
             encode(token).as_bytes(),
             may_land,
             renaming,
-            sync_dir,
         )?;
         if let Err(now) = stored {
             // Changed since the read: decided again on what is there now. Still admitted
@@ -656,94 +670,173 @@ impl Fence {
         }
         Ok(Ok(()))
     }
-}
 
-/// Writes `bytes` to `target` whole: a temporary file beside it, fsynced, renamed over it, the
-/// directory fsynced; `commit` is asked just before the rename whether the write may still
-/// land (`Ok(Err(highest))`: no; the temporary file is removed and nothing changes), and
-/// `renaming` (the fault seam) just before the rename itself.
-fn write_atomically(
-    target: &Path,
-    bytes: &[u8],
-    commit: impl FnOnce() -> Result<Result<(), u64>, Error>,
-    renaming: impl FnOnce() -> Result<(), Error>,
-) -> Result<Result<(), u64>, Error> {
-    let not_a_file = || Error::NotAFile {
-        path: target.to_owned(),
-    };
-    let name = target.file_name().ok_or_else(not_a_file)?;
-    let dir = match target.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    let mode = match fs::symlink_metadata(target) {
-        Ok(m) if m.file_type().is_symlink() => {
-            return Err(Error::Symlink {
-                path: target.to_owned(),
+    /// Writes `bytes` to `target` whole: a temporary file beside it, fsynced, renamed over
+    /// it, the directory fsynced; `commit` is asked just before the rename whether the write
+    /// may still land (`Ok(Err(highest))`: no; the temporary file is removed and nothing
+    /// changes), and `renaming` (the fault seam) just before the rename itself.
+    fn write_atomically(
+        &self,
+        target: &Path,
+        bytes: &[u8],
+        commit: impl FnOnce() -> Result<Result<(), u64>, Error>,
+        renaming: impl FnOnce() -> Result<(), Error>,
+    ) -> Result<Result<(), u64>, Error> {
+        let name = target.file_name().ok_or_else(|| Error::NotAFile {
+            path: target.to_owned(),
+        })?;
+        let dir = match target.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        let mode = self.fs.mode(target)?;
+        let mut tmp_name = OsString::from(".");
+        tmp_name.push(name);
+        tmp_name.push(format!(".{:016x}.tmp", self.fs.fresh()));
+        let tmp = dir.join(tmp_name);
+        let file = self.fs.create(&tmp, TempFor::Target(mode))?;
+        self.replace_whole(&tmp, file, target, bytes, commit, renaming)
+    }
+
+    /// The fence's one atomic replace (of its fence file, and of a guarded write's target):
+    /// `bytes` into the new temporary file `tmp` (open as `file`), fsynced; `may_land` asked
+    /// just before the rename (`Ok(Err(r))`: it may not, and nothing changes); `renaming`
+    /// (the fault seam); the rename over `target`; then the directory's fsync. The temporary
+    /// file is removed on a failure or a refusal before the rename.
+    fn replace_whole<R>(
+        &self,
+        tmp: &Path,
+        mut file: F::Temp,
+        target: &Path,
+        bytes: &[u8],
+        may_land: impl FnOnce() -> Result<Result<(), R>, Error>,
+        renaming: impl FnOnce() -> Result<(), Error>,
+    ) -> Result<Result<(), R>, Error> {
+        let renamed = self
+            .fs
+            .write_sync(&mut file, tmp, bytes)
+            .and_then(|()| may_land())
+            .and_then(|may| match may {
+                Ok(()) => renaming()
+                    .and_then(|()| self.fs.rename(tmp, target))
+                    .map(Ok),
+                Err(refused) => Ok(Err(refused)),
             });
-        }
-        Ok(m) if !m.is_file() => return Err(not_a_file()),
-        Ok(m) => Some(m.permissions().mode() & 0o777),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-        Err(e) => return Err(Error::io("stat", target, e)),
-    };
-    let mut tmp_name = OsString::from(".");
-    tmp_name.push(name);
-    tmp_name.push(format!(".{:016x}.tmp", fresh_tag().0));
-    let tmp = dir.join(tmp_name);
-    let file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o666)
-        .custom_flags(nix::libc::O_NOFOLLOW)
-        .open(&tmp)
-        .map_err(|e| Error::io("create", &tmp, e))?;
-    if let Some(mode) = mode {
-        // A replaced file keeps its permission bits.
-        if let Err(e) = file.set_permissions(fs::Permissions::from_mode(mode)) {
-            let _ = fs::remove_file(&tmp);
-            return Err(Error::io("chmod", &tmp, e));
+        match renamed {
+            Ok(Ok(())) => {
+                let dir = match target.parent() {
+                    Some(p) if !p.as_os_str().is_empty() => p,
+                    _ => Path::new("."),
+                };
+                self.fs.sync_dir(dir).map(Ok)
+            }
+            other => {
+                self.fs.remove(tmp);
+                other
+            }
         }
     }
-    let sync_dir = || {
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| Error::io("fsync", dir, e))
-    };
-    replace_whole(&tmp, file, target, bytes, commit, renaming, sync_dir)
 }
 
-/// The fence's one atomic replace (of its fence file, and of a guarded write's target): `bytes`
-/// into the new temporary file `tmp` (open as `file`), fsynced; `may_land` asked just before
-/// the rename (`Ok(Err(r))`: it may not, and nothing changes); `renaming` (the fault seam);
-/// the rename over `target`; then `sync_dir`. The temporary file is removed on a failure or a
-/// refusal before the rename.
-fn replace_whole<R>(
-    tmp: &Path,
-    mut file: File,
-    target: &Path,
-    bytes: &[u8],
-    may_land: impl FnOnce() -> Result<Result<(), R>, Error>,
-    renaming: impl FnOnce() -> Result<(), Error>,
-    sync_dir: impl FnOnce() -> Result<(), Error>,
-) -> Result<Result<(), R>, Error> {
-    let renamed = file
-        .write_all(bytes)
-        .map_err(|e| Error::io("write", tmp, e))
-        .and_then(|()| file.sync_all().map_err(|e| Error::io("fsync", tmp, e)))
-        .and_then(|()| may_land())
-        .and_then(|may| match may {
-            Ok(()) => renaming()
-                .and_then(|()| fs::rename(tmp, target).map_err(|e| Error::io("rename", target, e)))
-                .map(Ok),
-            Err(refused) => Ok(Err(refused)),
-        });
-    match renamed {
-        Ok(Ok(())) => sync_dir().map(Ok),
-        other => {
-            let _ = fs::remove_file(tmp);
-            other
+impl Fs for Kernel {
+    type Lock = HeldLock;
+    type Temp = File;
+
+    fn lock_once(&self, path: &Path, deadline: Option<Instant>) -> Result<Option<HeldLock>, Error> {
+        let open = || self.opener.open(path, Access::LockCreate);
+        lock_once(path, None, &self.opener.faults, open, None, deadline)
+    }
+
+    fn still_at(&self, lock: &HeldLock, path: &Path) -> Result<bool, Error> {
+        Ok(lock.at(path, None, &self.opener.faults)?.is_some())
+    }
+
+    fn unlock(&self, lock: HeldLock) {
+        // Explicitly, not only by closing: a process forked meanwhile keeps a copy.
+        let _ = lock.file.unlock();
+    }
+
+    fn read(&self, path: &Path) -> Result<Option<Vec<u8>>, Error> {
+        let file = match self.opener.open(path, Access::Read) {
+            Ok(file) => file,
+            Err(e) if e.io_kind() == Some(io::ErrorKind::NotFound) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let meta = file.metadata().map_err(|e| Error::io("stat", path, e))?;
+        if !meta.is_file() {
+            return Err(Error::NotAFile {
+                path: path.to_owned(),
+            });
         }
+        read_bounded(&file)
+            .map(Some)
+            .map_err(|e| Error::io("read", path, e))
+    }
+
+    fn mode(&self, path: &Path) -> Result<Option<u32>, Error> {
+        match fs::symlink_metadata(path) {
+            Ok(m) if m.file_type().is_symlink() => Err(Error::Symlink {
+                path: path.to_owned(),
+            }),
+            Ok(m) if !m.is_file() => Err(Error::NotAFile {
+                path: path.to_owned(),
+            }),
+            Ok(m) => Ok(Some(m.permissions().mode() & 0o777)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::io("stat", path, e)),
+        }
+    }
+
+    fn fresh(&self) -> u64 {
+        fresh_tag().0
+    }
+
+    fn create(&self, path: &Path, what: TempFor) -> Result<File, Error> {
+        let TempFor::Target(mode) = what else {
+            return self.opener.open(path, Access::Temp);
+        };
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o666)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(path)
+            .map_err(|e| Error::io("create", path, e))?;
+        if let Some(mode) = mode {
+            // A replaced file keeps its permission bits.
+            if let Err(e) = file.set_permissions(fs::Permissions::from_mode(mode)) {
+                let _ = fs::remove_file(path);
+                return Err(Error::io("chmod", path, e));
+            }
+        }
+        Ok(file)
+    }
+
+    fn write_sync(&self, file: &mut File, path: &Path, bytes: &[u8]) -> Result<(), Error> {
+        file.write_all(bytes)
+            .map_err(|e| Error::io("write", path, e))?;
+        file.sync_all().map_err(|e| Error::io("fsync", path, e))
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> Result<(), Error> {
+        fs::rename(from, to).map_err(|e| Error::io("rename", to, e))
+    }
+
+    fn remove(&self, path: &Path) {
+        let _ = fs::remove_file(path);
+    }
+
+    fn sync_dir(&self, dir: &Path) -> Result<(), Error> {
+        let synced = if dir == self.dir {
+            self.dir_file.sync_all()
+        } else {
+            File::open(dir).and_then(|d| d.sync_all())
+        };
+        synced.map_err(|e| Error::io("fsync", dir, e))
+    }
+
+    fn hook(&self, point: FaultPoint, path: &Path) -> Result<(), Error> {
+        self.opener.faults.check(point, path)
     }
 }
 

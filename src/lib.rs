@@ -145,7 +145,7 @@ mod trace;
 // checker, the fuzz targets and the crate's own tests; no stability promise): the pure
 // transition function, its interpreter, the record codec, the judgement of a commit whose reply
 // was lost, the line of waiters' rule, the flock adapter's module (its
-// step seam), the byte-driven checks and the conformance suite every
+// step seam), the fence's file-system seam, the byte-driven checks and the conformance suite every
 // backend passes. Without the feature they are private and the documentation does not show
 // them.
 #[cfg(feature = "internals")]
@@ -170,6 +170,10 @@ pub mod flock;
 #[cfg(not(feature = "internals"))]
 #[allow(dead_code)]
 mod flock;
+#[cfg(feature = "internals")]
+pub mod fs;
+#[cfg(not(feature = "internals"))]
+mod fs;
 #[cfg(feature = "internals")]
 pub mod line;
 #[cfg(not(feature = "internals"))]
