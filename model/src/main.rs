@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use flocklease_model::line::{LineModel, LinePlanted};
-use flocklease_model::resource::{ResourceModel, ResourcePlanted};
+use flocklease_model::resource::ResourceModel;
 use flocklease_model::run::{RunModel, RunPlanted};
 use flocklease_model::threads::{ThreadsModel, ThreadsPlanted};
 use flocklease_model::{Backend, CONFIGS, LeaseModel, Planted, Tamper, report};
@@ -89,14 +89,9 @@ options (applied in order, on top of the named configuration):
                      section gives the instance's state back after its closure), look-waits
                      (acquire_wait's look at what the instance holds waits for the state),
                      wait-past-deadline (acquire_wait attempts again after an attempt that
-                     ended past its deadline); for a
-                     resource's fence: fence-admits-lower, fence-refuses-equal (the
-                     token already recorded is refused: caught by the exactness property),
-                     fence-no-recheck (write_file renames its target without checking its
-                     admission again), fence-store-checks-lock-only (recording a token checks
-                     the lock's identity, not that the fence file is as read),
-                     fence-checked-first (the two checks before a rename in the other order:
-                     the fence file, then the lock)
+                     ended past its deadline); a resource's fence runs the
+                     library's own Fence: its mistakes are planted in src/fence.rs
+                     itself (model/tests/plants.rs)
   --no-sync          model Durability::NoSync (shows why fsync is needed)
   --counterexamples N  print the shortest counterexample of at most N violated properties
                      (default: all)
@@ -300,36 +295,6 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
                     threads_model
                         .get_or_insert_with(ThreadsModel::default)
                         .planted = Some(ThreadsPlanted::WaitPastDeadline);
-                    named = true;
-                }
-                "fence-admits-lower" => {
-                    resource_model
-                        .get_or_insert_with(ResourceModel::default)
-                        .planted = Some(ResourcePlanted::AdmitsLower);
-                    named = true;
-                }
-                "fence-refuses-equal" => {
-                    resource_model
-                        .get_or_insert_with(ResourceModel::default)
-                        .planted = Some(ResourcePlanted::RefusesEqual);
-                    named = true;
-                }
-                "fence-no-recheck" => {
-                    resource_model
-                        .get_or_insert_with(ResourceModel::default)
-                        .planted = Some(ResourcePlanted::NoRecheck);
-                    named = true;
-                }
-                "fence-checked-first" => {
-                    resource_model
-                        .get_or_insert_with(ResourceModel::default)
-                        .planted = Some(ResourcePlanted::FenceCheckedFirst);
-                    named = true;
-                }
-                "fence-store-checks-lock-only" => {
-                    resource_model
-                        .get_or_insert_with(ResourceModel::default)
-                        .planted = Some(ResourcePlanted::StoreChecksLockOnly);
                     named = true;
                 }
                 "create-then-lock" => model.planted = Some(Planted::CreateThenLock),
