@@ -1,0 +1,175 @@
+//! Mistakes planted in the library's own source, one at a time, each caught by the model
+//! checker: the model runs the program, so a mistake in it fails `check`.
+//!
+//! Each plant copies the workspace's tracked files (as they are in the working tree) into a
+//! scratch directory, replaces one exact piece of source text there (the test fails if the text
+//! is not found exactly once, so a plant cannot silently stop applying), builds the model
+//! checker and runs one configuration, which must fail with the named property violated.
+//!
+//! A build per plant takes about a minute on two cores, so the test is ignored by default:
+//! `cargo test -p flocklease-model --release --test plants -- --ignored --nocapture`. Its
+//! builds share `target/plants` (kept between runs).
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use flocklease_model::resource::{EXACT, NEVER_BACK, NO_STALE_WRITE};
+
+/// One planted mistake.
+struct Plant {
+    /// What it is.
+    name: &'static str,
+    /// The file it is planted in, from the workspace's root.
+    file: &'static str,
+    /// The text replaced (exactly once).
+    from: &'static str,
+    /// The text put there.
+    to: &'static str,
+    /// The configuration that must catch it.
+    config: &'static str,
+    /// The properties of which at least one must be violated.
+    caught_by: &'static [&'static str],
+}
+
+/// The fence's likeliest mistakes (src/fence.rs).
+const PLANTS: &[Plant] = &[
+    Plant {
+        name: "write_file renames its target without checking its admission again",
+        file: "src/fence.rs",
+        from: "                    self.still_admits(token, lock)\n",
+        to: "                    { let _ = lock; Ok(Ok(())) }\n",
+        config: "resource-fence",
+        caught_by: &[NO_STALE_WRITE],
+    },
+    Plant {
+        name: "recording a token checks the lock's identity, not that the fence file is as read",
+        file: "src/fence.rs",
+        from: "            if now != read {\n",
+        to: "            if false && now != read {\n",
+        config: "resource-fence",
+        caught_by: &[NEVER_BACK, NO_STALE_WRITE],
+    },
+    Plant {
+        name: "the two checks before the fence file's rename in the other order",
+        file: "src/fence.rs",
+        from: "            let here = self.fs.still_at(lock, &self.lock_path)?;\n            let now = self.highest()?;\n",
+        to: "            let now = self.highest()?;\n            let here = self.fs.still_at(lock, &self.lock_path)?;\n",
+        config: "resource-fence",
+        caught_by: &[NEVER_BACK, NO_STALE_WRITE],
+    },
+    Plant {
+        name: "a refused token is let through (admitted, not recorded)",
+        file: "src/fence.rs",
+        from: "            FenceStep::Refuse { highest } => return Ok(Err(highest)),\n",
+        to: "            FenceStep::Refuse { .. } => {}\n",
+        config: "resource-fence",
+        caught_by: &[EXACT, NO_STALE_WRITE],
+    },
+    Plant {
+        name: "the token already recorded is refused (safe, and wrong: the holder's own second write)",
+        file: "src/fence.rs",
+        from: "        let previous = self.highest()?;\n",
+        to: "        let previous = self.highest()?;\n        if previous == Some(token) {\n            return Ok(Err(token));\n        }\n",
+        config: "resource-fence",
+        caught_by: &[EXACT],
+    },
+];
+
+/// The workspace's root.
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_owned()
+}
+
+/// Copies the workspace's tracked files to `to`.
+fn copy_workspace(to: &Path) {
+    let root = root();
+    let listed = Command::new("git")
+        .arg("-C")
+        .arg(&root)
+        .args(["ls-files", "-z"])
+        .output()
+        .unwrap();
+    assert!(listed.status.success(), "git ls-files failed");
+    for name in listed.stdout.split(|&b| b == 0).filter(|n| !n.is_empty()) {
+        let name = Path::new(std::str::from_utf8(name).unwrap());
+        let from = root.join(name);
+        if !from.is_file() {
+            continue; // deleted in the working tree
+        }
+        let dest = to.join(name);
+        std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+        std::fs::copy(&from, &dest).unwrap();
+    }
+}
+
+/// Builds the model checker in `tree` and runs `check --config config`: whether it passed,
+/// and its output.
+fn check(tree: &Path, config: &str) -> (bool, String) {
+    let target = root().join("target").join("plants");
+    let built = Command::new(env!("CARGO"))
+        .current_dir(tree)
+        .env("CARGO_TARGET_DIR", &target)
+        .args(["build", "--quiet", "--release", "--locked"])
+        .args(["-p", "flocklease-model", "--bin", "flocklease-model"])
+        .status()
+        .unwrap();
+    assert!(built.success(), "the planted tree does not build");
+    let out = Command::new(target.join("release").join("flocklease-model"))
+        .args(["check", "--config", config])
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+/// The verdict line of property `name` in `check`'s output.
+fn violated(output: &str, name: &str) -> bool {
+    output
+        .lines()
+        .any(|l| l.contains(name) && l.contains("VIOLATED"))
+}
+
+#[test]
+#[ignore = "a build per plant: run with --ignored"]
+fn every_planted_mistake_in_the_fence_fails_check() {
+    let scratch = tempfile::tempdir().unwrap();
+    let tree = scratch.path().join("tree");
+    copy_workspace(&tree);
+    // The tree as it is passes first: a check that fails anyway would prove nothing.
+    let (ok, out) = check(&tree, "resource-fence");
+    assert!(ok, "the unplanted tree fails:\n{out}");
+    for plant in PLANTS {
+        let file = tree.join(plant.file);
+        let text = std::fs::read_to_string(&file).unwrap();
+        assert_eq!(
+            text.matches(plant.from).count(),
+            1,
+            "{}: the planted text is not found exactly once in {}",
+            plant.name,
+            plant.file
+        );
+        std::fs::write(&file, text.replacen(plant.from, plant.to, 1)).unwrap();
+        let (ok, out) = check(&tree, plant.config);
+        std::fs::write(&file, &text).unwrap();
+        let caught: Vec<&str> = plant
+            .caught_by
+            .iter()
+            .copied()
+            .filter(|p| violated(&out, p))
+            .collect();
+        eprintln!("{}: caught by {caught:?}", plant.name);
+        assert!(
+            !ok && !caught.is_empty(),
+            "{} passed `check --config {}`:\n{out}",
+            plant.name,
+            plant.config
+        );
+    }
+}
