@@ -7,33 +7,122 @@
 //! primary alone (one still waiting is not visible to others yet). So finding one's own record
 //! in a re-read proves the commit only once the standbys that must confirm it have.
 
-/// How many synchronous standbys must confirm a commit, from `synchronous_standby_names`
-/// (PostgreSQL's grammar: empty for none; `s1, s2` or `*` for the first one; `FIRST n (…)` or
-/// `n (…)` for the first `n`; `ANY n (…)` for any `n`). `None` when the value does not parse:
-/// then no commit cut short can be shown durable.
+/// How many synchronous standbys must confirm a commit, from `synchronous_standby_names`,
+/// read by PostgreSQL's own grammar: empty for none; a list `s1, s2` (names, numbers, `*` or
+/// `"quoted names"`) for the first one connected; `n (…)` or `FIRST n (…)` for the first `n`;
+/// `ANY n (…)` for any `n`. Keywords are case-blind, blanks are ASCII blanks, and a keyword
+/// standing alone is a keyword, never a name. `None` when the server would refuse the value
+/// (a syntax error, or a count that is not positive): then no commit cut short can be shown
+/// durable.
+///
+/// A count past `i32::MAX` is `None` as well. The server reads counts with C's `atoi`, whose
+/// answer there depends on the platform (on 64-bit Linux `4294967297` reads as 1 and
+/// `2147483648` as a negative count it refuses): not knowing is the safe side.
 pub fn standbys_required(names: &str) -> Option<u32> {
-    let s = names.trim();
-    if s.is_empty() {
+    if names.is_empty() {
         return Some(0);
     }
-    let keyword = strip_word(s, "FIRST").or_else(|| strip_word(s, "ANY"));
-    let rest = keyword.unwrap_or(s);
-    let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
-    if digits == 0 {
-        // A plain list: the first listed standby that is connected is the synchronous one.
-        // After FIRST or ANY the count is mandatory.
-        return (keyword.is_none() && !s.starts_with('(')).then_some(1);
+    let tokens = tokens(names)?;
+    let (count, list) = match tokens.as_slice() {
+        [
+            Token::Any | Token::First,
+            Token::Num(n),
+            Token::Open,
+            list @ ..,
+            Token::Close,
+        ]
+        | [Token::Num(n), Token::Open, list @ .., Token::Close] => (Some(*n), list),
+        list => (None, list),
+    };
+    // The list: one name or more, separated by commas (a number is a name here).
+    let mut want_name = true;
+    for token in list {
+        match (want_name, token) {
+            (true, Token::Name | Token::Num(_)) | (false, Token::Comma) => want_name = !want_name,
+            _ => return None,
+        }
     }
-    let n: u32 = rest[..digits].parse().ok()?;
-    rest[digits..].trim_start().starts_with('(').then_some(n)
+    if want_name {
+        return None;
+    }
+    match count {
+        None => Some(1),
+        Some(digits) => {
+            let n: i32 = digits.parse().ok()?;
+            u32::try_from(n).ok().filter(|&n| n > 0)
+        }
+    }
 }
 
-/// `s` without its leading keyword `word` (any case) and the blanks after it.
-fn strip_word<'a>(s: &'a str, word: &str) -> Option<&'a str> {
-    let head = s.get(..word.len())?;
-    let rest = &s[word.len()..];
-    (head.eq_ignore_ascii_case(word) && rest.starts_with(char::is_whitespace))
-        .then(|| rest.trim_start())
+/// A token of the server's `synchronous_standby_names` scanner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Token<'a> {
+    Any,
+    First,
+    /// An identifier, a quoted name or `*`.
+    Name,
+    /// Digits (a count, or a standby's name).
+    Num(&'a str),
+    Comma,
+    Open,
+    Close,
+}
+
+/// `names` split as the server's scanner splits it; `None` at a character it does not take
+/// (outside quotes) or an unterminated quote. Bytes past ASCII are identifier characters.
+fn tokens(names: &str) -> Option<Vec<Token<'_>>> {
+    let ident_start = |b: u8| b.is_ascii_alphabetic() || b == b'_' || b >= 0x80;
+    let ident_cont = |b: u8| ident_start(b) || b.is_ascii_digit() || b == b'$';
+    let bytes = names.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        let start = i;
+        i += 1;
+        let token = match b {
+            b' ' | b'\t' | b'\n' | b'\r' | b'\x0b' | b'\x0c' => continue,
+            b',' => Token::Comma,
+            b'(' => Token::Open,
+            b')' => Token::Close,
+            b'*' => Token::Name,
+            b'"' => {
+                // A doubled quote inside is one quote; the name ends at a single one.
+                loop {
+                    match (bytes.get(i), bytes.get(i + 1)) {
+                        (None, _) => return None,
+                        (Some(b'"'), Some(b'"')) => i += 2,
+                        (Some(b'"'), _) => break,
+                        _ => i += 1,
+                    }
+                }
+                i += 1;
+                Token::Name
+            }
+            b'0'..=b'9' => {
+                while bytes.get(i).is_some_and(u8::is_ascii_digit) {
+                    i += 1;
+                }
+                // `start..i` holds ASCII digits only: a character boundary on both sides.
+                Token::Num(&names[start..i])
+            }
+            b if ident_start(b) => {
+                while bytes.get(i).is_some_and(|&b| ident_cont(b)) {
+                    i += 1;
+                }
+                let word = &bytes[start..i];
+                if word.eq_ignore_ascii_case(b"any") {
+                    Token::Any
+                } else if word.eq_ignore_ascii_case(b"first") {
+                    Token::First
+                } else {
+                    Token::Name
+                }
+            }
+            _ => return None,
+        };
+        out.push(token);
+    }
+    Some(out)
 }
 
 /// What a re-read after a commit whose reply never came shows.
@@ -85,26 +174,61 @@ mod tests {
     fn standbys_required_follows_the_servers_grammar() {
         for (names, n) in [
             ("", Some(0)),
-            ("  ", Some(0)),
             ("s1", Some(1)),
             ("*", Some(1)),
             ("s1, s2", Some(1)),
+            ("s1,s2", Some(1)),
             ("\"standby one\"", Some(1)),
+            ("\"a\"\"b\", \"\"", Some(1)),
+            ("\"*\"", Some(1)),
+            ("na\u{ef}ve", Some(1)),
+            ("_x$1", Some(1)),
+            // A number is a name in a list.
+            ("7", Some(1)),
+            ("7, 8", Some(1)),
             ("2 (s1, s2, s3)", Some(2)),
+            ("02(s1)", Some(2)),
             ("FIRST 2 (s1, s2, s3)", Some(2)),
             ("first 1 (s1)", Some(1)),
+            ("\tFiRsT\x0b1\r(\x0cs1 )  ", Some(1)),
             ("ANY 3 (s1, s2, s3)", Some(3)),
             ("any 1(*)", Some(1)),
             ("ANY 1 (*)", Some(1)),
+            ("ANY 1 (7)", Some(1)),
+            ("2147483647 (s1)", Some(2147483647)),
+            // A name spelled like a keyword is a name only quoted.
+            ("\"first\"", Some(1)),
+            ("anyhost", Some(1)),
+            ("firsts, any1", Some(1)),
+            // What the server refuses.
+            ("  ", None),
+            ("first", None),
+            ("s1, ANY", None),
             ("FIRST (s1)", None),
+            ("ANY 0 (s1)", None),
+            ("00 (s1)", None),
+            ("2147483648 (s1)", None),
+            ("FIRST 1 ()", None),
+            ("FIRST 1 (s1", None),
+            ("FIRST 1 (s1) s2", None),
+            ("FIRST 1 ((s1))", None),
             ("2 s1", None),
             ("(s1)", None),
+            ("s1,", None),
+            (",s1", None),
+            ("s1,,s2", None),
+            ("s-1", None),
+            ("s1; s2", None),
+            ("$s1", None),
+            ("1abc", None),
+            ("\"s1", None),
+            ("s1 s2", None),
+            ("\"FIRST\" 1 (s1)", None),
+            // The server's atoi reads this as 1 on 64-bit Linux; we do not guess.
+            ("4294967297 (s1)", None),
         ] {
             assert_eq!(standbys_required(names), n, "{names:?}");
         }
-        // A standby named like the keyword is a plain list.
-        assert_eq!(standbys_required("first"), Some(1));
-        assert_eq!(standbys_required("anyhost"), Some(1));
     }
 
     #[test]

@@ -24,3 +24,4 @@ mod fenced;
 mod host_death;
 mod processes;
 mod props;
+mod standbys;
