@@ -29,6 +29,7 @@ use flocklease::{Error, Owner, Record, SessionId, Timestamp};
 use stateright::{Model, Property};
 
 mod fence;
+pub mod harness;
 pub mod line;
 pub mod props;
 pub mod report;

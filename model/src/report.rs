@@ -41,34 +41,7 @@ how to read a state:
                       (held, released, FAILED, crashed)
   VIOLATION: ...      the call property a call just broke";
 
-/// One property's result.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Verdict {
-    /// The property's name.
-    pub name: &'static str,
-    /// `always` or `sometimes`.
-    pub expectation: &'static str,
-    /// Whether it holds (`always`: no counterexample; `sometimes`: witnessed).
-    pub ok: bool,
-    /// Whether the verdict is final: `false` for a property not (yet) violated or witnessed
-    /// when the search stopped at the first violation of another.
-    pub known: bool,
-}
-
-/// The result of an exhaustive check.
-#[derive(Clone, Debug)]
-pub struct Outcome {
-    /// Distinct states explored.
-    pub unique_states: usize,
-    /// States generated, with repeats.
-    pub states: usize,
-    /// The deepest path explored.
-    pub max_depth: usize,
-    /// One verdict per property, in the model's order.
-    pub verdicts: Vec<Verdict>,
-    /// Whether every reachable state was explored (no violation stopped the search).
-    pub complete: bool,
-}
+pub use crate::harness::{Outcome, Verdict};
 
 /// Explores every reachable state of `model` (breadth first, two threads) and judges each
 /// property. The search stops at the first violation of an `always` property: a planted bug
@@ -81,34 +54,11 @@ pub fn explore(model: &LeaseModel) -> Outcome {
         .finish_when(HasDiscoveries::AnyFailures)
         .spawn_bfs();
     let checker = with_progress(checker);
-    let properties = model.properties();
-    let complete = !properties
+    let complete = !model
+        .properties()
         .iter()
         .any(|p| p.expectation == Expectation::Always && checker.discovery(p.name).is_some());
-    let verdicts = properties
-        .iter()
-        .map(|p| {
-            let found = checker.discovery(p.name).is_some();
-            let (expectation, ok) = match p.expectation {
-                Expectation::Always => ("always", !found),
-                Expectation::Sometimes => ("sometimes", found),
-                Expectation::Eventually => ("eventually", !found),
-            };
-            Verdict {
-                name: p.name,
-                expectation,
-                ok,
-                known: complete || found,
-            }
-        })
-        .collect();
-    Outcome {
-        unique_states: checker.unique_state_count(),
-        states: checker.state_count(),
-        max_depth: checker.max_depth(),
-        verdicts,
-        complete,
-    }
+    Outcome::of(model, &checker, complete)
 }
 
 /// Waits for `checker`, printing a progress line to standard error every 10 s (every second,
@@ -340,29 +290,10 @@ pub fn check_with(
     writeln!(out, "{}", describe(model))?;
     let start = std::time::Instant::now();
     let outcome = explore(model);
-    writeln!(
-        out,
-        "explored {} unique states ({} generated, max depth {}) in {:.1?}{}",
-        outcome.unique_states,
-        outcome.states,
-        outcome.max_depth,
-        start.elapsed(),
-        if outcome.complete {
-            ""
-        } else {
-            "; stopped at the first violation"
-        }
-    )?;
+    outcome.write_counts(start.elapsed(), out)?;
     let mut all_ok = outcome.complete;
     for v in &outcome.verdicts {
-        let word = match (v.expectation, v.ok, v.known) {
-            (_, _, false) => "unknown (search stopped)",
-            ("sometimes", true, _) => "witnessed",
-            ("sometimes", false, _) => "NEVER WITNESSED",
-            (_, true, _) => "holds",
-            (_, false, _) => "VIOLATED",
-        };
-        writeln!(out, "  {:9} {:62} {word}", v.expectation, v.name)?;
+        v.write(62, out)?;
         all_ok &= v.ok;
     }
     if !outcome.complete {
