@@ -1,8 +1,15 @@
-//! What the models' checks share: the verdicts on their properties and the lines `check`
-//! prints of them.
+//! What the models' checks share: the verdicts and the lines `check` prints of them; and, for
+//! the smaller models (`run`'s supervision, the waiting line, a resource's fence, the threads
+//! of one instance), the whole of `check` and the tests' two assertions: a configuration holds
+//! with a pinned state count, and a planted mistake fails a property. A smaller model keeps
+//! its state, actions and properties ([`Model`]) and its [`SmallModel`] items. The lease model
+//! ([`crate::report`]) searches and reports its own way: it stops at the first violation,
+//! shows its progress, and explains a counterexample in words.
 
+use std::fmt;
+use std::hash::Hash;
 use std::io::{self, Write};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use stateright::{Checker, Expectation, Model};
 
@@ -117,4 +124,127 @@ impl Outcome {
             .map(|v| v.name)
             .collect()
     }
+}
+
+/// A smaller model, checked whole: a configuration with defaults ([`Default`]), its planted
+/// mistakes, and what `check` says of it.
+pub trait SmallModel:
+    Model<
+        State: fmt::Display + fmt::Debug + Hash + Clone + PartialEq + Send + Sync + 'static,
+        Action: fmt::Debug + Clone + PartialEq + Send + Sync,
+    > + Clone
+    + Default
+    + Send
+    + Sync
+    + 'static
+{
+    /// Its planted mistakes.
+    type Planted: Copy + fmt::Debug + PartialEq + 'static;
+    /// Its name for `check --config NAME`.
+    const CONFIG: &'static str;
+    /// What `explore` serves, as "explorer of ..." says it.
+    const TITLE: &'static str;
+    /// Its planted mistakes, each with its name for `--planted`.
+    const PLANTED: &'static [(&'static str, Self::Planted)] = &[];
+    /// What the last state of a counterexample breaks, said plainly (empty: not said).
+    const BREAKS: &'static str = "";
+
+    /// Its planted mistake.
+    fn planted(&self) -> Option<Self::Planted>;
+
+    /// This configuration with `planted` planted.
+    fn plant(self, planted: Self::Planted) -> Self;
+
+    /// The configuration `planted` shows in, when it is not the default: `--planted` checks
+    /// it there, whatever configuration it was given with.
+    fn shown_in(_planted: Self::Planted) -> Option<Self> {
+        None
+    }
+
+    /// What `check` prints first: the actors and the bounds (the planted mistake follows).
+    fn header(&self) -> String;
+
+    /// The configurations `check` runs for this one: itself, unless the model adds some.
+    fn configurations(self) -> Vec<Self> {
+        vec![self]
+    }
+}
+
+/// Explores every reachable state of `model`, breadth first, to the end.
+pub fn explore<M: SmallModel>(model: M) -> impl Checker<M> {
+    model.checker().spawn_bfs().join()
+}
+
+/// `check` of `model`: each of its configurations ([`SmallModel::configurations`]), a blank
+/// line between them, each printed as its header, the state count and time, each property's
+/// verdict and, under a violated property, its shortest counterexample step by step
+/// (breadth first: no shorter one exists), closed by what its last state breaks. Returns
+/// whether everything held.
+pub fn check<M: SmallModel>(model: M, out: &mut impl Write) -> io::Result<bool> {
+    let mut ok = true;
+    for (i, model) in model.configurations().into_iter().enumerate() {
+        if i > 0 {
+            writeln!(out)?;
+        }
+        ok &= check_one(model, out)?;
+    }
+    Ok(ok)
+}
+
+/// Asserts that `model` holds every property (each `always` kept, each `sometimes`
+/// witnessed) with exactly `states` unique states: a pinned count, so that a silently
+/// truncated search fails, and a change to the actors or the rules that moves it must say
+/// why.
+pub fn assert_holds<M: SmallModel>(model: M, states: usize) {
+    let outcome = Outcome::of(&model, &explore(model.clone()), true);
+    assert_eq!(
+        outcome.unique_states,
+        states,
+        "{}: state space changed: re-pin after review",
+        M::CONFIG
+    );
+    assert_eq!(outcome.failed(), Vec::<&str>::new(), "{}", M::CONFIG);
+}
+
+/// Asserts that `planted`, in the configuration it shows in ([`SmallModel::shown_in`], else
+/// the default), fails `property`. Returns every property it fails.
+pub fn assert_caught<M: SmallModel>(planted: M::Planted, property: &str) -> Vec<&'static str> {
+    let model = M::shown_in(planted).unwrap_or_default().plant(planted);
+    let failed = Outcome::of(&model, &explore(model.clone()), true).failed();
+    assert!(
+        failed.contains(&property),
+        "{planted:?} passed \"{property}\" (failed: {failed:?})"
+    );
+    failed
+}
+
+fn check_one<M: SmallModel>(model: M, out: &mut impl Write) -> io::Result<bool> {
+    let planted = model
+        .planted()
+        .map_or(String::new(), |p| format!("; planted {p:?}"));
+    writeln!(out, "{}{planted}", model.header())?;
+    let start = Instant::now();
+    let checker = explore(model.clone());
+    let elapsed = start.elapsed();
+    let outcome = Outcome::of(&model, &checker, true);
+    outcome.write_counts(elapsed, out)?;
+    for v in &outcome.verdicts {
+        v.write(76, out)?;
+        if v.expectation == "sometimes" || v.ok {
+            continue;
+        }
+        let Some(path) = checker.discovery(v.name) else {
+            continue;
+        };
+        writeln!(out, "\nshortest counterexample for \"{}\":", v.name)?;
+        let states = path.clone().into_states();
+        writeln!(out, "   start: {}", states[0])?;
+        for (i, (a, s)) in path.into_actions().iter().zip(&states[1..]).enumerate() {
+            writeln!(out, "  {:>2}. {a:?}: {s}", i + 1)?;
+        }
+        if !M::BREAKS.is_empty() {
+            writeln!(out, "  the last state breaks it: {}", M::BREAKS)?;
+        }
+    }
+    Ok(outcome.verdicts.iter().all(|v| v.ok))
 }

@@ -35,7 +35,9 @@ use std::fmt;
 use std::time::Duration;
 
 use flocklease::line::{self, Place, Span, Yielded};
-use stateright::{Checker, Model, Property};
+use stateright::{Model, Property};
+
+use crate::harness::SmallModel;
 
 /// One tick of the model's clock.
 pub const TICK: Duration = Duration::from_millis(10);
@@ -403,11 +405,6 @@ impl LineModel {
                         .is_none_or(|since| s.now.saturating_sub(since) < grace)
             })
     }
-
-    /// Explores every reachable state.
-    pub fn checker(self) -> impl Checker<LineModel> {
-        <LineModel as Model>::checker(self).spawn_bfs().join()
-    }
 }
 
 impl Model for LineModel {
@@ -540,10 +537,6 @@ impl Model for LineModel {
             Property::sometimes(OWN_LOOK, |_, s: &LineState| s.own_look),
         ]
     }
-
-    fn within_boundary(&self, _: &LineState) -> bool {
-        true
-    }
 }
 
 impl fmt::Display for LineState {
@@ -587,91 +580,86 @@ impl fmt::Display for LineState {
     }
 }
 
-/// Checks `model` ([`crate::report::check_small`]). Returns whether everything held.
-pub fn check(model: LineModel, out: &mut impl std::io::Write) -> std::io::Result<bool> {
-    let header = format!(
-        "the line of waiting acquires (PROTOCOL §4.6): {} waiters{}, up to {} stopped, a stray lock of any span, a holder; a tick is 10 ms, clock to {}{}",
-        model.waiters,
-        if model.sibling {
-            " (the last of the holder's own instance)"
-        } else {
-            ""
-        },
-        model.stops,
-        model.max_time,
-        model
-            .planted
-            .map_or(String::new(), |p| format!("; planted {p:?}"))
-    );
-    crate::report::check_small(
-        model,
-        &header,
-        "the lease has been free longer than the bound while a running waiter with nobody \
-         running ahead of it waits, a waiter was granted past a running waiter ahead of it, \
-         or the holder's instance's waiter was granted out of the \
-         line's order while its instance did not hold the lease",
-        out,
-    )
+impl SmallModel for LineModel {
+    type Planted = LinePlanted;
+    const CONFIG: &'static str = "line";
+    const TITLE: &'static str = "the waiting line";
+    const PLANTED: &'static [(&'static str, LinePlanted)] = &[
+        ("pass-over-first-byte", LinePlanted::PassOverFirstByte),
+        ("whole-grace-each", LinePlanted::WholeGraceEach),
+        ("pass-over-reported", LinePlanted::PassOverReported),
+        ("held-until-close", LinePlanted::HeldUntilClose),
+    ];
+    const BREAKS: &'static str = "the lease has been free longer than the bound while a running \
+         waiter with nobody running ahead of it waits, a waiter was granted past a running \
+         waiter ahead of it, or the holder's instance's waiter was granted out of the line's \
+         order while its instance did not hold the lease";
+
+    fn planted(&self) -> Option<LinePlanted> {
+        self.planted
+    }
+
+    fn plant(self, planted: LinePlanted) -> Self {
+        LineModel {
+            planted: Some(planted),
+            ..self
+        }
+    }
+
+    fn header(&self) -> String {
+        format!(
+            "the line of waiting acquires (PROTOCOL §4.6): {} waiters{}, up to {} stopped, a \
+             stray lock of any span, a holder; a tick is 10 ms, clock to {}",
+            self.waiters,
+            if self.sibling {
+                " (the last of the holder's own instance)"
+            } else {
+                ""
+            },
+            self.stops,
+            self.max_time,
+        )
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use stateright::Checker;
+
     use super::*;
+    use crate::harness;
 
     #[test]
     fn the_default_configuration_holds() {
-        let checker = LineModel::default().checker();
         // Pinned: a change to the actors or the rule that moves it must say why. (414 550
         // before the last waiter became the holder's instance's, with the release in two
         // steps; 1 222 736 before a grant or a holder seen made the pass-over start again and
         // each waiter's ghost count of the lease let go came in, for the order property;
         // without the sibling: 414 550 then, 320 690 now.)
-        assert_eq!(checker.unique_state_count(), 948_617);
-        assert!(checker.discovery(WITHIN_BOUND).is_none());
-        assert!(checker.discovery(OWN_ORDER).is_none());
-        assert!(checker.discovery(IN_ORDER).is_none());
-        assert!(checker.discovery(PAST_STOPPED).is_some());
-        assert!(checker.discovery(PAST_SPAN).is_some());
-        assert!(checker.discovery(OWN_LOOK).is_some());
+        harness::assert_holds(LineModel::default(), 948_617);
         let without = LineModel {
             sibling: false,
             ..LineModel::default()
         };
-        assert_eq!(without.checker().unique_state_count(), 320_690);
+        assert_eq!(harness::explore(without).unique_state_count(), 320_690);
     }
 
     #[test]
     fn a_flag_that_follows_the_generation_fails_the_check() {
-        let model = LineModel {
-            planted: Some(LinePlanted::HeldUntilClose),
-            ..LineModel::default()
-        };
-        assert!(model.checker().discovery(OWN_ORDER).is_some());
+        harness::assert_caught::<LineModel>(LinePlanted::HeldUntilClose, OWN_ORDER);
     }
 
     #[test]
     fn a_pass_over_of_the_reported_lock_overtakes_and_fails_the_order() {
-        let model = LineModel {
-            planted: Some(LinePlanted::PassOverReported),
-            ..LineModel::default()
-        };
-        let checker = model.checker();
-        assert!(checker.discovery(IN_ORDER).is_some());
+        let failed = harness::assert_caught::<LineModel>(LinePlanted::PassOverReported, IN_ORDER);
         // The bound alone does not see it: overtaking is fast.
-        assert!(checker.discovery(WITHIN_BOUND).is_none());
+        assert!(!failed.contains(&WITHIN_BOUND), "{failed:?}");
     }
 
     #[test]
     fn a_planted_mistake_fails_the_check() {
         for planted in [LinePlanted::PassOverFirstByte, LinePlanted::WholeGraceEach] {
-            let model = LineModel {
-                planted: Some(planted),
-                ..LineModel::default()
-            };
-            assert!(
-                model.checker().discovery(WITHIN_BOUND).is_some(),
-                "{planted:?} passed the check"
-            );
+            harness::assert_caught::<LineModel>(planted, WITHIN_BOUND);
         }
     }
 }

@@ -2,10 +2,11 @@
 
 use std::process::ExitCode;
 
-use flocklease_model::line::{LineModel, LinePlanted};
+use flocklease_model::harness::{self, SmallModel};
+use flocklease_model::line::LineModel;
 use flocklease_model::resource::ResourceModel;
-use flocklease_model::run::{RunModel, RunPlanted};
-use flocklease_model::threads::{ThreadsModel, ThreadsPlanted};
+use flocklease_model::run::RunModel;
+use flocklease_model::threads::ThreadsModel;
 use flocklease_model::{Backend, CONFIGS, LeaseModel, Planted, Tamper, report};
 use stateright::Model;
 
@@ -140,7 +141,7 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
     // `flocklease run`'s supervision: checked alone with `--config run`, and after the
     // default configuration when no configuration is named.
     let mut run_model: Option<RunModel> = None;
-    // The waiting line and a resource's fence: likewise.
+    // The waiting line, a resource's fence and one instance's threads: likewise.
     let mut line_model: Option<LineModel> = None;
     let mut resource_model: Option<ResourceModel> = None;
     let mut threads_model: Option<ThreadsModel> = None;
@@ -159,24 +160,12 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
             "--config" => {
                 named = true;
                 let name = value()?;
-                match name.as_str() {
-                    "run" => {
-                        run_model.get_or_insert_with(RunModel::default);
-                        continue;
-                    }
-                    "line" => {
-                        line_model.get_or_insert_with(LineModel::default);
-                        continue;
-                    }
-                    "resource-fence" => {
-                        resource_model.get_or_insert_with(ResourceModel::default);
-                        continue;
-                    }
-                    "threads" => {
-                        threads_model.get_or_insert_with(ThreadsModel::default);
-                        continue;
-                    }
-                    _ => {}
+                if config(&mut run_model, name)
+                    || config(&mut line_model, name)
+                    || config(&mut resource_model, name)
+                    || config(&mut threads_model, name)
+                {
+                    continue;
                 }
                 model = LeaseModel::named(name).ok_or(format!(
                     "unknown configuration {name} (known: {})",
@@ -217,84 +206,11 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
             "--no-fenced" => model.fenced = false,
             "--fenced" => model.fenced = true,
             "--planted" => match value()?.as_str() {
-                "grace-forgets-expiry" => {
-                    run_model.get_or_insert_with(RunModel::default).planted =
-                        Some(RunPlanted::GraceForgetsExpiry);
-                    named = true;
-                }
-                "share-after-place" => {
-                    run_model.get_or_insert_with(RunModel::default).planted =
-                        Some(RunPlanted::ShareAfterPlace);
-                    named = true;
-                }
-                "job-keeps-liveness" => {
-                    run_model.get_or_insert_with(RunModel::default).planted =
-                        Some(RunPlanted::JobKeepsLiveness);
-                    named = true;
-                }
-                "blocking-deadline-write" => {
-                    run_model.get_or_insert_with(RunModel::default).planted =
-                        Some(RunPlanted::BlockingDeadlineWrite);
-                    named = true;
-                }
-                // The environment's mistakes show in its configuration.
-                "say-before-signal" => {
-                    run_model = Some(RunModel {
-                        planted: Some(RunPlanted::SayBeforeSignal),
-                        ..RunModel::environment()
-                    });
-                    named = true;
-                }
-                "panic-on-failed-write" => {
-                    run_model = Some(RunModel {
-                        planted: Some(RunPlanted::PanicOnFailedWrite),
-                        ..RunModel::environment()
-                    });
-                    named = true;
-                }
-                "watchdog-exits-on-term" => {
-                    run_model = Some(RunModel {
-                        planted: Some(RunPlanted::WatchdogExitsOnTerm),
-                        ..RunModel::environment()
-                    });
-                    named = true;
-                }
-                "pass-over-first-byte" => {
-                    line_model.get_or_insert_with(LineModel::default).planted =
-                        Some(LinePlanted::PassOverFirstByte);
-                    named = true;
-                }
-                "whole-grace-each" => {
-                    line_model.get_or_insert_with(LineModel::default).planted =
-                        Some(LinePlanted::WholeGraceEach);
-                    named = true;
-                }
-                "pass-over-reported" => {
-                    line_model.get_or_insert_with(LineModel::default).planted =
-                        Some(LinePlanted::PassOverReported);
-                    named = true;
-                }
-                "held-until-close" => {
-                    line_model.get_or_insert_with(LineModel::default).planted =
-                        Some(LinePlanted::HeldUntilClose);
-                    named = true;
-                }
-                "state-across-closure" => {
-                    threads_model
-                        .get_or_insert_with(ThreadsModel::default)
-                        .planted = Some(ThreadsPlanted::StateAcrossClosure);
-                    named = true;
-                }
-                "look-waits" => {
-                    threads_model
-                        .get_or_insert_with(ThreadsModel::default)
-                        .planted = Some(ThreadsPlanted::LookWaits);
-                    named = true;
-                }
-                "wait-past-deadline" => {
-                    threads_model
-                        .get_or_insert_with(ThreadsModel::default)
-                        .planted = Some(ThreadsPlanted::WaitPastDeadline);
+                name if plant(&mut run_model, name)
+                    || plant(&mut line_model, name)
+                    || plant(&mut resource_model, name)
+                    || plant(&mut threads_model, name) =>
+                {
                     named = true;
                 }
                 "create-then-lock" => model.planted = Some(Planted::CreateThenLock),
@@ -336,19 +252,10 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
         "check" if side => {
             let mut out = std::io::stdout();
             let mut ok = true;
-            if let Some(m) = run_model {
-                ok &=
-                    flocklease_model::run::check_configs(m, &mut out).map_err(|e| e.to_string())?;
-            }
-            if let Some(m) = line_model {
-                ok &= flocklease_model::line::check(m, &mut out).map_err(|e| e.to_string())?;
-            }
-            if let Some(m) = resource_model {
-                ok &= flocklease_model::resource::check(m, &mut out).map_err(|e| e.to_string())?;
-            }
-            if let Some(m) = threads_model {
-                ok &= flocklease_model::threads::check(m, &mut out).map_err(|e| e.to_string())?;
-            }
+            ok &= check(run_model, &mut out)?;
+            ok &= check(line_model, &mut out)?;
+            ok &= check(resource_model, &mut out)?;
+            ok &= check(threads_model, &mut out)?;
             println!("{}", if ok { "OK" } else { "FAILED" });
             Ok(if ok {
                 ExitCode::SUCCESS
@@ -356,34 +263,16 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
                 ExitCode::FAILURE
             })
         }
-        "explore"
-            if line_model.is_some() || resource_model.is_some() || threads_model.is_some() =>
-        {
-            drop(
-                std::net::TcpListener::bind(addr.as_str())
-                    .map_err(|e| format!("cannot listen on {addr}: {e}"))?,
-            );
-            if let Some(model) = line_model {
-                println!("explorer of the waiting line on http://{addr} (Ctrl-C to stop)");
-                let _checker = stateright::Model::checker(model).serve(addr.as_str());
-            } else if let Some(model) = resource_model {
-                println!("explorer of a resource's fence on http://{addr} (Ctrl-C to stop)");
-                let _checker = stateright::Model::checker(model).serve(addr.as_str());
-            } else if let Some(model) = threads_model {
-                println!("explorer of one instance's threads on http://{addr} (Ctrl-C to stop)");
-                let _checker = stateright::Model::checker(model).serve(addr.as_str());
+        "explore" if side => {
+            if let Some(m) = line_model {
+                serve(m, &addr)
+            } else if let Some(m) = resource_model {
+                serve(m, &addr)
+            } else if let Some(m) = threads_model {
+                serve(m, &addr)
+            } else {
+                serve(run_model.unwrap_or_default(), &addr)
             }
-            Ok(ExitCode::SUCCESS)
-        }
-        "explore" if run_model.is_some() => {
-            drop(
-                std::net::TcpListener::bind(addr.as_str())
-                    .map_err(|e| format!("cannot listen on {addr}: {e}"))?,
-            );
-            println!("explorer of run's supervision on http://{addr} (Ctrl-C to stop)");
-            let model = run_model.unwrap_or_default();
-            let _checker = stateright::Model::checker(model).serve(addr.as_str());
-            Ok(ExitCode::SUCCESS)
         }
         "check" => {
             let mut out = std::io::stdout();
@@ -422,25 +311,14 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
                         ok &= extra_ok;
                     }
                 }
-                println!();
-                let run_ok = flocklease_model::run::check_configs(RunModel::default(), &mut out)
-                    .map_err(|e| e.to_string())?;
-                println!("{}", if run_ok { "OK" } else { "FAILED" });
-                println!();
-                let line_ok = flocklease_model::line::check(LineModel::default(), &mut out)
-                    .map_err(|e| e.to_string())?;
-                println!("{}", if line_ok { "OK" } else { "FAILED" });
-                println!();
-                let fence_ok =
-                    flocklease_model::resource::check(ResourceModel::default(), &mut out)
-                        .map_err(|e| e.to_string())?;
-                println!("{}", if fence_ok { "OK" } else { "FAILED" });
-                println!();
-                let threads_ok =
-                    flocklease_model::threads::check(ThreadsModel::default(), &mut out)
-                        .map_err(|e| e.to_string())?;
-                println!("{}", if threads_ok { "OK" } else { "FAILED" });
-                ok &= run_ok && line_ok && fence_ok && threads_ok;
+                for ok_side in [
+                    check_alone::<RunModel>(&mut out)?,
+                    check_alone::<LineModel>(&mut out)?,
+                    check_alone::<ResourceModel>(&mut out)?,
+                    check_alone::<ThreadsModel>(&mut out)?,
+                ] {
+                    ok &= ok_side;
+                }
             }
             Ok(if ok {
                 ExitCode::SUCCESS
@@ -467,6 +345,48 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
         }
         other => Err(format!("unknown command {other}")),
     }
+}
+
+/// `--config NAME`: `M`'s default configuration into `slot` if `name` is `M`'s.
+fn config<M: SmallModel>(slot: &mut Option<M>, name: &str) -> bool {
+    (name == M::CONFIG)
+        .then(|| slot.get_or_insert_with(M::default))
+        .is_some()
+}
+
+/// `--planted NAME`: plants `name` in `slot`'s configuration (the default if none; the
+/// configuration the mistake shows in if it has its own) if it is one of `M`'s mistakes.
+fn plant<M: SmallModel>(slot: &mut Option<M>, name: &str) -> bool {
+    let Some(&(_, planted)) = M::PLANTED.iter().find(|(n, _)| *n == name) else {
+        return false;
+    };
+    let base = M::shown_in(planted).unwrap_or_else(|| slot.take().unwrap_or_default());
+    *slot = Some(base.plant(planted));
+    true
+}
+
+/// `check` of the smaller model in `slot`, if any.
+fn check<M: SmallModel>(slot: Option<M>, out: &mut impl std::io::Write) -> Result<bool, String> {
+    slot.map_or(Ok(true), |m| {
+        harness::check(m, out).map_err(|e| e.to_string())
+    })
+}
+
+/// After the default configuration: `M`'s default, after a blank line, closed by its verdict.
+fn check_alone<M: SmallModel>(out: &mut impl std::io::Write) -> Result<bool, String> {
+    println!();
+    let ok = check(Some(M::default()), out)?;
+    println!("{}", if ok { "OK" } else { "FAILED" });
+    Ok(ok)
+}
+
+/// `explore` of a smaller model: serves until the process is stopped.
+fn serve<M: SmallModel>(model: M, addr: &str) -> Result<ExitCode, String> {
+    // stateright panics when the address is taken: say so clearly instead.
+    drop(std::net::TcpListener::bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?);
+    println!("explorer of {} on http://{addr} (Ctrl-C to stop)", M::TITLE);
+    let _checker = model.checker().serve(addr);
+    Ok(ExitCode::SUCCESS)
 }
 
 fn tamper(list: &str) -> Result<Tamper, String> {

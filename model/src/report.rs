@@ -5,7 +5,6 @@ use std::fmt;
 use std::io::{self, Write};
 
 use flocklease::Record;
-use std::hash::Hash;
 
 use stateright::{Checker, Expectation, HasDiscoveries, Model, Path};
 
@@ -693,61 +692,6 @@ impl fmt::Debug for State {
         }
         Ok(())
     }
-}
-
-/// Checks one of the smaller models (`run`'s supervision, the waiting line, a resource's
-/// fence): prints `header`, the state count, each property's verdict and, for a violated
-/// `always` property, the shortest counterexample step by step, closed by `why` (what the last
-/// state breaks). Returns whether everything held.
-pub fn check_small<M>(
-    model: M,
-    header: &str,
-    why: &str,
-    out: &mut impl std::io::Write,
-) -> std::io::Result<bool>
-where
-    M: Model + Clone + Send + Sync + 'static,
-    M::State: Hash + Send + Sync + Clone + PartialEq + fmt::Display + 'static,
-    M::Action: Clone + PartialEq + fmt::Debug,
-{
-    writeln!(out, "{header}")?;
-    let start = std::time::Instant::now();
-    let checker = model.clone().checker().spawn_bfs().join();
-    writeln!(
-        out,
-        "explored {} unique states ({} generated, max depth {}) in {:.1?}",
-        checker.unique_state_count(),
-        checker.state_count(),
-        checker.max_depth(),
-        start.elapsed()
-    )?;
-    let mut ok = true;
-    for p in model.properties() {
-        let found = checker.discovery(p.name).is_some();
-        let always = matches!(p.expectation, Expectation::Always);
-        let (word, good) = match (always, found) {
-            (true, false) => ("holds", true),
-            (true, true) => ("VIOLATED", false),
-            (false, true) => ("witnessed", true),
-            (false, false) => ("NEVER WITNESSED", false),
-        };
-        let kind = if always { "always" } else { "sometimes" };
-        writeln!(out, "  {kind:9} {:76} {word}", p.name)?;
-        ok &= good;
-        if always && let Some(path) = checker.discovery(p.name) {
-            writeln!(out, "\nshortest counterexample for \"{}\":", p.name)?;
-            let states = path.clone().into_states();
-            let actions = path.into_actions();
-            writeln!(out, "   start: {}", states[0])?;
-            for (i, (a, s)) in actions.iter().zip(states.iter().skip(1)).enumerate() {
-                writeln!(out, "  {:>2}. {a:?}: {s}", i + 1)?;
-            }
-            if !why.is_empty() {
-                writeln!(out, "  the last state breaks it: {why}")?;
-            }
-        }
-    }
-    Ok(ok)
 }
 
 /// A small seeded generator (SplitMix64) for the lockstep harnesses' random walks, so a seed

@@ -45,7 +45,9 @@ use std::time::{Duration, Instant};
 use flocklease::Error;
 use flocklease::fence::{Admission, FenceOn};
 use flocklease::fs::{Fs, TempFor};
-use stateright::{Checker, Model, Property};
+use stateright::{Model, Property};
+
+use crate::harness::SmallModel;
 
 /// How a writer writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -679,11 +681,6 @@ impl ResourceModel {
         }
         s.files.inodes.retain(|ino, _| used.contains(ino));
     }
-
-    /// Explores every reachable state.
-    pub fn checker(self) -> impl Checker<ResourceModel> {
-        <ResourceModel as Model>::checker(self).spawn_bfs().join()
-    }
 }
 
 impl Model for ResourceModel {
@@ -823,40 +820,50 @@ impl fmt::Display for ResourceState {
     }
 }
 
-/// Checks `model` ([`crate::report::check_small`]). Returns whether everything held.
-pub fn check(model: ResourceModel, out: &mut impl std::io::Write) -> std::io::Result<bool> {
-    let writers: Vec<String> = model
-        .writers
-        .iter()
-        .map(|(t, h)| match h {
-            How::WriteFile => format!("write_file({t})"),
-            How::With => format!("with({t})"),
-        })
-        .collect();
-    let header = format!(
-        "a resource's fence (PROTOCOL §9.4), the library's own Fence on a simulated file system: {}, a cleaner acting {} time(s) on its lock (delete, or move aside and back)",
-        writers.join(", "),
-        model.cleaner,
-    );
-    crate::report::check_small(model, &header, "", out)
+impl SmallModel for ResourceModel {
+    /// None here: the fence's mistakes are planted in `src/fence.rs` itself
+    /// (`model/tests/plants.rs`).
+    type Planted = std::convert::Infallible;
+    const CONFIG: &'static str = "resource-fence";
+    const TITLE: &'static str = "a resource's fence";
+
+    fn planted(&self) -> Option<Self::Planted> {
+        None
+    }
+
+    fn plant(self, planted: Self::Planted) -> Self {
+        match planted {}
+    }
+
+    fn header(&self) -> String {
+        let writers: Vec<String> = self
+            .writers
+            .iter()
+            .map(|(t, h)| match h {
+                How::WriteFile => format!("write_file({t})"),
+                How::With => format!("with({t})"),
+            })
+            .collect();
+        format!(
+            "a resource's fence (PROTOCOL §9.4), the library's own Fence on a simulated file \
+             system: {}, a cleaner acting {} time(s) on its lock (delete, or move aside and back)",
+            writers.join(", "),
+            self.cleaner,
+        )
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness;
 
     #[test]
     fn the_default_configuration_holds() {
-        let checker = ResourceModel::default().checker();
         // Pinned: a change to the actors, the fence or the rule that moves it must say why.
         // 62 882 when the model re-stated the fence's steps (the lock's open, flock and check
         // three steps; no temporary files); 68 722 since it runs the fence itself on a
         // simulated file system.
-        assert_eq!(checker.unique_state_count(), 68_722);
-        assert!(checker.discovery(NEVER_BACK).is_none());
-        assert!(checker.discovery(NO_STALE_WRITE).is_none());
-        assert!(checker.discovery(EXACT).is_none());
-        assert!(checker.discovery(WINDOW).is_some());
-        assert!(checker.discovery(REFUSED_AT_RECHECK).is_some());
+        harness::assert_holds(ResourceModel::default(), 68_722);
     }
 }

@@ -27,7 +27,9 @@
 use std::fmt;
 
 use flocklease::supervise::{self, Act, Do, Exit, RunSide, Seen, Watch, WatchdogDo};
-use stateright::{Checker, Model, Property};
+use stateright::{Model, Property};
+
+use crate::harness::SmallModel;
 
 /// A supervising process's condition.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -433,15 +435,6 @@ impl RunModel {
         s.job_cmd = false;
         s.job_live = None;
     }
-
-    /// Checks the configuration exhaustively.
-    pub fn checker(self) -> impl Checker<RunModel> {
-        self.checker_builder().spawn_bfs().join()
-    }
-
-    fn checker_builder(self) -> stateright::CheckerBuilder<RunModel> {
-        <RunModel as Model>::checker(self)
-    }
 }
 
 /// The property's name.
@@ -843,115 +836,102 @@ impl fmt::Display for RunState {
     }
 }
 
-/// Checks `model` ([`crate::report::check_small`]). Returns whether everything held.
-pub fn check(model: RunModel, out: &mut impl std::io::Write) -> std::io::Result<bool> {
-    let header = format!(
-        "run supervision (PROTOCOL §7): run (supervise::RunSide), watchdog (supervise::next, \
-         performed), job, cleaner {}, rival; stderr {:?}{}{}; TTL {} ticks, grace {}, margin \
-         {MARGIN}, clock to {}{}",
-        model.cleaner,
-        model.stderr,
-        if model.unit_stop {
-            ", the unit's stop"
-        } else {
-            ""
-        },
-        if model.leftovers { ", leftovers" } else { "" },
-        model.ttl,
-        model.grace,
-        model.max_time,
-        model
-            .planted
-            .map_or(String::new(), |p| format!("; planted {p:?}"))
-    );
-    crate::report::check_small(
-        model,
-        &header,
-        "the job still runs while a rival holds a later generation, and run and the watchdog \
-         were never both down; or an ordinary stop ended with 79",
-        out,
-    )
-}
+impl SmallModel for RunModel {
+    type Planted = RunPlanted;
+    const CONFIG: &'static str = "run";
+    const TITLE: &'static str = "run's supervision";
+    const PLANTED: &'static [(&'static str, RunPlanted)] = &[
+        ("grace-forgets-expiry", RunPlanted::GraceForgetsExpiry),
+        ("share-after-place", RunPlanted::ShareAfterPlace),
+        ("job-keeps-liveness", RunPlanted::JobKeepsLiveness),
+        ("blocking-deadline-write", RunPlanted::BlockingDeadlineWrite),
+        ("say-before-signal", RunPlanted::SayBeforeSignal),
+        ("panic-on-failed-write", RunPlanted::PanicOnFailedWrite),
+        ("watchdog-exits-on-term", RunPlanted::WatchdogExitsOnTerm),
+    ];
+    const BREAKS: &'static str = "the job still runs while a rival holds a later generation, and \
+         run and the watchdog were never both down; or an ordinary stop ended with 79";
 
-/// Checks `model` and, unless a mistake is planted (whose own configuration `model` is), the
-/// environment's configuration ([`RunModel::environment`]) after it.
-pub fn check_configs(model: RunModel, out: &mut impl std::io::Write) -> std::io::Result<bool> {
-    let planted = model.planted.is_some();
-    let mut ok = check(model, out)?;
-    if !planted {
-        writeln!(out)?;
-        ok &= check(RunModel::environment(), out)?;
+    fn planted(&self) -> Option<RunPlanted> {
+        self.planted
     }
-    Ok(ok)
+
+    fn plant(self, planted: RunPlanted) -> Self {
+        RunModel {
+            planted: Some(planted),
+            ..self
+        }
+    }
+
+    /// The environment's mistakes show in its configuration.
+    fn shown_in(planted: RunPlanted) -> Option<Self> {
+        use RunPlanted::*;
+        matches!(
+            planted,
+            SayBeforeSignal | PanicOnFailedWrite | WatchdogExitsOnTerm
+        )
+        .then(RunModel::environment)
+    }
+
+    fn header(&self) -> String {
+        format!(
+            "run supervision (PROTOCOL §7): run (supervise::RunSide), watchdog (supervise::next, \
+             performed), job, cleaner {}, rival; stderr {:?}{}{}; TTL {} ticks, grace {}, margin \
+             {MARGIN}, clock to {}",
+            self.cleaner,
+            self.stderr,
+            if self.unit_stop {
+                ", the unit's stop"
+            } else {
+                ""
+            },
+            if self.leftovers { ", leftovers" } else { "" },
+            self.ttl,
+            self.grace,
+            self.max_time,
+        )
+    }
+
+    /// This configuration and, unless a mistake is planted (whose own configuration this is),
+    /// the environment's ([`RunModel::environment`]).
+    fn configurations(self) -> Vec<Self> {
+        match self.planted {
+            Some(_) => vec![self],
+            None => vec![self, RunModel::environment()],
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness;
 
     #[test]
     fn the_default_configuration_holds_with_a_pinned_state_count() {
-        let checker = RunModel::default().checker();
         // Pinned: a change to the actors or the rules that moves it must say why (68 276
         // before `run` ran its own machine and the watchdog's socket and steps were actors).
-        assert_eq!(checker.unique_state_count(), 3_438_922);
-        checker.assert_properties();
+        harness::assert_holds(RunModel::default(), 3_438_922);
     }
 
     #[test]
     fn the_environment_holds_with_a_pinned_state_count() {
-        let checker = RunModel::environment().checker();
-        assert_eq!(checker.unique_state_count(), ENV_STATES);
-        checker.assert_properties();
+        harness::assert_holds(RunModel::environment(), 915_080);
     }
 
-    /// The environment configuration's state count.
-    const ENV_STATES: usize = 915_080;
-
+    /// Each in the configuration it shows in (the environment's mistakes in its own).
     #[test]
     fn a_planted_bug_fails_the_check() {
-        for (planted, model, property) in [
-            (
-                RunPlanted::GraceForgetsExpiry,
-                RunModel::default(),
-                NO_OVERLAP,
-            ),
-            (RunPlanted::ShareAfterPlace, RunModel::default(), NO_OVERLAP),
-            (
-                RunPlanted::JobKeepsLiveness,
-                RunModel::default(),
-                NO_OVERLAP,
-            ),
-            (
-                RunPlanted::BlockingDeadlineWrite,
-                RunModel::default(),
-                NO_OVERLAP,
-            ),
-            (
-                RunPlanted::SayBeforeSignal,
-                RunModel::environment(),
-                NO_OVERLAP,
-            ),
-            (
-                RunPlanted::PanicOnFailedWrite,
-                RunModel::environment(),
-                NO_OVERLAP,
-            ),
-            (
-                RunPlanted::WatchdogExitsOnTerm,
-                RunModel::environment(),
-                ORDINARY_STOP,
-            ),
+        for (planted, property) in [
+            (RunPlanted::GraceForgetsExpiry, NO_OVERLAP),
+            (RunPlanted::ShareAfterPlace, NO_OVERLAP),
+            (RunPlanted::JobKeepsLiveness, NO_OVERLAP),
+            (RunPlanted::BlockingDeadlineWrite, NO_OVERLAP),
+            (RunPlanted::SayBeforeSignal, NO_OVERLAP),
+            (RunPlanted::PanicOnFailedWrite, NO_OVERLAP),
+            (RunPlanted::WatchdogExitsOnTerm, ORDINARY_STOP),
         ] {
-            let model = RunModel {
-                planted: Some(planted),
-                ..model
-            };
-            let checker = model.checker();
-            assert!(
-                checker.discovery(property).is_some(),
-                "{planted:?} passed the check"
-            );
+            harness::assert_caught::<RunModel>(planted, property);
         }
     }
 }

@@ -48,7 +48,9 @@ use std::fmt;
 
 use flocklease::driver::{Hold, HoldStep, TRANSITION};
 use flocklease::flock::SECTION;
-use stateright::{Checker, Model, Property};
+use stateright::{Model, Property};
+
+use crate::harness::SmallModel;
 
 /// The lock timeout, in ticks.
 pub const LOCK_TIMEOUT: u8 = 2;
@@ -464,11 +466,6 @@ impl ThreadsModel {
             }
         }
     }
-
-    /// Explores every reachable state.
-    pub fn checker(self) -> impl Checker<ThreadsModel> {
-        <ThreadsModel as Model>::checker(self).spawn_bfs().join()
-    }
 }
 
 impl Model for ThreadsModel {
@@ -587,10 +584,6 @@ impl Model for ThreadsModel {
             }),
         ]
     }
-
-    fn within_boundary(&self, _: &ThreadsState) -> bool {
-        true
-    }
 }
 
 impl fmt::Display for ThreadsState {
@@ -620,32 +613,45 @@ impl fmt::Display for ThreadsState {
     }
 }
 
-/// Checks `model` ([`crate::report::check_small`]). Returns whether everything held.
-pub fn check(model: ThreadsModel, out: &mut impl std::io::Write) -> std::io::Result<bool> {
-    let header = format!(
-        "threads of one instance (PROTOCOL §9.2): a fenced section and another thread's call, a \
-         rival process on the lock; lock timeout {LOCK_TIMEOUT} ticks, acquire_wait's \
-         {WAIT_TIMEOUT}, clock to {}{}",
-        model.max_time,
-        model
-            .planted
-            .map_or(String::new(), |p| format!("; planted {p:?}"))
-    );
-    crate::report::check_small(
-        model,
-        &header,
-        "a call of a thread is still under way past its bound",
-        out,
-    )
+impl SmallModel for ThreadsModel {
+    type Planted = ThreadsPlanted;
+    const CONFIG: &'static str = "threads";
+    const TITLE: &'static str = "one instance's threads";
+    const PLANTED: &'static [(&'static str, ThreadsPlanted)] = &[
+        ("state-across-closure", ThreadsPlanted::StateAcrossClosure),
+        ("look-waits", ThreadsPlanted::LookWaits),
+        ("wait-past-deadline", ThreadsPlanted::WaitPastDeadline),
+    ];
+    const BREAKS: &'static str = "a call of a thread is still under way past its bound";
+
+    fn planted(&self) -> Option<ThreadsPlanted> {
+        self.planted
+    }
+
+    fn plant(self, planted: ThreadsPlanted) -> Self {
+        ThreadsModel {
+            planted: Some(planted),
+            ..self
+        }
+    }
+
+    fn header(&self) -> String {
+        format!(
+            "threads of one instance (PROTOCOL §9.2): a fenced section and another thread's call, \
+             a rival process on the lock; lock timeout {LOCK_TIMEOUT} ticks, acquire_wait's \
+             {WAIT_TIMEOUT}, clock to {}",
+            self.max_time,
+        )
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness;
 
     #[test]
     fn the_default_configuration_holds() {
-        let checker = ThreadsModel::default().checker();
         // Pinned: a change to the actors or the orders that moves it must say why.
         // 9 480 with the lock held to the transition's end; 9 552 since the run gives it back
         // at its last step, as the adapter's does (the threads' lockstep found it); 219 026
@@ -657,10 +663,7 @@ mod tests {
         // tick for what the section's thread held, for the reachability of a call that waited
         // for a section (it held trivially once a thread could begin after a tick: a review
         // found it).
-        assert_eq!(checker.unique_state_count(), 271_299);
-        assert!(checker.discovery(WITHIN_BOUND).is_none());
-        assert!(checker.discovery(INSIDE_RETURNED).is_some());
-        assert!(checker.discovery(WAITED_FOR_SECTION).is_some());
+        harness::assert_holds(ThreadsModel::default(), 271_299);
     }
 
     #[test]
@@ -670,14 +673,7 @@ mod tests {
             ThreadsPlanted::LookWaits,
             ThreadsPlanted::WaitPastDeadline,
         ] {
-            let model = ThreadsModel {
-                planted: Some(planted),
-                ..ThreadsModel::default()
-            };
-            assert!(
-                model.checker().discovery(WITHIN_BOUND).is_some(),
-                "{planted:?} passed the check"
-            );
+            harness::assert_caught::<ThreadsModel>(planted, WITHIN_BOUND);
         }
     }
 }
