@@ -11,9 +11,7 @@ use stateright::{Checker, Model};
 fn default_configuration_holds_exhaustively() {
     let outcome = report::explore(&LeaseModel::default());
     assert!(outcome.complete);
-    for v in &outcome.verdicts {
-        assert!(v.ok, "{} {} failed", v.expectation, v.name);
-    }
+    assert_eq!(outcome.failed(), Vec::<&str>::new());
     // 28 since property [12] (the transition lock held from the first read to the end).
     assert_eq!(outcome.verdicts.len(), 28);
     // 4 801 465 before the front's final expiry check was part of the model (a grant expired
@@ -38,12 +36,7 @@ fn without_fsync_tokens_can_go_back() {
         ..LeaseModel::default()
     };
     let outcome = report::explore(&model);
-    let failed: Vec<&str> = outcome
-        .verdicts
-        .iter()
-        .filter(|v| !v.ok)
-        .map(|v| v.name)
-        .collect();
+    let failed = outcome.failed();
     assert!(failed.contains(&names::NEVER_BACK), "{failed:?}");
     assert!(!outcome.complete);
     let path = report::shortest(&model, names::NEVER_BACK).expect("a counterexample");
@@ -82,9 +75,7 @@ fn the_configurations_checked_with_the_default_hold() {
     for (model, states) in [(moves, 648_566), (go_records, 437_144)] {
         let outcome = report::explore(&model);
         assert!(outcome.complete, "{}", model.name);
-        for v in &outcome.verdicts {
-            assert!(v.ok, "{}: {} {} failed", model.name, v.expectation, v.name);
-        }
+        assert_eq!(outcome.failed(), Vec::<&str>::new(), "{}", model.name);
         assert_eq!(
             outcome.unique_states, states,
             "{}: state space changed: re-pin after review",
@@ -108,9 +99,7 @@ fn postgres_holds() {
     let model = LeaseModel::named("postgres").expect("a named configuration");
     let outcome = report::explore(&model);
     assert!(outcome.complete);
-    for v in &outcome.verdicts {
-        assert!(v.ok, "{} {} failed", v.expectation, v.name);
-    }
+    assert_eq!(outcome.failed(), Vec::<&str>::new());
     for name in [
         names::ONE_LIVE_HOLDER,
         names::HOLDER_TOLD,
@@ -276,12 +265,7 @@ fn large_configuration_holds() {
 }
 
 fn assert_all_hold(model: &LeaseModel) {
-    let outcome = report::explore(model);
-    assert!(
-        outcome.verdicts.iter().all(|v| v.ok),
-        "{:?}",
-        outcome.verdicts
-    );
+    assert_eq!(report::explore(model).failed(), Vec::<&str>::new());
 }
 
 /// PostgreSQL with two required standbys: a lost reply's commit counted once one standby
