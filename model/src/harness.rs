@@ -126,7 +126,7 @@ impl Outcome {
     }
 }
 
-/// A smaller model, checked whole: a configuration with defaults ([`Default`]), its planted
+/// A smaller model, checked whole: its configuration's defaults ([`Default`]), its planted
 /// mistakes, and what `check` says of it.
 pub trait SmallModel:
     Model<
@@ -149,11 +149,18 @@ pub trait SmallModel:
     /// What the last state of a counterexample breaks, said plainly (empty: not said).
     const BREAKS: &'static str = "";
 
-    /// Its planted mistake.
-    fn planted(&self) -> Option<Self::Planted>;
+    /// Where it keeps its planted mistake (none: it has no mistakes to plant).
+    fn planted_mut(&mut self) -> Option<&mut Option<Self::Planted>> {
+        None
+    }
 
     /// This configuration with `planted` planted.
-    fn plant(self, planted: Self::Planted) -> Self;
+    fn plant(mut self, planted: Self::Planted) -> Self {
+        if let Some(slot) = self.planted_mut() {
+            *slot = Some(planted);
+        }
+        self
+    }
 
     /// The configuration `planted` shows in, when it is not the default: `--planted` checks
     /// it there, whatever configuration it was given with.
@@ -175,11 +182,9 @@ pub fn explore<M: SmallModel>(model: M) -> impl Checker<M> {
     model.checker().spawn_bfs().join()
 }
 
-/// `check` of `model`: each of its configurations ([`SmallModel::configurations`]), a blank
-/// line between them, each printed as its header, the state count and time, each property's
-/// verdict and, under a violated property, its shortest counterexample step by step
-/// (breadth first: no shorter one exists), closed by what its last state breaks. Returns
-/// whether everything held.
+/// `check` of each of `model`'s configurations: its header, counts and time, verdicts and,
+/// under a violated property, its shortest counterexample (breadth first) step by step.
+/// Returns whether everything held.
 pub fn check<M: SmallModel>(model: M, out: &mut impl Write) -> io::Result<bool> {
     let mut ok = true;
     for (i, model) in model.configurations().into_iter().enumerate() {
@@ -191,10 +196,8 @@ pub fn check<M: SmallModel>(model: M, out: &mut impl Write) -> io::Result<bool> 
     Ok(ok)
 }
 
-/// Asserts that `model` holds every property (each `always` kept, each `sometimes`
-/// witnessed) with exactly `states` unique states: a pinned count, so that a silently
-/// truncated search fails, and a change to the actors or the rules that moves it must say
-/// why.
+/// Asserts that `model` holds every property with exactly `states` unique states: a pinned
+/// count, so a truncated search fails and a change that moves it must say why.
 pub fn assert_holds<M: SmallModel>(model: M, states: usize) {
     let outcome = Outcome::of(&model, &explore(model.clone()), true);
     assert_eq!(
@@ -218,9 +221,8 @@ pub fn assert_caught<M: SmallModel>(planted: M::Planted, property: &str) -> Vec<
     failed
 }
 
-fn check_one<M: SmallModel>(model: M, out: &mut impl Write) -> io::Result<bool> {
-    let planted = model
-        .planted()
+fn check_one<M: SmallModel>(mut model: M, out: &mut impl Write) -> io::Result<bool> {
+    let planted = (model.planted_mut().and_then(|p| *p))
         .map_or(String::new(), |p| format!("; planted {p:?}"));
     writeln!(out, "{}{planted}", model.header())?;
     let start = Instant::now();

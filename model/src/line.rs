@@ -595,15 +595,8 @@ impl SmallModel for LineModel {
          waiter ahead of it, or the holder's instance's waiter was granted out of the line's \
          order while its instance did not hold the lease";
 
-    fn planted(&self) -> Option<LinePlanted> {
-        self.planted
-    }
-
-    fn plant(self, planted: LinePlanted) -> Self {
-        LineModel {
-            planted: Some(planted),
-            ..self
-        }
+    fn planted_mut(&mut self) -> Option<&mut Option<LinePlanted>> {
+        Some(&mut self.planted)
     }
 
     fn header(&self) -> String {

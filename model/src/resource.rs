@@ -827,14 +827,6 @@ impl SmallModel for ResourceModel {
     const CONFIG: &'static str = "resource-fence";
     const TITLE: &'static str = "a resource's fence";
 
-    fn planted(&self) -> Option<Self::Planted> {
-        None
-    }
-
-    fn plant(self, planted: Self::Planted) -> Self {
-        match planted {}
-    }
-
     fn header(&self) -> String {
         let writers: Vec<String> = self
             .writers

@@ -852,15 +852,8 @@ impl SmallModel for RunModel {
     const BREAKS: &'static str = "the job still runs while a rival holds a later generation, and \
          run and the watchdog were never both down; or an ordinary stop ended with 79";
 
-    fn planted(&self) -> Option<RunPlanted> {
-        self.planted
-    }
-
-    fn plant(self, planted: RunPlanted) -> Self {
-        RunModel {
-            planted: Some(planted),
-            ..self
-        }
+    fn planted_mut(&mut self) -> Option<&mut Option<RunPlanted>> {
+        Some(&mut self.planted)
     }
 
     /// The environment's mistakes show in its configuration.

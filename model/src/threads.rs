@@ -624,15 +624,8 @@ impl SmallModel for ThreadsModel {
     ];
     const BREAKS: &'static str = "a call of a thread is still under way past its bound";
 
-    fn planted(&self) -> Option<ThreadsPlanted> {
-        self.planted
-    }
-
-    fn plant(self, planted: ThreadsPlanted) -> Self {
-        ThreadsModel {
-            planted: Some(planted),
-            ..self
-        }
+    fn planted_mut(&mut self) -> Option<&mut Option<ThreadsPlanted>> {
+        Some(&mut self.planted)
     }
 
     fn header(&self) -> String {
