@@ -279,7 +279,7 @@ mod fuzzing {
         Ok(v)
     }
 
-    fn seen_ref(g: &std::result::Result<Grant, Error>) -> String {
+    fn seen(g: &std::result::Result<Grant, Error>) -> String {
         match g {
             Ok(Grant::Granted(l)) => format!("granted {} {}", l.token, l.expiry),
             Ok(Grant::Held) => "held".to_owned(),
@@ -429,11 +429,6 @@ mod fuzzing {
         let owners = [Owner::new("a"), Owner::new("b")].map(|o| o.expect("valid owner"));
         let mut leases: Vec<(Lease, usize)> = vec![];
         let mut oracle = Oracle::default();
-        let seen = |g: std::result::Result<Grant, Error>| match g {
-            Ok(Grant::Granted(l)) => format!("granted {} {}", l.token, l.expiry),
-            Ok(Grant::Held) => "held".to_owned(),
-            Err(e) => format!("error {e}"),
-        };
         for op in ops {
             let (a, b) = match op {
                 Op::Acquire(i, o) => {
@@ -442,24 +437,16 @@ mod fuzzing {
                         leases.push((l.clone(), o));
                     }
                     let expected = oracle.acquire(i, o, clock.now(), ttl);
-                    assert_eq!(
-                        seen_ref(&fa),
-                        expected,
-                        "the specification disagrees on {op:?}"
-                    );
-                    (seen(fa), seen(m[i].acquire(&id, &owners[o])))
+                    assert_eq!(seen(&fa), expected, "the specification disagrees on {op:?}");
+                    (seen(&fa), seen(&m[i].acquire(&id, &owners[o])))
                 }
                 Op::Renew(i, k) | Op::Release(i, k) if !leases.is_empty() => {
                     let (l, o) = &leases[k % leases.len()];
                     if matches!(op, Op::Renew(..)) {
                         let fr = f[i].renew(l);
                         let expected = oracle.renew(i, *o, l.token, clock.now(), ttl);
-                        assert_eq!(
-                            seen_ref(&fr),
-                            expected,
-                            "the specification disagrees on {op:?}"
-                        );
-                        (seen(fr), seen(m[i].renew(l)))
+                        assert_eq!(seen(&fr), expected, "the specification disagrees on {op:?}");
+                        (seen(&fr), seen(&m[i].renew(l)))
                     } else {
                         oracle.release(i, *o, l.token);
                         (

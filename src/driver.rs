@@ -363,11 +363,6 @@ impl<P> Run<P> {
         self.plan.as_ref()
     }
 
-    /// Whether this run holds the id's lock.
-    pub fn holds_lock(&self) -> bool {
-        self.locked
-    }
-
     /// Whether the record has been committed.
     pub fn committed(&self) -> bool {
         self.committed
