@@ -328,12 +328,14 @@ pub(crate) fn transition_then<B: Backend, R>(
         B::lock(l, id, &mut state, &event, deadline)
     })?;
     B::observe(l, id);
-    let tx = B::tx(l, id, &entry, &mut state, &mut held);
+    let (outcome, _read) = driver::run(
+        &mut B::tx(l, id, &entry, &mut state, &mut held),
+        id,
+        l.ttl,
+        event,
+    );
     #[cfg(feature = "tracing")]
-    let tx = noted.wrap(tx);
-    let outcome = driver::run(&mut { tx }, id, l.ttl, event);
-    #[cfg(feature = "tracing")]
-    noted.done(&outcome);
+    noted.done(_read.as_ref(), &outcome);
     B::observe(l, id);
     B::unlock(l, &entry, &mut state, held, &outcome);
     B::observe(l, id);
