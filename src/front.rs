@@ -370,16 +370,15 @@ pub(crate) fn begin_or_wait<T>(
     }
 }
 
-/// One transition advanced one step at a time, for the lockstep harnesses: the very
-/// [`Backend::lock`], [`Backend::tx`] and [`Backend::unlock`] a call runs, without the turn
-/// (the harness never runs two calls of one instance at once) and with the deadline the
-/// harness gives (the flock stepper's: one attempt per step, [`Step::Blocked`] while another
-/// transition holds the lock).
+/// One transition advanced one step at a time, for the lockstep harnesses
+/// (`flock::Stepper`, `pg::PgStepper`): the very [`Backend::lock`], [`Backend::tx`] and
+/// [`Backend::unlock`] a call runs, without the turn (the harness never runs two calls of one
+/// instance at once). Dropping it mid-way drops what it holds, as a crash of the process does.
 #[cfg(all(
     feature = "fault-injection",
     any(feature = "internals", feature = "postgres")
 ))]
-pub(crate) struct Steps<B: Backend, P> {
+pub struct Steps<B: Backend, P> {
     id: SessionId,
     entry: Arc<Entry<B::State>>,
     run: Run<P>,
@@ -387,22 +386,6 @@ pub(crate) struct Steps<B: Backend, P> {
     pub(crate) held: Option<B::Lock>,
     /// The lock could not be had for an error: the run ended before its first step.
     failed: bool,
-}
-
-#[cfg(all(
-    feature = "fault-injection",
-    any(feature = "internals", feature = "postgres")
-))]
-impl<B: Backend, P> std::fmt::Debug for Steps<B, P>
-where
-    for<'a> B::Tx<'a>: Transaction<Pending = P>,
-{
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Steps")
-            .field("id", &self.id)
-            .field("next", &self.peek())
-            .finish_non_exhaustive()
-    }
 }
 
 #[cfg(all(
@@ -425,19 +408,27 @@ where
     }
 
     /// The step the next call of [`Steps::next`] performs (`None`: the run is over).
-    pub(crate) fn peek(&self) -> Option<Io> {
+    pub fn peek(&self) -> Option<Io> {
         if self.failed { None } else { self.run.peek() }
     }
 
-    /// Performs the next step on `l` (the instance that made these steps); the lock, when it
-    /// is not held yet, is taken with `deadline` (a deadline already past: one attempt).
-    pub(crate) fn next(&mut self, l: &Leases<B>, deadline: Option<Instant>) -> Step {
+    /// Performs the next step on `l` (the instance that made these steps). The lock, when it
+    /// is not held yet, is taken as the run's first step takes it: [`Io::Lock`] (system-call
+    /// grain) is one attempt, [`Step::Blocked`] while another transition holds the lock;
+    /// [`Io::Begin`] (statement grain) has it without a deadline, the row lock waiting in the
+    /// server within the session's `lock_timeout`.
+    ///
+    /// # Panics
+    ///
+    /// When called after [`Step::Done`].
+    pub fn next(&mut self, l: &Leases<B>) -> Step {
         let entry = Arc::clone(&self.entry);
         let mut state = lock(&entry.state);
         assert!(!self.failed, "a step after the run failed to begin");
         // Taken at the run's first step only: after its last there is no lock to take (and
         // the call panics below, as documented).
         if self.held.is_none() && self.run.peek().is_some() {
+            let deadline = (self.run.peek() == Some(Io::Lock)).then(Instant::now);
             match B::lock(l, &self.id, &mut state, self.run.event(), deadline) {
                 Ok(Some(held)) => self.held = Some(held),
                 Ok(None) => return Step::Blocked,
