@@ -97,32 +97,24 @@ pub trait Backend: Sized + Send + Sync {
     );
 
     /// The lock an [`Error::LockTimeout`] on `id` names (the default: the id's row).
-    fn lock_of(l: &Leases<Self>, id: &SessionId) -> LockOf {
-        let _ = l;
+    fn lock_of(_: &Leases<Self>, id: &SessionId) -> LockOf {
         LockOf::Row(id.clone())
     }
 
     /// Called after each step of a transition (the flock backend's fault hook).
-    fn observe(l: &Leases<Self>, id: &SessionId) {
-        let _ = (l, id);
-    }
+    fn observe(_: &Leases<Self>, _: &SessionId) {}
 
     /// [`SessionLease::on_liveness_lost`]; the default drops `notify` (a backend that cannot
     /// tell).
-    fn on_liveness_lost(l: &Leases<Self>, lease: &Lease, notify: Box<dyn FnOnce() + Send>) {
-        let _ = (l, lease, notify);
-    }
+    fn on_liveness_lost(_: &Leases<Self>, _: &Lease, _: Box<dyn FnOnce() + Send>) {}
 
     /// [`SessionLease::store_gone`]; the default: never.
-    fn store_gone(l: &Leases<Self>) -> Option<String> {
-        let _ = l;
+    fn store_gone(_: &Leases<Self>) -> Option<String> {
         None
     }
 
     /// Called when the instance is dropped, before its entries are.
-    fn close(l: &mut Leases<Self>) {
-        let _ = l;
-    }
+    fn close(_: &mut Leases<Self>) {}
 }
 
 /// One id's entry in an instance: its turn, its state, and until when the instance holds it.

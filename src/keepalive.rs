@@ -385,12 +385,7 @@ impl<L: SessionLease + 'static> KeepAlive<L> {
                 }
                 nap = nap.min(left);
             }
-            state = self
-                .shared
-                .changed
-                .wait_timeout(state, nap)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+            state = self.shared.nap(state, nap);
         }
     }
 
@@ -530,6 +525,12 @@ impl Shared {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Waits for a change of `state`, `nap` at most.
+    fn nap<'a>(&self, state: MutexGuard<'a, State>, nap: Duration) -> MutexGuard<'a, State> {
+        let waited = self.changed.wait_timeout(state, nap);
+        waited.unwrap_or_else(PoisonError::into_inner).0
+    }
+
     fn lose(&self, loss: Loss) {
         let mut state = self.lock();
         state.lost.get_or_insert(loss);
@@ -581,11 +582,7 @@ impl Shared {
                     return;
                 }
                 let nap = self.until_expiry(&state);
-                state = self
-                    .changed
-                    .wait_timeout(state, nap)
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .0;
+                state = self.nap(state, nap);
             }
         };
         self.report(&loss);
@@ -663,12 +660,7 @@ impl<L: SessionLease> Renewer<L> {
                         break;
                     }
                     let nap = to_due.min(self.shared.until_expiry(&state));
-                    state = self
-                        .shared
-                        .changed
-                        .wait_timeout(state, nap)
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .0;
+                    state = self.shared.nap(state, nap);
                 }
                 state.lease.clone()
             };
