@@ -853,53 +853,28 @@ async fn prepare(c: &Client, t: &str) -> Result<Stmts, tokio_postgres::Error> {
     let unlock =
         format!("SELECT CASE WHEN {ours3} THEN pg_advisory_unlock($1::int4, $2::int4) END");
     // One pipeline: a single round trip.
-    let (
-        begin,
-        commit,
-        rollback,
-        lock_row,
-        insert_row,
-        clock,
-        probe,
-        probe_row,
-        update,
-        wait_timeout,
-        wait,
-        lock_live,
-        commit_live,
-        unlock,
-    ) = tokio::try_join!(
-        c.prepare("BEGIN"),
-        c.prepare("COMMIT"),
-        c.prepare("ROLLBACK"),
-        c.prepare(&lock_row),
-        c.prepare(&insert_row),
-        c.prepare(&clock),
-        c.prepare("SELECT pg_try_advisory_xact_lock_shared($1::int4, $2::int4)"),
-        c.prepare(&probe_row),
-        c.prepare(&update),
-        c.prepare("SELECT set_config('lock_timeout', $1, true)"),
-        c.prepare("SELECT pg_advisory_xact_lock_shared($1::int4, $2::int4)"),
-        c.prepare(&lock_live),
-        c.prepare(&commit_live),
-        c.prepare(&unlock),
-    )?;
-    Ok(Stmts {
-        begin,
-        commit,
-        rollback,
-        lock_row,
-        insert_row,
-        clock,
-        probe,
-        probe_row,
-        update,
-        wait_timeout,
-        wait,
-        lock_live,
-        commit_live,
-        unlock,
-    })
+    macro_rules! pipelined {
+        ($($name:ident: $sql:expr),+) => {{
+            let ($($name,)+) = tokio::try_join!($(c.prepare($sql)),+)?;
+            Ok(Stmts { $($name),+ })
+        }};
+    }
+    pipelined!(
+        begin: "BEGIN",
+        commit: "COMMIT",
+        rollback: "ROLLBACK",
+        lock_row: &lock_row,
+        insert_row: &insert_row,
+        clock: &clock,
+        probe: "SELECT pg_try_advisory_xact_lock_shared($1::int4, $2::int4)",
+        probe_row: &probe_row,
+        update: &update,
+        wait_timeout: "SELECT set_config('lock_timeout', $1, true)",
+        wait: "SELECT pg_advisory_xact_lock_shared($1::int4, $2::int4)",
+        lock_live: &lock_live,
+        commit_live: &commit_live,
+        unlock: &unlock
+    )
 }
 
 /// The connection settings of each role, derived from the caller's.
