@@ -2,8 +2,6 @@
 //! corpus replay test. Each function panics with a description when an invariant is broken and
 //! returns quietly otherwise, whatever the bytes.
 
-use std::time::Duration;
-
 use crate::machine::{self, Cleanup, Decision, DirSync, Event, Input, Outcome, Prepare, StepError};
 use crate::name::stem;
 use crate::record::{self, Record};
@@ -141,11 +139,6 @@ pub fn machine_step(input: &Input) {
     }
 }
 
-/// A reasonable TTL for generated inputs: zero to a few minutes.
-pub fn ttl_from(secs: u8) -> Duration {
-    Duration::from_secs(u64::from(secs))
-}
-
 #[cfg(feature = "arbitrary")]
 pub use fuzzing::{machine_step_bytes, ops_bytes};
 
@@ -153,6 +146,7 @@ pub use fuzzing::{machine_step_bytes, ops_bytes};
 mod fuzzing {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
 
     use arbitrary::{Arbitrary, Result, Unstructured};
 
@@ -243,7 +237,8 @@ mod fuzzing {
             liveness,
             local,
             now: instant(u)?,
-            ttl: ttl_from(u.int_in_range(0..=120)?),
+            // Zero to two minutes.
+            ttl: Duration::from_secs(u.int_in_range(0..=120)?),
             event,
         })
     }
