@@ -2,8 +2,6 @@
 //! corpus replay test. Each function panics with a description when an invariant is broken and
 //! returns quietly otherwise, whatever the bytes.
 
-use std::time::Duration;
-
 use crate::machine::{self, Cleanup, Decision, DirSync, Event, Input, Outcome, Prepare, StepError};
 use crate::name::stem;
 use crate::record::{self, Record};
@@ -141,11 +139,6 @@ pub fn machine_step(input: &Input) {
     }
 }
 
-/// A reasonable TTL for generated inputs: zero to a few minutes.
-pub fn ttl_from(secs: u8) -> Duration {
-    Duration::from_secs(u64::from(secs))
-}
-
 #[cfg(feature = "arbitrary")]
 pub use fuzzing::{machine_step_bytes, ops_bytes};
 
@@ -153,6 +146,7 @@ pub use fuzzing::{machine_step_bytes, ops_bytes};
 mod fuzzing {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
 
     use arbitrary::{Arbitrary, Result, Unstructured};
 
@@ -243,7 +237,8 @@ mod fuzzing {
             liveness,
             local,
             now: instant(u)?,
-            ttl: ttl_from(u.int_in_range(0..=120)?),
+            // Zero to two minutes.
+            ttl: Duration::from_secs(u.int_in_range(0..=120)?),
             event,
         })
     }
@@ -279,7 +274,7 @@ mod fuzzing {
         Ok(v)
     }
 
-    fn seen_ref(g: &std::result::Result<Grant, Error>) -> String {
+    fn seen(g: &std::result::Result<Grant, Error>) -> String {
         match g {
             Ok(Grant::Granted(l)) => format!("granted {} {}", l.token, l.expiry),
             Ok(Grant::Held) => "held".to_owned(),
@@ -429,11 +424,6 @@ mod fuzzing {
         let owners = [Owner::new("a"), Owner::new("b")].map(|o| o.expect("valid owner"));
         let mut leases: Vec<(Lease, usize)> = vec![];
         let mut oracle = Oracle::default();
-        let seen = |g: std::result::Result<Grant, Error>| match g {
-            Ok(Grant::Granted(l)) => format!("granted {} {}", l.token, l.expiry),
-            Ok(Grant::Held) => "held".to_owned(),
-            Err(e) => format!("error {e}"),
-        };
         for op in ops {
             let (a, b) = match op {
                 Op::Acquire(i, o) => {
@@ -442,24 +432,16 @@ mod fuzzing {
                         leases.push((l.clone(), o));
                     }
                     let expected = oracle.acquire(i, o, clock.now(), ttl);
-                    assert_eq!(
-                        seen_ref(&fa),
-                        expected,
-                        "the specification disagrees on {op:?}"
-                    );
-                    (seen(fa), seen(m[i].acquire(&id, &owners[o])))
+                    assert_eq!(seen(&fa), expected, "the specification disagrees on {op:?}");
+                    (seen(&fa), seen(&m[i].acquire(&id, &owners[o])))
                 }
                 Op::Renew(i, k) | Op::Release(i, k) if !leases.is_empty() => {
                     let (l, o) = &leases[k % leases.len()];
                     if matches!(op, Op::Renew(..)) {
                         let fr = f[i].renew(l);
                         let expected = oracle.renew(i, *o, l.token, clock.now(), ttl);
-                        assert_eq!(
-                            seen_ref(&fr),
-                            expected,
-                            "the specification disagrees on {op:?}"
-                        );
-                        (seen(fr), seen(m[i].renew(l)))
+                        assert_eq!(seen(&fr), expected, "the specification disagrees on {op:?}");
+                        (seen(&fr), seen(&m[i].renew(l)))
                     } else {
                         oracle.release(i, *o, l.token);
                         (

@@ -217,8 +217,9 @@ pub trait Transaction {
     fn adopt(&mut self, pending: Self::Pending, local: Local);
 }
 
-/// Runs one transition for `event` on `id` through `tx`, and returns the machine's outcome:
-/// [`Run::next`] until it is done.
+/// Runs one transition for `event` on `id` through `tx`, and returns the machine's outcome
+/// and its input once the transition began (its record and clock): [`Run::next`] until it
+/// is done.
 ///
 /// # Errors
 ///
@@ -236,11 +237,11 @@ pub fn run<T: Transaction>(
     id: &SessionId,
     ttl: Duration,
     event: Event,
-) -> Result<Outcome, Error> {
+) -> (Result<Outcome, Error>, Option<Input>) {
     let mut run = Run::new(tx.grain(), event, ttl);
     loop {
         match run.next(tx, id) {
-            Step::Done(result) => return result,
+            Step::Done(result) => return (result, run.input),
             Step::Continue => {}
             Step::Blocked => panic!("driver::run called without the transition lock"),
         }
@@ -361,11 +362,6 @@ impl<P> Run<P> {
     /// The plan, once the machine has decided.
     pub fn plan(&self) -> Option<&Plan> {
         self.plan.as_ref()
-    }
-
-    /// Whether this run holds the id's lock.
-    pub fn holds_lock(&self) -> bool {
-        self.locked
     }
 
     /// Whether the record has been committed.

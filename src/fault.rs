@@ -163,19 +163,16 @@ impl FaultPoint {
             | FaultPoint::OpenQueue => "open",
             FaultPoint::UnlockFence => "unlock",
             FaultPoint::Held => "hold",
-            FaultPoint::CommitTarget => "rename",
+            FaultPoint::CommitTarget | FaultPoint::PublishLive | FaultPoint::Rename => "rename",
             FaultPoint::LockStable | FaultPoint::LockProbe | FaultPoint::LockLive => "lock",
             FaultPoint::StatStable
             | FaultPoint::StatLive
             | FaultPoint::StatNewLive
             | FaultPoint::CheckStable => "stat",
-            FaultPoint::WriteLive => "write",
-            FaultPoint::PublishLive => "rename",
+            FaultPoint::WriteLive | FaultPoint::WriteTemp => "write",
             FaultPoint::ReadDir => "read directory",
             FaultPoint::ReadRecord => "read",
-            FaultPoint::WriteTemp => "write",
             FaultPoint::SyncTemp | FaultPoint::SyncDir => "fsync",
-            FaultPoint::Rename => "rename",
             FaultPoint::Unlink => "unlink",
         }
     }
@@ -183,10 +180,8 @@ impl FaultPoint {
 
 impl fmt::Debug for Faults {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        #[cfg(feature = "fault-injection")]
-        let on = self.hook.is_some();
-        #[cfg(not(feature = "fault-injection"))]
-        let on = false;
-        f.debug_struct("Faults").field("injecting", &on).finish()
+        f.debug_struct("Faults")
+            .field("injecting", &self.hooked())
+            .finish()
     }
 }

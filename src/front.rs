@@ -97,32 +97,24 @@ pub trait Backend: Sized + Send + Sync {
     );
 
     /// The lock an [`Error::LockTimeout`] on `id` names (the default: the id's row).
-    fn lock_of(l: &Leases<Self>, id: &SessionId) -> LockOf {
-        let _ = l;
+    fn lock_of(_: &Leases<Self>, id: &SessionId) -> LockOf {
         LockOf::Row(id.clone())
     }
 
     /// Called after each step of a transition (the flock backend's fault hook).
-    fn observe(l: &Leases<Self>, id: &SessionId) {
-        let _ = (l, id);
-    }
+    fn observe(_: &Leases<Self>, _: &SessionId) {}
 
     /// [`SessionLease::on_liveness_lost`]; the default drops `notify` (a backend that cannot
     /// tell).
-    fn on_liveness_lost(l: &Leases<Self>, lease: &Lease, notify: Box<dyn FnOnce() + Send>) {
-        let _ = (l, lease, notify);
-    }
+    fn on_liveness_lost(_: &Leases<Self>, _: &Lease, _: Box<dyn FnOnce() + Send>) {}
 
     /// [`SessionLease::store_gone`]; the default: never.
-    fn store_gone(l: &Leases<Self>) -> Option<String> {
-        let _ = l;
+    fn store_gone(_: &Leases<Self>) -> Option<String> {
         None
     }
 
     /// Called when the instance is dropped, before its entries are.
-    fn close(l: &mut Leases<Self>) {
-        let _ = l;
-    }
+    fn close(_: &mut Leases<Self>) {}
 }
 
 /// One id's entry in an instance: its turn, its state, and until when the instance holds it.
@@ -328,12 +320,14 @@ pub(crate) fn transition_then<B: Backend, R>(
         B::lock(l, id, &mut state, &event, deadline)
     })?;
     B::observe(l, id);
-    let tx = B::tx(l, id, &entry, &mut state, &mut held);
+    let (outcome, _read) = driver::run(
+        &mut B::tx(l, id, &entry, &mut state, &mut held),
+        id,
+        l.ttl,
+        event,
+    );
     #[cfg(feature = "tracing")]
-    let tx = noted.wrap(tx);
-    let outcome = driver::run(&mut { tx }, id, l.ttl, event);
-    #[cfg(feature = "tracing")]
-    noted.done(&outcome);
+    noted.done(_read.as_ref(), &outcome);
     B::observe(l, id);
     B::unlock(l, &entry, &mut state, held, &outcome);
     B::observe(l, id);
@@ -368,16 +362,15 @@ pub(crate) fn begin_or_wait<T>(
     }
 }
 
-/// One transition advanced one step at a time, for the lockstep harnesses: the very
-/// [`Backend::lock`], [`Backend::tx`] and [`Backend::unlock`] a call runs, without the turn
-/// (the harness never runs two calls of one instance at once) and with the deadline the
-/// harness gives (the flock stepper's: one attempt per step, [`Step::Blocked`] while another
-/// transition holds the lock).
+/// One transition advanced one step at a time, for the lockstep harnesses
+/// (`flock::Stepper`, `pg::PgStepper`): the very [`Backend::lock`], [`Backend::tx`] and
+/// [`Backend::unlock`] a call runs, without the turn (the harness never runs two calls of one
+/// instance at once). Dropping it mid-way drops what it holds, as a crash of the process does.
 #[cfg(all(
     feature = "fault-injection",
     any(feature = "internals", feature = "postgres")
 ))]
-pub(crate) struct Steps<B: Backend, P> {
+pub struct Steps<B: Backend, P> {
     id: SessionId,
     entry: Arc<Entry<B::State>>,
     run: Run<P>,
@@ -385,22 +378,6 @@ pub(crate) struct Steps<B: Backend, P> {
     pub(crate) held: Option<B::Lock>,
     /// The lock could not be had for an error: the run ended before its first step.
     failed: bool,
-}
-
-#[cfg(all(
-    feature = "fault-injection",
-    any(feature = "internals", feature = "postgres")
-))]
-impl<B: Backend, P> std::fmt::Debug for Steps<B, P>
-where
-    for<'a> B::Tx<'a>: Transaction<Pending = P>,
-{
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Steps")
-            .field("id", &self.id)
-            .field("next", &self.peek())
-            .finish_non_exhaustive()
-    }
 }
 
 #[cfg(all(
@@ -423,19 +400,27 @@ where
     }
 
     /// The step the next call of [`Steps::next`] performs (`None`: the run is over).
-    pub(crate) fn peek(&self) -> Option<Io> {
+    pub fn peek(&self) -> Option<Io> {
         if self.failed { None } else { self.run.peek() }
     }
 
-    /// Performs the next step on `l` (the instance that made these steps); the lock, when it
-    /// is not held yet, is taken with `deadline` (a deadline already past: one attempt).
-    pub(crate) fn next(&mut self, l: &Leases<B>, deadline: Option<Instant>) -> Step {
+    /// Performs the next step on `l` (the instance that made these steps). The lock, when it
+    /// is not held yet, is taken as the run's first step takes it: [`Io::Lock`] (system-call
+    /// grain) is one attempt, [`Step::Blocked`] while another transition holds the lock;
+    /// [`Io::Begin`] (statement grain) has it without a deadline, the row lock waiting in the
+    /// server within the session's `lock_timeout`.
+    ///
+    /// # Panics
+    ///
+    /// When called after [`Step::Done`].
+    pub fn next(&mut self, l: &Leases<B>) -> Step {
         let entry = Arc::clone(&self.entry);
         let mut state = lock(&entry.state);
         assert!(!self.failed, "a step after the run failed to begin");
         // Taken at the run's first step only: after its last there is no lock to take (and
         // the call panics below, as documented).
         if self.held.is_none() && self.run.peek().is_some() {
+            let deadline = (self.run.peek() == Some(Io::Lock)).then(Instant::now);
             match B::lock(l, &self.id, &mut state, self.run.event(), deadline) {
                 Ok(Some(held)) => self.held = Some(held),
                 Ok(None) => return Step::Blocked,

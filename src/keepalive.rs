@@ -155,7 +155,7 @@ impl<L: SessionLease + 'static> KeepAliveBuilder<L> {
         {
             return Err(Error::InvalidInterval { interval, left });
         }
-        Ok(self.spawn(interval))
+        Ok(self.spawn(interval, None))
     }
 
     /// Renews the lease at once if it has expired on the clock: `None` when it is unexpired
@@ -182,14 +182,11 @@ impl<L: SessionLease + 'static> KeepAliveBuilder<L> {
     fn spawn_lost(self, loss: Loss) -> KeepAlive<L> {
         // Recorded before the threads start: the watcher would otherwise see the expired
         // lease first and report that instead.
-        self.spawn_with(Duration::from_secs(3600), Some(loss))
+        self.spawn(Duration::from_secs(3600), Some(loss))
     }
 
-    fn spawn(self, interval: Duration) -> KeepAlive<L> {
-        self.spawn_with(interval, None)
-    }
-
-    fn spawn_with(self, interval: Duration, lost: Option<Loss>) -> KeepAlive<L> {
+    /// A keep-alive renewing every `interval`, lost from the start if `lost` says so.
+    fn spawn(self, interval: Duration, lost: Option<Loss>) -> KeepAlive<L> {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 lease: self.lease,
@@ -324,10 +321,10 @@ impl<L: SessionLease + 'static> KeepAlive<L> {
             .expiry
             .saturating_duration_since(builder.clock.now());
         match (left / 3).max(Duration::from_millis(1)) {
-            interval if interval < left => builder.spawn(interval),
+            interval if interval < left => builder.spawn(interval, None),
             // Nothing left to keep: a keep-alive that reports the loss at once.
             interval => {
-                let keep = builder.spawn(interval.max(left));
+                let keep = builder.spawn(interval.max(left), None);
                 keep.shared.lose(Loss::Expired { last_error: None });
                 keep
             }
@@ -385,12 +382,7 @@ impl<L: SessionLease + 'static> KeepAlive<L> {
                 }
                 nap = nap.min(left);
             }
-            state = self
-                .shared
-                .changed
-                .wait_timeout(state, nap)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+            state = self.shared.nap(state, nap);
         }
     }
 
@@ -530,6 +522,12 @@ impl Shared {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Waits for a change of `state`, `nap` at most.
+    fn nap<'a>(&self, state: MutexGuard<'a, State>, nap: Duration) -> MutexGuard<'a, State> {
+        let waited = self.changed.wait_timeout(state, nap);
+        waited.unwrap_or_else(PoisonError::into_inner).0
+    }
+
     fn lose(&self, loss: Loss) {
         let mut state = self.lock();
         state.lost.get_or_insert(loss);
@@ -581,11 +579,7 @@ impl Shared {
                     return;
                 }
                 let nap = self.until_expiry(&state);
-                state = self
-                    .changed
-                    .wait_timeout(state, nap)
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .0;
+                state = self.nap(state, nap);
             }
         };
         self.report(&loss);
@@ -663,12 +657,7 @@ impl<L: SessionLease> Renewer<L> {
                         break;
                     }
                     let nap = to_due.min(self.shared.until_expiry(&state));
-                    state = self
-                        .shared
-                        .changed
-                        .wait_timeout(state, nap)
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .0;
+                    state = self.shared.nap(state, nap);
                 }
                 state.lease.clone()
             };

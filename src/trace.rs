@@ -1,7 +1,7 @@
 //! Events for the `tracing` ecosystem (feature `tracing`): one per transition's outcome, with
 //! the id, owner, token and why, and the keep-alive's loss as a warning. Emitted at the one
 //! place every backend's transitions pass ([`crate::front`]), from what the transition read
-//! (its [`Begun`]) and what it answered; nothing here decides anything.
+//! (the machine's input) and what it answered; nothing here decides anything.
 //!
 //! Events (target `flocklease`), each with the fields `id` and `owner`, and `took_ms` (the
 //! call's time, its waits for the id's turn and lock included) for transitions:
@@ -16,15 +16,11 @@
 //! | transition failed | WARN | `event`, `error` |
 //! | keep-alive lost the lease | WARN | `token`, `loss` |
 
-use std::cell::RefCell;
 use std::time::{Duration, Instant};
 
-use crate::driver::{Begun, CommitStep, Grain, Transaction};
 use crate::error::Error;
-use crate::machine::{Cleanup, Event, Liveness, Local, Outcome, Plan};
+use crate::machine::{Event, Input, Outcome};
 use crate::name::SessionId;
-use crate::record::Record;
-use crate::timestamp::Timestamp;
 
 /// What one transition's events need, noted as it runs.
 pub(crate) struct Noted {
@@ -32,8 +28,6 @@ pub(crate) struct Noted {
     event: Event,
     ttl: Duration,
     started: Instant,
-    /// The record and clock the transition read (its last `begin`).
-    begun: RefCell<Option<(Option<Record>, Timestamp)>>,
 }
 
 impl Noted {
@@ -44,17 +38,11 @@ impl Noted {
             event: event.clone(),
             ttl,
             started: Instant::now(),
-            begun: RefCell::new(None),
         }
     }
 
-    /// `tx`, noting what its `begin` reads.
-    pub(crate) fn wrap<T: Transaction>(&self, tx: T) -> Noting<'_, T> {
-        Noting { noted: self, tx }
-    }
-
-    /// Emits the event for the transition's `outcome`.
-    pub(crate) fn done(&self, outcome: &Result<Outcome, Error>) {
+    /// Emits the event for the transition's `outcome`, after it read what `input` holds.
+    pub(crate) fn done(&self, input: Option<&Input>, outcome: &Result<Outcome, Error>) {
         let id = self.id.as_str();
         let took_ms = self.started.elapsed().as_millis() as u64;
         let (kind, owner, token) = match &self.event {
@@ -62,10 +50,7 @@ impl Noted {
             Event::Renew { owner, token } => ("renew", owner.as_str(), Some(*token)),
             Event::Release { owner, token } => ("release", owner.as_str(), Some(*token)),
         };
-        let begun = self.begun.borrow();
-        let before = begun
-            .as_ref()
-            .and_then(|(r, now)| Some((r.as_ref()?, *now)));
+        let before = input.and_then(|i| Some((i.record.as_ref()?, i.now)));
         match (outcome, kind) {
             (Err(e), _) => tracing::warn!(
                 target: "flocklease",
@@ -133,56 +118,4 @@ pub(crate) fn keepalive_lost(lease: &crate::Lease, loss: &crate::Loss) {
         loss = %loss,
         "keep-alive lost the lease"
     );
-}
-
-/// A transaction whose `begin` is noted in a [`Noted`]; every step is the wrapped one's.
-pub(crate) struct Noting<'n, T> {
-    noted: &'n Noted,
-    tx: T,
-}
-
-impl<T: Transaction> Transaction for Noting<'_, T> {
-    type Pending = T::Pending;
-
-    fn grain(&self) -> Grain {
-        self.tx.grain()
-    }
-
-    fn lock(&mut self) -> Result<bool, Error> {
-        self.tx.lock()
-    }
-
-    fn unlock(&mut self) {
-        self.tx.unlock()
-    }
-
-    fn begin(&mut self) -> Result<Begun, Error> {
-        let begun = self.tx.begin()?;
-        *self.noted.begun.borrow_mut() = Some((begun.record.clone(), begun.now));
-        Ok(begun)
-    }
-
-    fn probe(&mut self, token: u64) -> Result<Liveness, Error> {
-        self.tx.probe(token)
-    }
-
-    fn commit_step(
-        &mut self,
-        step: CommitStep,
-        plan: &Plan,
-    ) -> Result<Option<Self::Pending>, Error> {
-        self.tx.commit_step(step, plan)
-    }
-
-    fn undo(&mut self, pending: Option<Self::Pending>) {
-        self.tx.undo(pending)
-    }
-
-    fn cleanup(&mut self, step: &Cleanup) {
-        self.tx.cleanup(step)
-    }
-
-    fn adopt(&mut self, pending: Self::Pending, local: Local) {
-        self.tx.adopt(pending, local)
-    }
 }

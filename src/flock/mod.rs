@@ -461,7 +461,10 @@ impl FlockLease {
         let slot = lock(&entry.state);
         observe();
         let paths = Arc::clone(&slot.paths);
-        let stable = Unlocking(self.lock_stable(&paths.lock, deadline, started)?);
+        let open = || self.open_lock(&paths.lock);
+        let faults = &self.inner.opener.faults;
+        let stable = files::lock_at_path(&paths.lock, faults, open, deadline, started)?;
+        let stable = Unlocking(stable);
         observe();
         let held_here = slot
             .local
@@ -519,17 +522,6 @@ impl FlockLease {
     #[doc(hidden)]
     pub fn tracked_ids(&self) -> usize {
         self.ids.len()
-    }
-
-    /// Takes `<stem>.lock` by `deadline` ([`files::lock_at_path`]), for a fenced section.
-    pub(crate) fn lock_stable(
-        &self,
-        path: &Path,
-        deadline: Option<Instant>,
-        started: Instant,
-    ) -> Result<HeldLock, Error> {
-        let open = || self.open_lock(path);
-        files::lock_at_path(path, &self.inner.opener.faults, open, deadline, started)
     }
 }
 

@@ -3,59 +3,37 @@
 //! [`LineStepper`]: one waiting call's place in an id's line of waiters, looked with the
 //! harness's clock, for the line's lockstep (feature `fault-injection`; never for production
 //! use).
-//!
-//! A stepper runs the front's own steps (`front::Steps`): the very begin, transaction and end
-//! a call runs, but for the in-process turn on the id (the harness never runs two calls of
-//! one instance at once) and the wait for the transition lock: its [`Io::Lock`] step is one
-//! attempt of the production lock — open (creating) `<stem>.lock`, a non-blocking lock, the
-//! identity check — and answers [`Step::Blocked`] when another transition holds the lock.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::FlockLease;
 use super::queue;
-use crate::driver::{Grain, Io, Step};
+use crate::driver::Grain;
 use crate::front::Steps;
 use crate::line;
 use crate::machine::Event;
 use crate::name::SessionId;
 
-/// One transition of a [`FlockLease`] in progress, advanced by [`Stepper::next`].
-///
-/// Dropping it mid-way closes what it holds (the transition lock, a new generation's liveness
-/// file): what a crash of the process would do to them.
-#[derive(Debug)]
-pub struct Stepper(Steps<super::Files, super::tx::PendingLive>);
+/// One transition of a [`FlockLease`] in progress, advanced by `next(&lease)`: the front's own
+/// steps (`front::Steps`). Its lock step is one attempt of the production lock — open
+/// (creating) `<stem>.lock`, a non-blocking lock, the identity check — answering
+/// `Step::Blocked` while another transition holds the lock. Dropping it mid-way closes what it
+/// holds (the transition lock, a new generation's liveness file), as a crash would.
+pub type Stepper = Steps<super::Files, super::tx::PendingLive>;
 
 impl FlockLease {
     /// A transition for `event` on `id`, not started: see [`Stepper`].
     pub fn stepper(&self, id: &SessionId, event: Event) -> Stepper {
-        Stepper(Steps::new(self, id, event, Grain::SystemCall))
+        Steps::new(self, id, event, Grain::SystemCall)
     }
 }
 
 impl Stepper {
-    /// The step the next call of [`Stepper::next`] performs (`None`: the run is over).
-    pub fn peek(&self) -> Option<Io> {
-        self.0.peek()
-    }
-
     /// The temporary record this transition wrote and has not renamed yet.
     pub fn temp_path(&self) -> Option<&Path> {
-        let (_, st) = self.0.held.as_ref()?;
+        let (_, st) = self.held.as_ref()?;
         st.temp.as_ref().map(|(_, p)| p.as_path())
-    }
-
-    /// Performs the next I/O step on `lease` (the instance that made this stepper): the
-    /// front's own steps (`front::Steps::next`).
-    ///
-    /// # Panics
-    ///
-    /// When called after [`Step::Done`].
-    pub fn next(&mut self, lease: &FlockLease) -> Step {
-        // One attempt at the lock: a deadline already past.
-        self.0.next(lease, Some(Instant::now()))
     }
 }
 

@@ -13,7 +13,7 @@ use tokio::runtime::Runtime;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, Config, SimpleQueryMessage, Statement};
 
-use super::fault::{Faults, PgFault, PgStep};
+use super::fault::{PgFault, PgStep};
 use super::tls::Connector;
 use crate::error::Error;
 use crate::name::SessionId;
@@ -444,47 +444,47 @@ where
     }
 }
 
-/// Runs the future `f` (a statement on `conn`) as step `step`, through the fault seam, within
-/// the connection's reply bound (see [`within`]; on expiry the connection is poisoned, its
-/// outcome unknown).
-pub(super) fn exec<'c, T, F>(
-    rt: &Runtime,
-    faults: &Faults,
-    step: PgStep,
-    conn: &'c Conn,
-    f: impl FnOnce(&'c Conn) -> F,
-) -> Result<T, Fail>
-where
-    F: Future<Output = Result<T, tokio_postgres::Error>> + Send,
-    T: Send,
-{
-    exec_within(rt, faults, step, conn, conn.reply_bound, f)
-}
-
-/// [`exec`] with a longer bound than the connection's (a wait for a holder ahead of the
-/// statement).
-pub(super) fn exec_within<'c, T, F>(
-    rt: &Runtime,
-    faults: &Faults,
-    step: PgStep,
-    conn: &'c Conn,
-    bound: Duration,
-    f: impl FnOnce(&'c Conn) -> F,
-) -> Result<T, Fail>
-where
-    F: Future<Output = Result<T, tokio_postgres::Error>> + Send,
-    T: Send,
-{
-    if let Some(fault) = faults.check(step, conn.pid) {
-        return Err(inject(rt, fault, conn, f));
-    }
-    let out = within(rt, bound, f(conn)).and_then(|r| r.map_err(Fail::Db));
-    if let Err(e) = &out
-        && e.outcome_unknown()
+impl super::Inner {
+    /// Runs the future `f` (a statement on `conn`) as step `step`, through the fault seam,
+    /// within the connection's reply bound (see [`within`]; on expiry the connection is
+    /// poisoned, its outcome unknown).
+    pub(super) fn exec<'c, T, F>(
+        &self,
+        step: PgStep,
+        conn: &'c Conn,
+        f: impl FnOnce(&'c Conn) -> F,
+    ) -> Result<T, Fail>
+    where
+        F: Future<Output = Result<T, tokio_postgres::Error>> + Send,
+        T: Send,
     {
-        conn.poison();
+        self.exec_within(step, conn, conn.reply_bound, f)
     }
-    out
+
+    /// [`Inner::exec`](super::Inner::exec) with a longer bound than the connection's (a wait
+    /// for a holder ahead of the statement).
+    pub(super) fn exec_within<'c, T, F>(
+        &self,
+        step: PgStep,
+        conn: &'c Conn,
+        bound: Duration,
+        f: impl FnOnce(&'c Conn) -> F,
+    ) -> Result<T, Fail>
+    where
+        F: Future<Output = Result<T, tokio_postgres::Error>> + Send,
+        T: Send,
+    {
+        if let Some(fault) = self.faults.check(step, conn.pid) {
+            return Err(inject(&self.rt, fault, conn, f));
+        }
+        let out = within(&self.rt, bound, f(conn)).and_then(|r| r.map_err(Fail::Db));
+        if let Err(e) = &out
+            && e.outcome_unknown()
+        {
+            conn.poison();
+        }
+        out
+    }
 }
 
 /// Makes the statement `f` on `conn` fail as `fault` says, and returns the failure: the server
@@ -853,53 +853,28 @@ async fn prepare(c: &Client, t: &str) -> Result<Stmts, tokio_postgres::Error> {
     let unlock =
         format!("SELECT CASE WHEN {ours3} THEN pg_advisory_unlock($1::int4, $2::int4) END");
     // One pipeline: a single round trip.
-    let (
-        begin,
-        commit,
-        rollback,
-        lock_row,
-        insert_row,
-        clock,
-        probe,
-        probe_row,
-        update,
-        wait_timeout,
-        wait,
-        lock_live,
-        commit_live,
-        unlock,
-    ) = tokio::try_join!(
-        c.prepare("BEGIN"),
-        c.prepare("COMMIT"),
-        c.prepare("ROLLBACK"),
-        c.prepare(&lock_row),
-        c.prepare(&insert_row),
-        c.prepare(&clock),
-        c.prepare("SELECT pg_try_advisory_xact_lock_shared($1::int4, $2::int4)"),
-        c.prepare(&probe_row),
-        c.prepare(&update),
-        c.prepare("SELECT set_config('lock_timeout', $1, true)"),
-        c.prepare("SELECT pg_advisory_xact_lock_shared($1::int4, $2::int4)"),
-        c.prepare(&lock_live),
-        c.prepare(&commit_live),
-        c.prepare(&unlock),
-    )?;
-    Ok(Stmts {
-        begin,
-        commit,
-        rollback,
-        lock_row,
-        insert_row,
-        clock,
-        probe,
-        probe_row,
-        update,
-        wait_timeout,
-        wait,
-        lock_live,
-        commit_live,
-        unlock,
-    })
+    macro_rules! pipelined {
+        ($($name:ident: $sql:expr),+) => {{
+            let ($($name,)+) = tokio::try_join!($(c.prepare($sql)),+)?;
+            Ok(Stmts { $($name),+ })
+        }};
+    }
+    pipelined!(
+        begin: "BEGIN",
+        commit: "COMMIT",
+        rollback: "ROLLBACK",
+        lock_row: &lock_row,
+        insert_row: &insert_row,
+        clock: &clock,
+        probe: "SELECT pg_try_advisory_xact_lock_shared($1::int4, $2::int4)",
+        probe_row: &probe_row,
+        update: &update,
+        wait_timeout: "SELECT set_config('lock_timeout', $1, true)",
+        wait: "SELECT pg_advisory_xact_lock_shared($1::int4, $2::int4)",
+        lock_live: &lock_live,
+        commit_live: &commit_live,
+        unlock: &unlock
+    )
 }
 
 /// The connection settings of each role, derived from the caller's.

@@ -6,7 +6,7 @@
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
-use super::conn::{Conn, exec};
+use super::conn::Conn;
 use super::fault::PgStep;
 use super::sqltime::{SqlTime, truncate_to_micros};
 use super::{Inner, PgLease, row_record};
@@ -88,14 +88,9 @@ impl PgFenced<'_> {
     /// without sending it when it would end the transaction (`COMMIT`, `ROLLBACK`, …).
     pub fn execute(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, Error> {
         self.refuse(sql)?;
-        exec(
-            &self.inner.rt,
-            &self.inner.faults,
-            PgStep::Fenced,
-            self.conn,
-            |c| c.client.execute(sql, params),
-        )
-        .map_err(|e| e.into_error("run a fenced statement", Some(&self.lease.session_id)))
+        self.inner
+            .exec(PgStep::Fenced, self.conn, |c| c.client.execute(sql, params))
+            .map_err(|e| e.into_error("run a fenced statement", Some(&self.lease.session_id)))
     }
 
     /// Runs one query in the section's transaction; returns its rows.
@@ -106,14 +101,9 @@ impl PgFenced<'_> {
     /// without sending it when it would end the transaction (`COMMIT`, `ROLLBACK`, …).
     pub fn query(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>, Error> {
         self.refuse(sql)?;
-        exec(
-            &self.inner.rt,
-            &self.inner.faults,
-            PgStep::Fenced,
-            self.conn,
-            |c| c.client.query(sql, params),
-        )
-        .map_err(|e| e.into_error("run a fenced query", Some(&self.lease.session_id)))
+        self.inner
+            .exec(PgStep::Fenced, self.conn, |c| c.client.query(sql, params))
+            .map_err(|e| e.into_error("run a fenced query", Some(&self.lease.session_id)))
     }
 
     /// The lease the section runs for (its token fences the statements).
@@ -199,30 +189,25 @@ impl PgLease {
             inner.configs.transition.table
         );
         let params: [&(dyn ToSql + Sync); 1] = [&idp];
-        let first = exec(
-            &inner.rt,
-            &inner.faults,
-            PgStep::Fenced,
-            conn,
-            |c| async move {
+        let first = inner
+            .exec(PgStep::Fenced, conn, |c| async move {
                 let (begun, row) = tokio::join!(
                     c.client.execute(&c.stmts.begin, &[]),
                     c.client.query_opt(&sql, &params),
                 );
                 begun?;
                 row
-            },
-        )
-        .map_err(|e| {
-            if e.is_lock_timeout() {
-                Error::LockTimeout {
-                    lock: crate::error::LockOf::Row(id.clone()),
-                    waited: inner.lock_timeout,
+            })
+            .map_err(|e| {
+                if e.is_lock_timeout() {
+                    Error::LockTimeout {
+                        lock: crate::error::LockOf::Row(id.clone()),
+                        waited: inner.lock_timeout,
+                    }
+                } else {
+                    e.into_error("lock the lease row for a fenced section", Some(id))
                 }
-            } else {
-                e.into_error("lock the lease row for a fenced section", Some(id))
-            }
-        })?;
+            })?;
         let record = match &first {
             Some(row) => row_record(id, row)?.1,
             None => None,
@@ -243,10 +228,11 @@ impl PgLease {
         let out = f(&mut PgFenced { inner, conn, lease })?;
         // The row cannot have changed (it is locked in share mode): only the clock can have
         // moved past the expiry.
-        let clock = exec(&inner.rt, &inner.faults, PgStep::Fenced, conn, |c| {
-            c.client.query_one("SELECT clock_timestamp(), now()", &[])
-        })
-        .map_err(|e| e.into_error("read the clock before a fenced commit", Some(id)))?;
+        let clock = inner
+            .exec(PgStep::Fenced, conn, |c| {
+                c.client.query_one("SELECT clock_timestamp(), now()", &[])
+            })
+            .map_err(|e| e.into_error("read the clock before a fenced commit", Some(id)))?;
         // `now()` is the transaction's start: another value means the closure ended the
         // section's transaction (a statement the refusal did not recognise).
         let started = |row: Option<&Row>, col: usize| {
@@ -271,7 +257,7 @@ impl PgLease {
             detail,
         };
         let warned = conn.warnings.count();
-        match exec(&inner.rt, &inner.faults, PgStep::Commit, conn, |c| {
+        match inner.exec(PgStep::Commit, conn, |c| {
             c.client.execute(&c.stmts.commit, &[])
         }) {
             Ok(_) if conn.warnings.count() != warned => {
@@ -298,15 +284,16 @@ impl PgLease {
     /// position now is at or past the commit record): see [`super::tx::standbys_confirm`].
     fn confirmed(&self, conn: &Conn) -> Result<(), String> {
         let inner = &self.inner;
-        let wal = exec(&inner.rt, &inner.faults, PgStep::Reread, conn, |c| {
-            c.client.query_one(super::durable::WAL_POSITION, &[])
-        })
-        .map_err(|e| {
-            format!(
-                "the WAL position could not be read: {}",
-                e.into_error("read the WAL position", None)
-            )
-        })?;
+        let wal = inner
+            .exec(PgStep::Reread, conn, |c| {
+                c.client.query_one(super::durable::WAL_POSITION, &[])
+            })
+            .map_err(|e| {
+                format!(
+                    "the WAL position could not be read: {}",
+                    e.into_error("read the WAL position", None)
+                )
+            })?;
         let names: String = wal.try_get(0).unwrap_or_default();
         let lsn: String = wal.try_get(1).unwrap_or_default();
         super::tx::standbys_confirm(inner, conn, &names, &lsn)

@@ -392,14 +392,16 @@ impl PgLease {
             },
             acquire: true,
         };
-        let tx = Inner::tx(self, id, &entry, &mut state, &mut held);
         #[cfg(feature = "tracing")]
         let noted = crate::trace::Noted::new(id, event, self.ttl);
+        let (outcome, _read) = driver::run(
+            &mut Inner::tx(self, id, &entry, &mut state, &mut held),
+            id,
+            self.ttl,
+            event.clone(),
+        );
         #[cfg(feature = "tracing")]
-        let tx = noted.wrap(tx);
-        let outcome = driver::run(&mut { tx }, id, self.ttl, event.clone());
-        #[cfg(feature = "tracing")]
-        noted.done(&outcome);
+        noted.done(_read.as_ref(), &outcome);
         Inner::unlock(self, &entry, &mut state, held, &outcome);
         let waited = state.waited.take();
         Ok(Some(outcome.map(|o| (o, waited))))

@@ -5,8 +5,8 @@
 use std::sync::{Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use super::conn::{self, Conn, exec, lock};
-use super::fault::{Faults, PgStep};
+use super::conn::{self, Conn, Fail, lock, within};
+use super::fault::PgStep;
 use super::tx::gen_key;
 use super::{Inner, row_record};
 use crate::error::Error;
@@ -107,22 +107,13 @@ impl Inner {
         let wait_ms = i64::try_from((admin.reply_bound / 2).as_millis())
             .unwrap_or(i64::MAX)
             .min(2000);
-        let done = exec(
-            &self.rt,
-            &Faults::default(),
-            PgStep::Unlock,
-            &admin,
-            |c| async move {
-                let row = c
-                    .client
-                    .query_one(
-                        "SELECT pg_terminate_backend($1::int4, $2::int8)",
-                        &[&pid, &wait_ms],
-                    )
-                    .await?;
-                row.try_get::<_, bool>(0)
-            },
-        );
+        // Not through the fault seam: the hook's steps are the transition's.
+        let done = within(&self.rt, admin.reply_bound, async {
+            let sql = "SELECT pg_terminate_backend($1::int4, $2::int8)";
+            let row = admin.client.query_one(sql, &[&pid, &wait_ms]).await?;
+            row.try_get::<_, bool>(0)
+        })
+        .and_then(|r| r.map_err(Fail::Db));
         match done {
             Ok(gone) => {
                 self.give_back(admin);
@@ -147,17 +138,11 @@ impl Inner {
     ) -> Result<Conn, Error> {
         let conn = self.live_conn(id)?;
         let gk = gen_key(token);
-        let got = exec(
-            &self.rt,
-            &self.faults,
-            PgStep::RelockLive,
-            &conn,
-            |c| async move {
-                c.client
-                    .query_one(&c.stmts.lock_live, &[&key, &gk, &c.nonce])
-                    .await
-            },
-        );
+        let got = self.exec(PgStep::RelockLive, &conn, |c| async move {
+            c.client
+                .query_one(&c.stmts.lock_live, &[&key, &gk, &c.nonce])
+                .await
+        });
         let row = match got {
             Ok(row) => row,
             Err(e) => {
@@ -225,21 +210,15 @@ impl Inner {
     ) -> Option<Conn> {
         let conn = self.live_conn(id).ok()?;
         let idp = id.as_str();
-        let read = exec(
-            &self.rt,
-            &self.faults,
-            PgStep::RelockLive,
-            &conn,
-            |c| async move {
-                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&idp];
-                let (begun, row) = tokio::join!(
-                    c.client.execute(&c.stmts.begin, &[]),
-                    c.client.query_opt(&c.stmts.lock_row, &params),
-                );
-                begun?;
-                row
-            },
-        );
+        let read = self.exec(PgStep::RelockLive, &conn, |c| async move {
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&idp];
+            let (begun, row) = tokio::join!(
+                c.client.execute(&c.stmts.begin, &[]),
+                c.client.query_opt(&c.stmts.lock_row, &params),
+            );
+            begun?;
+            row
+        });
         let named = match &read {
             Ok(Some(row)) => row_record(id, row).is_ok_and(|(_, r)| r.as_ref() == Some(record)),
             _ => false,
@@ -249,21 +228,15 @@ impl Inner {
             return None;
         }
         let gk = gen_key(token);
-        let got = exec(
-            &self.rt,
-            &self.faults,
-            PgStep::RelockLive,
-            &conn,
-            |c| async move {
-                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&key, &gk, &c.nonce];
-                let (got, committed) = tokio::join!(
-                    c.client.query_one(&c.stmts.lock_live, &params),
-                    c.client.execute(&c.stmts.commit, &[]),
-                );
-                committed?;
-                got
-            },
-        );
+        let got = self.exec(PgStep::RelockLive, &conn, |c| async move {
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&key, &gk, &c.nonce];
+            let (got, committed) = tokio::join!(
+                c.client.query_one(&c.stmts.lock_live, &params),
+                c.client.execute(&c.stmts.commit, &[]),
+            );
+            committed?;
+            got
+        });
         match got {
             Ok(row) => self.keep_if_locked(conn, id, token, &row).ok(),
             Err(_) => {
@@ -291,17 +264,11 @@ impl Inner {
     /// otherwise ends its session so that the lock cannot outlive this call.
     pub(super) fn unlock_and_pool(&self, conn: Conn, key: i32, token: u64) {
         let gk = gen_key(token);
-        let done = exec(
-            &self.rt,
-            &self.faults,
-            PgStep::Unlock,
-            &conn,
-            |c| async move {
-                c.client
-                    .query_one(&c.stmts.unlock, &[&key, &gk, &c.nonce])
-                    .await
-            },
-        );
+        let done = self.exec(PgStep::Unlock, &conn, |c| async move {
+            c.client
+                .query_one(&c.stmts.unlock, &[&key, &gk, &c.nonce])
+                .await
+        });
         match done.and_then(|row| {
             row.try_get::<_, Option<bool>>(0)
                 .map_err(super::conn::Fail::Db)

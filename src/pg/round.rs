@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::conn::{self, Conn, Fail, HolderWait, exec, exec_within, within};
+use super::conn::{self, Conn, Fail, HolderWait, within};
 use super::fault::PgStep;
 use super::sqltime::{SqlTime, truncate_to_micros};
 use super::tx::{First, IdState, LiveGen, TxData};
@@ -44,10 +44,11 @@ impl Inner {
         let bound = wait.map_or(conn.reply_bound, |w| {
             w.wait.saturating_add(conn.reply_bound)
         });
-        let first = exec_within(&self.rt, &self.faults, PgStep::LockRow, conn, bound, |c| {
-            conn::lock_and_read(c, idp, probe, wait, lock_left)
-        })
-        .map_err(map)?;
+        let first = self
+            .exec_within(PgStep::LockRow, conn, bound, |c| {
+                conn::lock_and_read(c, idp, probe, wait, lock_left)
+            })
+            .map_err(map)?;
         let arrived = first.arrived;
         let (row, clock, probe) = match first.row {
             Some(row) => (row, first.clock, first.probe),
@@ -55,21 +56,16 @@ impl Inner {
                 // First use of the id: insert a placeholder row to lock (outside the
                 // transaction, so a concurrent first user's insert cannot abort ours), then
                 // lock and read it as above.
-                exec(
-                    &self.rt,
-                    &self.faults,
-                    PgStep::InsertRow,
-                    conn,
-                    |c| async move {
-                        c.client.execute(&c.stmts.rollback, &[]).await?;
-                        c.client.execute(&c.stmts.insert_row, &[&id.as_str()]).await
-                    },
-                )
-                .map_err(map)?;
-                let again = exec(&self.rt, &self.faults, PgStep::LockRow, conn, |c| {
-                    conn::lock_and_read(c, idp, probe, None, lock_left)
+                self.exec(PgStep::InsertRow, conn, |c| async move {
+                    c.client.execute(&c.stmts.rollback, &[]).await?;
+                    c.client.execute(&c.stmts.insert_row, &[&id.as_str()]).await
                 })
                 .map_err(map)?;
+                let again = self
+                    .exec(PgStep::LockRow, conn, |c| {
+                        conn::lock_and_read(c, idp, probe, None, lock_left)
+                    })
+                    .map_err(map)?;
                 match again.row {
                     Some(row) => (row, again.clock, again.probe),
                     None => {

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use super::Inner;
-use super::conn::{self, Conn, Fail, exec};
+use super::conn::{self, Conn, Fail};
 use super::durable;
 use super::fault::PgStep;
 use super::sqltime::SqlTime;
@@ -155,22 +155,16 @@ impl PgTx<'_> {
             .tx_conn(Some(self.id))
             .map_err(|e| unknown(format!("no connection to re-read the row: {e}")))?;
         let id = self.id;
-        let read = exec(
-            &self.inner.rt,
-            &self.inner.faults,
-            PgStep::Reread,
-            &conn,
-            |c| async move {
-                c.client.execute(&c.stmts.begin, &[]).await?;
-                let row = c
-                    .client
-                    .query_opt(&c.stmts.lock_row, &[&id.as_str()])
-                    .await?;
-                let wal = c.client.query_one(durable::WAL_POSITION, &[]).await?;
-                c.client.execute(&c.stmts.rollback, &[]).await?;
-                Ok((row, wal))
-            },
-        );
+        let read = self.inner.exec(PgStep::Reread, &conn, |c| async move {
+            c.client.execute(&c.stmts.begin, &[]).await?;
+            let row = c
+                .client
+                .query_opt(&c.stmts.lock_row, &[&id.as_str()])
+                .await?;
+            let wal = c.client.query_one(durable::WAL_POSITION, &[]).await?;
+            c.client.execute(&c.stmts.rollback, &[]).await?;
+            Ok((row, wal))
+        });
         let (row, wal) = match read {
             Ok(read) => read,
             Err(e) => {
@@ -264,14 +258,12 @@ impl Transaction for PgTx<'_> {
             // Probed in the first round trip, under the row lock (the row is unchanged since).
             return Ok(if free { Liveness::Dead } else { Liveness::Live });
         }
-        let free = exec(
-            &self.inner.rt,
-            &self.inner.faults,
-            PgStep::Probe,
-            self.conn,
-            |c| async move { c.client.query_one(&c.stmts.probe, &[&key, &gk]).await },
-        )
-        .map_err(|e| e.into_error("probe the holder's liveness lock", Some(self.id)))?;
+        let free = self
+            .inner
+            .exec(PgStep::Probe, self.conn, |c| async move {
+                c.client.query_one(&c.stmts.probe, &[&key, &gk]).await
+            })
+            .map_err(|e| e.into_error("probe the holder's liveness lock", Some(self.id)))?;
         Ok(
             if free.try_get::<_, bool>(0).map_err(super::conn::mismatch)? {
                 Liveness::Dead
@@ -373,7 +365,6 @@ impl PgTx<'_> {
         let token = record.token as i64; // the u64's bits (see the schema)
         let expiry = SqlTime::from_timestamp(record.expiry);
         let key = self.key();
-        let (rt, faults) = (&self.inner.rt, &self.inner.faults);
         // Counted before the round trip: a warning that arrives with the COMMIT's reply is
         // counted before the reply is handed over (see `tls::drive`).
         let warned = self.conn.warnings.count();
@@ -381,7 +372,7 @@ impl PgTx<'_> {
         // trip. If the UPDATE fails, the server turns the COMMIT into a rollback, and the
         // UPDATE's error is the one reported. With a lock, the statement updates the row only
         // if the lock was granted; then the transaction commits nothing else.
-        let done = exec(rt, faults, PgStep::Commit, self.conn, |c| async move {
+        let done = self.inner.exec(PgStep::Commit, self.conn, |c| async move {
             match live {
                 None => {
                     let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
@@ -542,19 +533,14 @@ pub(super) fn standbys_confirm(
         let confirmed = if required == Some(0) {
             0
         } else {
-            exec(
-                &inner.rt,
-                &inner.faults,
-                PgStep::Reread,
-                conn,
-                |c| async move {
+            inner
+                .exec(PgStep::Reread, conn, |c| async move {
                     c.client
                         .query_one(durable::CONFIRMED_STANDBYS, &[&lsn])
                         .await
                         .map(|r| r.try_get::<_, i64>(0).unwrap_or(0))
-                },
-            )
-            .unwrap_or(0)
+                })
+                .unwrap_or(0)
         };
         let read = durable::Reread::Ours {
             required,
