@@ -340,7 +340,8 @@ pub(crate) fn transition_then<B: Backend, R>(
 }
 
 /// The bounded begin-or-wait loop an id's transition lock is taken by, for every backend (and
-/// a fence's lock and a fenced section's, through `flock::files::lock_at_path`): `attempt`
+/// a fenced section's lock, through `flock::files::lock_at_path`, and a fence's, whose loop
+/// the model checker runs): `attempt`
 /// (which may wait until `deadline` itself) until it answers the lock, fails, or answers
 /// `None` with the deadline past ([`Error::LockTimeout`] by `timeout`).
 ///

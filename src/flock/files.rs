@@ -605,8 +605,9 @@ impl super::FlockLease {
 /// while the file it waits for is still the one at the path. A lock older than an hour is
 /// touched ([`keep_fresh`]). [`Error::LockTimeout`] at the deadline. The one "lock the file at
 /// this path" of the crate: the front's bounded begin-or-wait loop around [`lock_once`], which
-/// a [`Fence`](crate::Fence)'s lock and a fenced section's take here, and the front's
-/// transition takes through `front::Backend::lock` (the lockstep's stepper: one attempt).
+/// a fenced section's lock and `mend`'s take here, a [`Fence`](crate::Fence)'s through its
+/// file-system seam (`fs::Fs::lock_once`), and the front's transition through
+/// `front::Backend::lock` (the lockstep's stepper: one attempt).
 pub(crate) fn lock_at_path(
     path: &Path,
     faults: &Faults,
