@@ -136,23 +136,21 @@ impl Value {
     }
 }
 
+/// `word` with `case` applied to every other character, the first included (mixed case).
+fn alternating(word: &str, case: fn(&char) -> char) -> String {
+    word.chars()
+        .enumerate()
+        .map(|(k, c)| if k % 2 == 0 { case(&c) } else { c })
+        .collect()
+}
+
 fn entry() -> impl Strategy<Value = Entry> {
     let standby = (0..STANDBYS.len(), 0..5u8).prop_map(|(i, style)| {
         let name = STANDBYS[i];
         let text = match style {
             0 => name.to_owned(),
             1 => name.to_uppercase(),
-            2 => name
-                .chars()
-                .enumerate()
-                .map(|(k, c)| {
-                    if k % 2 == 0 {
-                        c.to_ascii_uppercase()
-                    } else {
-                        c
-                    }
-                })
-                .collect(),
+            2 => alternating(name, char::to_ascii_uppercase),
             // Quoted names are matched case-blind too (`pg_strcasecmp`).
             3 => format!("\"{name}\""),
             _ => format!("\"{}\"", name.to_uppercase()),
@@ -205,17 +203,7 @@ fn keyword(word: &'static str) -> impl Strategy<Value = String> {
     (0..3u8).prop_map(move |style| match style {
         0 => word.to_owned(),
         1 => word.to_lowercase(),
-        _ => word
-            .chars()
-            .enumerate()
-            .map(|(k, c)| {
-                if k % 2 == 1 {
-                    c.to_ascii_lowercase()
-                } else {
-                    c
-                }
-            })
-            .collect(),
+        _ => alternating(word, char::to_ascii_lowercase),
     })
 }
 
