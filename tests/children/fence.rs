@@ -192,6 +192,45 @@ fn a_write_whose_lock_was_deleted_never_lands_after_a_greater_admission() {
     assert!(left.is_empty(), "{left:?}");
 }
 
+/// A guarded write's temporary file stands beside its target, in the target's own directory
+/// (not the fence's, not the working directory): the rename that publishes it stays within one
+/// directory of one file system, and that directory is the one fsynced after it.
+#[test]
+fn a_guarded_writes_temporary_file_stands_beside_its_target() {
+    use flocklease::fault::{FaultHook, FaultPoint};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    fs::create_dir(&out).unwrap();
+    let target = out.join("report.csv");
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let hook: FaultHook = {
+        let (seen, out, target) = (Arc::clone(&seen), out.clone(), target.clone());
+        Arc::new(move |point, at| {
+            if point == FaultPoint::CommitTarget && at == target {
+                *seen.lock().unwrap() = names(&out);
+            }
+            None
+        })
+    };
+    let fence = Fence::builder(dir.path().join("f"))
+        .faults(hook)
+        .open()
+        .unwrap();
+    assert!(
+        fence
+            .write_file(4, &target, b"a,b\n")
+            .unwrap()
+            .is_admitted()
+    );
+    let beside = seen.lock().unwrap().clone();
+    assert!(
+        beside.len() == 1 && beside[0].starts_with(".report.csv.") && beside[0].ends_with(".tmp"),
+        "just before the rename the target's directory held {beside:?}"
+    );
+    assert_eq!(names(&out), ["report.csv"]);
+}
+
 /// Found by the model's resource fence (`flocklease-model check --config resource-fence`): the
 /// fence's lock moved aside while `admit(1)` holds it (read the fence file, about to record
 /// 1); `admit(2)` locks a new file and records 2; the original lock is put back at its name.
