@@ -524,7 +524,9 @@ impl<P> Run<P> {
         match machine::step(input).map_err(|e| step_error(e, id))? {
             Decision::Probe { token } => self.schedule.push(Io::Probe { token }),
             Decision::Plan(plan) => {
-                debug_assert!(
+                // Checked in every build: a few comparisons beside the transition's system
+                // calls, and the model checker (a release build) runs it on every plan.
+                assert!(
                     plan.commit_keeps_invariants(input),
                     "a plan breaks the commit's invariants: {input:?} -> {plan:?}"
                 );

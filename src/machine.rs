@@ -129,15 +129,15 @@ impl Plan {
     /// `input` it was decided on: a new generation's token is the previous one plus one (1
     /// without a record), any other commit keeps the token; a grant's expiry lies after `now`
     /// and no later than `now + ttl`; a tombstone names nobody. A plan that commits nothing
-    /// keeps them trivially. The driver asserts it for every plan in debug builds (the tests
-    /// and the model's lockstep).
+    /// keeps them trivially. The driver asserts it for every plan it runs, in every build (so
+    /// every configuration of the model checker runs it too).
     pub fn commit_keeps_invariants(&self, input: &Input) -> bool {
         let Some(commit) = &self.commit else {
             return true;
         };
         let previous = input.record.as_ref().map_or(0, |r| r.token);
         let token_ok = match self.new_generation() {
-            Some(local) => commit.token == previous + 1 && local.token == commit.token,
+            Some(local) => previous.checked_add(1) == Some(commit.token) && local.token == commit.token,
             None => commit.token == previous,
         };
         let expiry_ok = commit.is_tombstone()
