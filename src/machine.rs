@@ -906,23 +906,6 @@ pub fn fence_step(highest: Option<u64>, token: u64) -> FenceStep {
     }
 }
 
-/// Whether a fence whose highest admitted token is `highest` admits `token` ([`fence_step`]
-/// answers [`FenceStep::Admit`]): for a resource that keeps the highest token itself and only
-/// needs the yes or no.
-///
-/// # Examples
-///
-/// ```
-/// use flocklease::machine::admits;
-///
-/// assert!(admits(None, 1));
-/// assert!(admits(Some(7), 7));
-/// assert!(!admits(Some(7), 6));
-/// ```
-pub fn admits(highest: Option<u64>, token: u64) -> bool {
-    matches!(fence_step(highest, token), FenceStep::Admit { .. })
-}
-
 fn expiry(input: &Input) -> Result<Timestamp, StepError> {
     input
         .now
@@ -1303,7 +1286,6 @@ mod tests {
                     },
                 };
                 assert_eq!(step, expected, "highest {highest:?}, token {token}");
-                assert_eq!(admits(highest, token), highest.is_none_or(|h| token >= h));
             }
         }
     }
