@@ -359,16 +359,6 @@ impl<P> Run<P> {
         }
     }
 
-    /// The plan, once the machine has decided.
-    pub fn plan(&self) -> Option<&Plan> {
-        self.plan.as_ref()
-    }
-
-    /// Whether the record has been committed.
-    pub fn committed(&self) -> bool {
-        self.committed
-    }
-
     /// The new generation locked for this run and not adopted yet, if any.
     pub fn pending(&self) -> Option<&Local> {
         self.pending.as_ref().map(|(_, l)| l)
