@@ -701,8 +701,9 @@ impl<F: Fs> FenceOn<F> {
     /// The fence's one atomic replace (of its fence file, and of a guarded write's target):
     /// `bytes` into the new temporary file `tmp` (open as `file`), fsynced; `may_land` asked
     /// just before the rename (`Ok(Err(r))`: it may not, and nothing changes); `renaming`
-    /// (the fault seam); the rename over `target`; then the directory's fsync. The temporary
-    /// file is removed on a failure or a refusal before the rename.
+    /// (the fault seam); the rename over `target` (`tmp` stands beside it); then the
+    /// directory's fsync. The temporary file is removed on a failure or a refusal before the
+    /// rename.
     fn replace_whole<R>(
         &self,
         tmp: &Path,
@@ -723,13 +724,11 @@ impl<F: Fs> FenceOn<F> {
                 Err(refused) => Ok(Err(refused)),
             });
         match renamed {
-            Ok(Ok(())) => {
-                let dir = match target.parent() {
-                    Some(p) if !p.as_os_str().is_empty() => p,
-                    _ => Path::new("."),
-                };
-                self.fs.sync_dir(dir).map(Ok)
-            }
+            // The rename's directory: the temporary file's, beside the target.
+            Ok(Ok(())) => self
+                .fs
+                .sync_dir(tmp.parent().unwrap_or(Path::new(".")))
+                .map(Ok),
             other => {
                 self.fs.remove(tmp);
                 other
