@@ -355,6 +355,79 @@ fn each_step_makes_the_system_calls_the_model_assumes() {
     );
 }
 
+const FENCE_CHILD: &str = "FLOCKLEASE_FENCE_CHILD";
+
+/// A resource's fence writes a guarded file (run in the child, traced).
+#[test]
+fn fence_schedule() {
+    let Ok(dir) = std::env::var(FENCE_CHILD) else {
+        return;
+    };
+    let dir = Path::new(&dir);
+    let fence = flocklease::Fence::open(dir.join("f")).unwrap();
+    mark("fence/write_file");
+    let target = dir.join("out").join("t");
+    assert!(fence.write_file(3, &target, b"3\n").unwrap().is_admitted());
+    mark("fence/end");
+}
+
+/// What the model's simulated files assume of a `Fence` on the kernel
+/// (`flocklease_model::resource`): `write_file` locks the fence's lock, records the token in a
+/// temporary file beside the fence file, fsyncs it and renames it into place, then fsyncs the
+/// fence's directory; writes the target's temporary file beside the target (its own
+/// directory), fsyncs it, renames it over the target and fsyncs the target's directory; and
+/// unlocks the lock explicitly (a process forked meanwhile would keep a copy of the
+/// descriptor), all in that order.
+#[test]
+fn a_fence_makes_the_system_calls_the_model_assumes() {
+    if std::env::var(FENCE_CHILD).is_ok() || !strace_found() {
+        return;
+    }
+    let scratch = tempfile::tempdir().unwrap();
+    // strace names descriptors by their resolved paths.
+    let dir = scratch.path().canonicalize().unwrap();
+    std::fs::create_dir(dir.join("out")).unwrap();
+    let trace = dir.join("trace");
+    let status = Command::new("strace")
+        .args(["-f", "-qq", "-y", "-s", "256", "-o"])
+        .arg(&trace)
+        .args([
+            "-e",
+            "trace=openat,flock,fsync,fdatasync,rename,renameat,renameat2,newfstatat,statx,lstat,stat",
+        ])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", "fence_schedule", "--nocapture", "--test-threads=1"])
+        .env(FENCE_CHILD, &dir)
+        .status()
+        .unwrap();
+    assert!(status.success(), "the traced child failed");
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let steps = split(&text);
+    let (_, calls) = steps
+        .iter()
+        .find(|(n, _)| n == "fence/write_file")
+        .expect("the write in the trace");
+    let d = dir.display().to_string();
+    assert_order(
+        calls,
+        &[
+            &format!(r"flock\([0-9]+<{d}/f\.lock>, LOCK_EX\|LOCK_NB\) *= 0"),
+            &format!(r#"openat\(.*"{d}/f\.[0-9a-f]{{16}}\.tmp", [^)]*O_CREAT\|O_EXCL"#),
+            &format!(r"fsync\([0-9]+<{d}/f\.[0-9a-f]{{16}}\.tmp>\) *= 0"),
+            &format!(r#"rename[a-z0-9]*\(.*"{d}/f\.[0-9a-f]{{16}}\.tmp", .*"{d}/f"(, 0)?\) *= 0"#),
+            &format!(r"fsync\([0-9]+<{d}>\) *= 0"),
+            &format!(r#"openat\(.*"{d}/out/\.t\.[0-9a-f]{{16}}\.tmp", [^)]*O_CREAT\|O_EXCL"#),
+            &format!(r"fsync\([0-9]+<{d}/out/\.t\.[0-9a-f]{{16}}\.tmp>\) *= 0"),
+            &format!(
+                r#"rename[a-z0-9]*\(.*"{d}/out/\.t\.[0-9a-f]{{16}}\.tmp", .*"{d}/out/t"(, 0)?\) *= 0"#
+            ),
+            &format!(r"fsync\([0-9]+<{d}/out>\) *= 0"),
+            &format!(r"flock\([0-9]+<{d}/f\.lock>, LOCK_UN\) *= 0"),
+        ],
+        "a fence's write_file",
+    );
+}
+
 /// The trace cut at the markers: (step name, its system calls without the pid).
 fn split(text: &str) -> Vec<(String, Vec<String>)> {
     let mut steps: Vec<(String, Vec<String>)> = vec![];
