@@ -912,5 +912,9 @@ mod tests {
         assert!(text.contains("no newline at the end"), "{text}");
         assert!(text.contains("(1000 bytes)"), "{text}");
         assert!(text.len() < 200, "{text}");
+        // Cut, and said to be: an excerpt of 32 bytes and an ellipsis; a short one whole.
+        assert!(text.contains(&format!("{:?}…", "x".repeat(32))), "{text}");
+        let short = decode(b"42").unwrap_err().to_string();
+        assert!(short.contains("\"42\" (2 bytes)"), "{short}");
     }
 }

@@ -75,6 +75,50 @@ fn a_job_of_run_fences_its_output_with_the_token_run_gives_it() {
     assert_eq!(std::fs::read_to_string(&target).unwrap(), "run 2\n");
 }
 
+/// A fence file and a target named relative to the working directory, as a job started in
+/// its own directory names them (`--fence report.fence --write report.csv`): the fence's
+/// directory and the target's are the working directory, and nothing else is left there.
+#[test]
+fn bare_names_are_files_of_the_working_directory() {
+    let s = Scene::new();
+    let dir = s.path("job");
+    std::fs::create_dir(&dir).unwrap();
+    for token in ["3", "3", "4"] {
+        let mut child = Command::new(BIN)
+            .args(["fence", "--fence", "report.fence", "--token", token])
+            .args(["--write", "report.csv"])
+            .current_dir(&dir)
+            .env_remove("FLOCKLEASE_TOKEN")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(token.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+        assert_eq!(
+            std::fs::read_to_string(dir.join("report.csv")).unwrap(),
+            token
+        );
+    }
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["report.csv", "report.fence", "report.fence.lock"]);
+    assert_eq!(
+        std::fs::read_to_string(dir.join("report.fence")).unwrap(),
+        "4\n"
+    );
+}
+
 #[test]
 fn without_write_the_token_is_admitted_only_and_a_stale_one_exits_77() {
     let s = Scene::new();
