@@ -15,7 +15,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use flocklease_model::resource::{EXACT, NEVER_BACK, NO_STALE_WRITE};
+use flocklease_model::resource::{ANSWERS, EXACT, NEVER_BACK, NO_STALE_WRITE};
 
 /// One planted mistake.
 struct Plant {
@@ -33,7 +33,8 @@ struct Plant {
     caught_by: &'static [&'static str],
 }
 
-/// The fence's likeliest mistakes (src/fence.rs).
+/// The fence's likeliest mistakes (src/fence.rs), and the mutants of it that passed the
+/// other properties.
 const PLANTS: &[Plant] = &[
     Plant {
         name: "write_file renames its target without checking its admission again",
@@ -66,6 +67,14 @@ const PLANTS: &[Plant] = &[
         to: "            FenceStep::Refuse { .. } => {}\n",
         config: "resource-fence",
         caught_by: &[EXACT, NO_STALE_WRITE],
+    },
+    Plant {
+        name: "recording a token refuses when its lock is in place (the check's sense inverted)",
+        file: "src/fence.rs",
+        from: "                return Ok(Err(now));\n            }\n            if !here {\n",
+        to: "                return Ok(Err(now));\n            }\n            if here {\n",
+        config: "resource-fence",
+        caught_by: &[ANSWERS],
     },
     Plant {
         name: "the token already recorded is refused (safe, and wrong: the holder's own second write)",
