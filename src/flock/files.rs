@@ -39,10 +39,7 @@ impl Paths {
     /// The temporary record of one transition, unique to it (`tag`): two transitions never
     /// write the same temporary file, even if a deleted `<stem>.lock` let them run at once.
     pub(super) fn temp(&self, tag: crate::record::LiveTag) -> PathBuf {
-        let hex = tag.to_hex();
-        // Hex digits are ASCII.
-        let hex = std::str::from_utf8(&hex).unwrap_or_default();
-        self.dir.join(format!("{}.lease.json.{hex}.tmp", self.stem))
+        self.dir.join(format!("{}.lease.json.{:016x}.tmp", self.stem, tag.0))
     }
 }
 

@@ -342,10 +342,7 @@ fn place_new(_dir: &File, _temp: &Path, _path: &Path) -> Result<bool, Error> {
 /// The unique temporary name a generation's file is published from.
 pub(crate) fn temp_path(path: &Path, tag: LiveTag) -> PathBuf {
     let mut name = path.as_os_str().to_owned();
-    name.push(".");
-    // Hex digits are ASCII.
-    name.push(std::str::from_utf8(&tag.to_hex()).unwrap_or_default());
-    name.push(".tmp");
+    name.push(format!(".{:016x}.tmp", tag.0));
     PathBuf::from(name)
 }
 
