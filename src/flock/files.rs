@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, LockOf};
 use crate::fault::{FaultPoint, Faults};
-use crate::record::MAX_RECORD_BYTES;
+use crate::record::{self, LiveTag, MAX_RECORD_BYTES, Record};
 
 /// The files of one id.
 #[derive(Debug)]
@@ -711,6 +711,15 @@ fn keep_fresh(file: &File, meta: &Standing) {
     if old {
         let _ = file.set_modified(now);
     }
+}
+
+/// Reads and decodes the record file `file` opened at `path` (named in the errors).
+pub(crate) fn read_record(file: &File, path: &Path) -> Result<(Record, Option<LiveTag>), Error> {
+    let bytes = read_bounded(file).map_err(|e| Error::io("read", path, e))?;
+    record::decode_tagged(&bytes).map_err(|source| Error::Corrupt {
+        path: path.to_owned(),
+        source,
+    })
 }
 
 /// Reads a whole record file: one `read` for any record of normal size (a short read of a

@@ -29,7 +29,7 @@ use crate::fault::Faults;
 use crate::lease::{DEFAULT_TTL, Grant, Lease};
 use crate::machine;
 use crate::name::{Owner, SessionId};
-use crate::record::{self, LiveTag, Record};
+use crate::record::{LiveTag, Record};
 
 pub(crate) mod files;
 pub(crate) mod live;
@@ -44,7 +44,7 @@ pub(crate) mod wait;
 
 use crate::front::Backend;
 use crate::front::Leases;
-use files::{Access, DEFAULT_FILE_MODE, HeldLock, Opener, read_bounded};
+use files::{Access, DEFAULT_FILE_MODE, HeldLock, Opener};
 use wait::Cancel;
 
 #[cfg(all(feature = "fault-injection", feature = "internals"))]
@@ -500,13 +500,7 @@ impl FlockLease {
             Err(e) if e.io_kind() == Some(io::ErrorKind::NotFound) => return Ok(None),
             Err(e) => return Err(e),
         };
-        let bytes = read_bounded(&file).map_err(|e| Error::io("read", path, e))?;
-        record::decode_tagged(&bytes)
-            .map(Some)
-            .map_err(|source| Error::Corrupt {
-                path: path.to_owned(),
-                source,
-            })
+        files::read_record(&file, path).map(Some)
     }
 
     /// Whether this instance's turn on `id` and its state of `id` are taken now (for the
