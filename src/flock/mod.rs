@@ -634,7 +634,7 @@ impl FlockLeaseBuilder {
         let (dir_file, owners, sticky) =
             files::open_dir(&self.dir, self.allow_network_fs, self.trust_foreign_owners)?;
         let files = Files {
-            watches: wait::Watches::new(),
+            watches: wait::Watches::default(),
             kept_locks: Arc::default(),
             dir: self.dir,
             dir_file,
