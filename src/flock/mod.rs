@@ -364,7 +364,7 @@ impl FlockLease {
                 if turn {
                     pause = next_pause(pause);
                 } else {
-                    line.let_go(origin.elapsed(), seen);
+                    line.yielded.let_go(origin.elapsed(), seen);
                     wait::sleep_before(deadline, queue::HANDOFF_POLL);
                     pause = Duration::ZERO;
                 }
@@ -383,12 +383,12 @@ impl FlockLease {
                 live::Found::Own(file) => {
                     if !turn && live::holder_gone(&file).map_err(|e| Error::io("lock", &live, e))? {
                         // The holder is gone and an earlier waiter's turn it is.
-                        line.let_go(origin.elapsed(), seen);
+                        line.yielded.let_go(origin.elapsed(), seen);
                         wait::sleep_before(deadline, queue::HANDOFF_POLL);
                         pause = Duration::ZERO;
                         continue;
                     }
-                    line.saw_held();
+                    line.yielded.saw_held();
                     wait::wait_for_holder(&self.inner.watches, &live, &file, wake, cancel)
                         .map_err(|e| Error::io("wait for", &live, e))?;
                     watched = Some(file);
