@@ -147,27 +147,15 @@ pub(crate) fn identify(
 ///
 /// The lock call failing for another reason than contention.
 pub(crate) fn probe(found: Found, path: &Path) -> Result<Probed, Error> {
-    match found {
+    let (liveness, reason) = match found {
         Found::Own(file) => {
-            let liveness = if holder_gone(&file).map_err(|e| Error::io("lock", path, e))? {
-                Liveness::Dead
-            } else {
-                Liveness::Live
-            };
-            Ok(Probed {
-                liveness,
-                reason: None,
-            })
+            let gone = holder_gone(&file).map_err(|e| Error::io("lock", path, e))?;
+            (if gone { Liveness::Dead } else { Liveness::Live }, None)
         }
-        Found::Missing => Ok(Probed {
-            liveness: Liveness::Unknown,
-            reason: None,
-        }),
-        Found::NotOwn(reason) => Ok(Probed {
-            liveness: Liveness::Unknown,
-            reason: Some(reason),
-        }),
-    }
+        Found::Missing => (Liveness::Unknown, None),
+        Found::NotOwn(reason) => (Liveness::Unknown, Some(reason)),
+    };
+    Ok(Probed { liveness, reason })
 }
 
 /// Whether the holder of the liveness lock that `file` opened is gone: a shared try-lock,
