@@ -247,7 +247,7 @@ struct Raw {
 /// `"` `\` and control characters escaped (`\b \f \n \r \t` short, others `\u00xx`), `<` `>` `&`
 /// and U+2028/U+2029 as `\u` escapes, everything else verbatim.
 fn push_go_json_string(out: &mut String, s: &str) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
+    use std::fmt::Write;
     out.push('"');
     for c in s.chars() {
         match c {
@@ -261,10 +261,7 @@ fn push_go_json_string(out: &mut String, s: &str) {
             '\u{2028}' => out.push_str("\\u2028"),
             '\u{2029}' => out.push_str("\\u2029"),
             c if (c as u32) < 0x20 || matches!(c, '<' | '>' | '&') => {
-                let b = c as u32 as u8;
-                out.push_str("\\u00");
-                out.push(HEX[usize::from(b >> 4)] as char);
-                out.push(HEX[usize::from(b & 0xf)] as char);
+                write!(out, "\\u{:04x}", c as u32).expect("a String takes any write");
             }
             c => out.push(c),
         }
