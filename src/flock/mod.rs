@@ -337,10 +337,9 @@ impl FlockLease {
             }
             drop(watched.take());
             line.join(&self.inner.opener, &queue_path);
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return busy.map_or(Ok(Grant::Held), Err);
-            }
-            if !pause.is_zero() && !wait::sleep_before(deadline, pause) {
+            if deadline.is_some_and(|d| Instant::now() >= d)
+                || (!pause.is_zero() && !wait::sleep_before(deadline, pause))
+            {
                 return busy.map_or(Ok(Grant::Held), Err);
             }
             // Held, or left to an earlier waiter: wait for the holder's generation to end —
