@@ -294,9 +294,7 @@ impl PgLease {
                     e.into_error("read the WAL position", None)
                 )
             })?;
-        let names: String = wal.try_get(0).unwrap_or_default();
-        let lsn: String = wal.try_get(1).unwrap_or_default();
-        super::tx::standbys_confirm(inner, conn, &names, &lsn)
+        super::tx::standbys_confirm(inner, conn, &wal)
     }
 
     /// Whether this instance holds `lease`'s generation (its liveness lock).
