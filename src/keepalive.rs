@@ -538,11 +538,7 @@ impl Shared {
 
     /// Runs the loss callback, once.
     fn report(&self, loss: &Loss) {
-        let f = self
-            .on_loss
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
+        let f = crate::front::lock(&self.on_loss).take();
         if let Some(f) = f {
             // The loss is recorded: a panicking callback cannot hide it.
             let _ = catch_unwind(AssertUnwindSafe(|| f(loss)));

@@ -158,30 +158,20 @@ pub struct LiveTag(pub u64);
 impl LiveTag {
     /// The bytes written into the liveness file and into the record: 16 lowercase hex digits.
     pub fn to_hex(self) -> [u8; 16] {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
+        use std::io::Write;
         let mut out = [0u8; 16];
-        for (i, b) in out.iter_mut().enumerate() {
-            // Four bits at a time, most significant first.
-            *b = HEX[((self.0 >> (60 - 4 * i)) & 0xf) as usize];
-        }
+        write!(&mut out[..], "{:016x}", self.0).expect("sixteen digits fill sixteen bytes");
         out
     }
 
     /// Parses exactly 16 lowercase hex digits (what [`LiveTag::to_hex`] writes).
     pub fn parse(bytes: &[u8]) -> Option<LiveTag> {
-        if bytes.len() != 16 {
+        // `from_str_radix` alone would also take upper case and a leading `+`.
+        if bytes.len() != 16 || !bytes.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
             return None;
         }
-        let mut v = 0u64;
-        for &b in bytes {
-            let d = match b {
-                b'0'..=b'9' => b - b'0',
-                b'a'..=b'f' => b - b'a' + 10,
-                _ => return None,
-            };
-            v = (v << 4) | u64::from(d);
-        }
-        Some(LiveTag(v))
+        let hex = std::str::from_utf8(bytes).ok()?;
+        u64::from_str_radix(hex, 16).ok().map(LiveTag)
     }
 }
 
@@ -228,19 +218,14 @@ pub fn encode(r: &Record) -> Vec<u8> {
 /// );
 /// ```
 pub fn encode_tagged(r: &Record, tag: Option<LiveTag>) -> Vec<u8> {
+    use std::fmt::Write;
     let mut out = String::with_capacity(70 + r.owner.len());
     out.push_str("{\"owner\":");
     push_go_json_string(&mut out, &r.owner);
-    out.push_str(",\"token\":");
-    out.push_str(&r.token.to_string());
-    out.push_str(",\"expiry\":\"");
-    out.push_str(&r.expiry.to_string());
-    out.push('"');
-    if let Some(tag) = tag {
-        out.push_str(",\"live\":\"");
-        // Hex digits are ASCII.
-        out.extend(tag.to_hex().iter().map(|&b| char::from(b)));
-        out.push('"');
+    let (token, expiry) = (r.token, r.expiry);
+    write!(out, ",\"token\":{token},\"expiry\":\"{expiry}\"").expect("a String takes any write");
+    if let Some(LiveTag(tag)) = tag {
+        write!(out, ",\"live\":\"{tag:016x}\"").expect("a String takes any write");
     }
     out.push('}');
     out.into_bytes()
@@ -262,7 +247,7 @@ struct Raw {
 /// `"` `\` and control characters escaped (`\b \f \n \r \t` short, others `\u00xx`), `<` `>` `&`
 /// and U+2028/U+2029 as `\u` escapes, everything else verbatim.
 fn push_go_json_string(out: &mut String, s: &str) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
+    use std::fmt::Write;
     out.push('"');
     for c in s.chars() {
         match c {
@@ -276,10 +261,7 @@ fn push_go_json_string(out: &mut String, s: &str) {
             '\u{2028}' => out.push_str("\\u2028"),
             '\u{2029}' => out.push_str("\\u2029"),
             c if (c as u32) < 0x20 || matches!(c, '<' | '>' | '&') => {
-                let b = c as u32 as u8;
-                out.push_str("\\u00");
-                out.push(HEX[usize::from(b >> 4)] as char);
-                out.push(HEX[usize::from(b & 0xf)] as char);
+                write!(out, "\\u{:04x}", c as u32).expect("a String takes any write");
             }
             c => out.push(c),
         }

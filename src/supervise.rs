@@ -343,8 +343,7 @@ impl RunSide {
                     self.asked = true;
                     return vec![Do::AskWatchdog];
                 }
-                out.push(Do::Exit(self.status()));
-                return out;
+                return vec![Do::Exit(self.status())];
             }
             Seen::Lost => {
                 if !self.lost {
@@ -381,11 +380,9 @@ impl RunSide {
                     // and SIGQUIT, so a forwarded signal may not have ended them) gets
                     // SIGTERM; the message only when this begins the stop.
                     self.leftovers_termed = true;
+                    out.push(Do::Term);
                     if self.stopping.is_none() {
-                        out.push(Do::Term);
                         out.push(Do::Say(Said::Leftovers));
-                    } else {
-                        out.push(Do::Term);
                     }
                     self.stopping.get_or_insert(Stop::Leftovers);
                     self.start_grace(now);
@@ -397,13 +394,11 @@ impl RunSide {
             // leaves the job running past the lease.
             self.deadline_killed = true;
             self.killed = true;
-            out.push(Do::Kill);
-            out.push(Do::Say(Said::DeadlineKill));
+            out.extend([Do::Kill, Do::Say(Said::DeadlineKill)]);
         }
         if !self.killed && self.kill_at.is_some_and(|k| now >= k) {
             self.killed = true;
-            out.push(Do::Kill);
-            out.push(Do::Say(Said::GraceOver));
+            out.extend([Do::Kill, Do::Say(Said::GraceOver)]);
         }
         out
     }
@@ -413,10 +408,7 @@ impl RunSide {
     pub fn wake_at(&self, deadline: Option<u64>) -> Option<u64> {
         let grace_end = self.kill_at.filter(|_| !self.killed);
         let hard = deadline.filter(|_| !self.deadline_killed);
-        match (grace_end, hard) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        grace_end.into_iter().chain(hard).min()
     }
 
     /// The command has exited (its group may still have processes).

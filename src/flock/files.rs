@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, LockOf};
 use crate::fault::{FaultPoint, Faults};
-use crate::record::MAX_RECORD_BYTES;
+use crate::record::{self, LiveTag, MAX_RECORD_BYTES, Record};
 
 /// The files of one id.
 #[derive(Debug)]
@@ -39,10 +39,7 @@ impl Paths {
     /// The temporary record of one transition, unique to it (`tag`): two transitions never
     /// write the same temporary file, even if a deleted `<stem>.lock` let them run at once.
     pub(super) fn temp(&self, tag: crate::record::LiveTag) -> PathBuf {
-        let hex = tag.to_hex();
-        // Hex digits are ASCII.
-        let hex = std::str::from_utf8(&hex).unwrap_or_default();
-        self.dir.join(format!("{}.lease.json.{hex}.tmp", self.stem))
+        self.dir.join(format!("{}.lease.json.{:016x}.tmp", self.stem, tag.0))
     }
 }
 
@@ -714,6 +711,15 @@ fn keep_fresh(file: &File, meta: &Standing) {
     if old {
         let _ = file.set_modified(now);
     }
+}
+
+/// Reads and decodes the record file `file` opened at `path` (named in the errors).
+pub(crate) fn read_record(file: &File, path: &Path) -> Result<(Record, Option<LiveTag>), Error> {
+    let bytes = read_bounded(file).map_err(|e| Error::io("read", path, e))?;
+    record::decode_tagged(&bytes).map_err(|source| Error::Corrupt {
+        path: path.to_owned(),
+        source,
+    })
 }
 
 /// Reads a whole record file: one `read` for any record of normal size (a short read of a

@@ -147,27 +147,15 @@ pub(crate) fn identify(
 ///
 /// The lock call failing for another reason than contention.
 pub(crate) fn probe(found: Found, path: &Path) -> Result<Probed, Error> {
-    match found {
+    let (liveness, reason) = match found {
         Found::Own(file) => {
-            let liveness = if holder_gone(&file).map_err(|e| Error::io("lock", path, e))? {
-                Liveness::Dead
-            } else {
-                Liveness::Live
-            };
-            Ok(Probed {
-                liveness,
-                reason: None,
-            })
+            let gone = holder_gone(&file).map_err(|e| Error::io("lock", path, e))?;
+            (if gone { Liveness::Dead } else { Liveness::Live }, None)
         }
-        Found::Missing => Ok(Probed {
-            liveness: Liveness::Unknown,
-            reason: None,
-        }),
-        Found::NotOwn(reason) => Ok(Probed {
-            liveness: Liveness::Unknown,
-            reason: Some(reason),
-        }),
-    }
+        Found::Missing => (Liveness::Unknown, None),
+        Found::NotOwn(reason) => (Liveness::Unknown, Some(reason)),
+    };
+    Ok(Probed { liveness, reason })
 }
 
 /// Whether the holder of the liveness lock that `file` opened is gone: a shared try-lock,
@@ -342,10 +330,7 @@ fn place_new(_dir: &File, _temp: &Path, _path: &Path) -> Result<bool, Error> {
 /// The unique temporary name a generation's file is published from.
 pub(crate) fn temp_path(path: &Path, tag: LiveTag) -> PathBuf {
     let mut name = path.as_os_str().to_owned();
-    name.push(".");
-    // Hex digits are ASCII.
-    name.push(std::str::from_utf8(&tag.to_hex()).unwrap_or_default());
-    name.push(".tmp");
+    name.push(format!(".{:016x}.tmp", tag.0));
     PathBuf::from(name)
 }
 

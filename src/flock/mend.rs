@@ -124,20 +124,18 @@ pub enum Mended {
 pub fn mend(dir: &Path, id: &SessionId, now: Timestamp, at_least: u64) -> Result<Mended, Error> {
     let opener = super::status::opener(dir, false)?;
     let dir_file = File::open(dir).map_err(|e| Error::io("open", dir, e))?;
-    let stem = id.stem();
-    let lock_path = dir.join(format!("{stem}.lock"));
+    let paths = files::Paths::new(dir, id.stem().to_owned());
     let started = Instant::now();
     let lock = files::lock_at_path(
-        &lock_path,
+        &paths.lock,
         &opener.faults,
-        || opener.open(&lock_path, Access::LockCreate),
+        || opener.open(&paths.lock, Access::LockCreate),
         Some(started + crate::DEFAULT_LOCK_TIMEOUT),
         started,
     )?;
     // Under the lock: what the record is, then what the generations' names say.
-    let path = dir.join(format!("{stem}.lease.json"));
-    let found = read_record(&opener, &path)?;
-    let generations = generations(dir, stem)?;
+    let found = read_record(&opener, &paths.record)?;
+    let generations = generations(dir, &paths.stem)?;
     let highest = generations
         .iter()
         .map(|(n, _)| *n)
@@ -187,12 +185,10 @@ pub fn mend(dir: &Path, id: &SessionId, now: Timestamp, at_least: u64) -> Result
         token,
         expiry: now,
     };
-    write_over(
-        &opener, &dir_file, dir, &path, &tombstone, &lock, &lock_path,
-    )?;
+    write_over(&opener, &dir_file, &paths, &tombstone, &lock)?;
     drop(lock);
     Ok(Mended::Wrote {
-        path,
+        path: paths.record,
         token,
         replaced,
     })
@@ -275,7 +271,7 @@ fn is_live(path: &Path) -> bool {
     path.extension().is_some_and(|e| e == "live")
 }
 
-/// Replaces the record at `path` with `rec` as a transition does: a temporary file of its
+/// Replaces the record of `paths` with `rec` as a transition does: a temporary file of its
 /// own (created exclusively), written, fsynced, renamed over the record once the lock is
 /// checked to be still the file at its path, then the directory fsynced. An empty directory
 /// at the record's name is removed first (a rename cannot replace it); the temporary file is
@@ -283,20 +279,12 @@ fn is_live(path: &Path) -> bool {
 fn write_over(
     opener: &files::Opener,
     dir_file: &File,
-    dir: &Path,
-    path: &Path,
+    paths: &files::Paths,
     rec: &Record,
     lock: &files::HeldLock,
-    lock_path: &Path,
 ) -> Result<(), Error> {
-    let name = path.file_name().unwrap_or(path.as_os_str());
-    let hex = live::fresh_tag().to_hex();
-    // Hex digits are ASCII.
-    let temp = dir.join(format!(
-        "{}.{}.tmp",
-        name.to_string_lossy(),
-        std::str::from_utf8(&hex).unwrap_or_default()
-    ));
+    let (path, lock_path) = (&paths.record, &paths.lock);
+    let temp = paths.temp(live::fresh_tag());
     let mut file = opener.open_in(dir_file, &temp, Access::Temp)?;
     let done = (|| {
         file.write_all(&record::encode(rec))
@@ -319,5 +307,5 @@ fn write_over(
         let _ = fs::remove_file(&temp);
         return done;
     }
-    dir_file.sync_all().map_err(|e| Error::io("fsync", dir, e))
+    dir_file.sync_all().map_err(|e| Error::io("fsync", &paths.dir, e))
 }

@@ -29,7 +29,7 @@ use crate::fault::Faults;
 use crate::lease::{DEFAULT_TTL, Grant, Lease};
 use crate::machine;
 use crate::name::{Owner, SessionId};
-use crate::record::{self, LiveTag, Record};
+use crate::record::{LiveTag, Record};
 
 pub(crate) mod files;
 pub(crate) mod live;
@@ -44,7 +44,7 @@ pub(crate) mod wait;
 
 use crate::front::Backend;
 use crate::front::Leases;
-use files::{Access, DEFAULT_FILE_MODE, HeldLock, Opener, read_bounded};
+use files::{Access, DEFAULT_FILE_MODE, HeldLock, Opener};
 use wait::Cancel;
 
 #[cfg(all(feature = "fault-injection", feature = "internals"))]
@@ -337,10 +337,9 @@ impl FlockLease {
             }
             drop(watched.take());
             line.join(&self.inner.opener, &queue_path);
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return busy.map_or(Ok(Grant::Held), Err);
-            }
-            if !pause.is_zero() && !wait::sleep_before(deadline, pause) {
+            if deadline.is_some_and(|d| Instant::now() >= d)
+                || (!pause.is_zero() && !wait::sleep_before(deadline, pause))
+            {
                 return busy.map_or(Ok(Grant::Held), Err);
             }
             // Held, or left to an earlier waiter: wait for the holder's generation to end —
@@ -364,7 +363,7 @@ impl FlockLease {
                 if turn {
                     pause = next_pause(pause);
                 } else {
-                    line.let_go(origin.elapsed(), seen);
+                    line.yielded.let_go(origin.elapsed(), seen);
                     wait::sleep_before(deadline, queue::HANDOFF_POLL);
                     pause = Duration::ZERO;
                 }
@@ -383,12 +382,12 @@ impl FlockLease {
                 live::Found::Own(file) => {
                     if !turn && live::holder_gone(&file).map_err(|e| Error::io("lock", &live, e))? {
                         // The holder is gone and an earlier waiter's turn it is.
-                        line.let_go(origin.elapsed(), seen);
+                        line.yielded.let_go(origin.elapsed(), seen);
                         wait::sleep_before(deadline, queue::HANDOFF_POLL);
                         pause = Duration::ZERO;
                         continue;
                     }
-                    line.saw_held();
+                    line.yielded.saw_held();
                     wait::wait_for_holder(&self.inner.watches, &live, &file, wake, cancel)
                         .map_err(|e| Error::io("wait for", &live, e))?;
                     watched = Some(file);
@@ -500,13 +499,7 @@ impl FlockLease {
             Err(e) if e.io_kind() == Some(io::ErrorKind::NotFound) => return Ok(None),
             Err(e) => return Err(e),
         };
-        let bytes = read_bounded(&file).map_err(|e| Error::io("read", path, e))?;
-        record::decode_tagged(&bytes)
-            .map(Some)
-            .map_err(|source| Error::Corrupt {
-                path: path.to_owned(),
-                source,
-            })
+        files::read_record(&file, path).map(Some)
     }
 
     /// Whether this instance's turn on `id` and its state of `id` are taken now (for the
@@ -640,7 +633,7 @@ impl FlockLeaseBuilder {
         let (dir_file, owners, sticky) =
             files::open_dir(&self.dir, self.allow_network_fs, self.trust_foreign_owners)?;
         let files = Files {
-            watches: wait::Watches::new(),
+            watches: wait::Watches::default(),
             kept_locks: Arc::default(),
             dir: self.dir,
             dir_file,

@@ -45,7 +45,9 @@ const KEEP: u64 = 4096;
 #[derive(Debug, Default)]
 pub(crate) struct Waiter {
     line: Line,
-    yielded: line::Yielded,
+    /// How long the call has let a free lease go: the wait tells it what it sees
+    /// ([`line::Yielded::let_go`], [`line::Yielded::saw_held`]).
+    pub(crate) yielded: line::Yielded,
 }
 
 /// One call's place in the line, or why it has none.
@@ -97,17 +99,6 @@ impl Waiter {
     /// Whether the call holds a place in the line.
     pub(crate) fn is_in(&self) -> bool {
         matches!(self.line, Line::In(_))
-    }
-
-    /// The lease was seen free at `now` with the record at `token` (`None`: no record), and
-    /// it is an earlier waiter's turn ([`line::Yielded::let_go`]).
-    pub(crate) fn let_go(&mut self, now: Duration, token: Option<u64>) {
-        self.yielded.let_go(now, token);
-    }
-
-    /// A live holder was seen: nobody is holding the line up.
-    pub(crate) fn saw_held(&mut self) {
-        self.yielded.saw_held();
     }
 
     /// The rule's state: the place (`None`: outside or unqueued) and the count of the lease
@@ -184,10 +175,9 @@ impl Drop for Place {
 
 /// Whether any waiter holds a place in the line at `path` (missing or unusable: no).
 fn anyone_waiting(opener: &Opener, path: &Path) -> bool {
-    match opener.open(path, Access::QueueLook) {
-        Ok(file) => held_by_others(&file, 0, 0).is_ok_and(|lock| lock.is_some()),
-        Err(_) => false,
-    }
+    opener
+        .open(path, Access::QueueLook)
+        .is_ok_and(|file| held_by_others(&file, 0, 0).is_ok_and(|lock| lock.is_some()))
 }
 
 /// A lock that a description other than `file`'s holds on `len` bytes from `start` (`len` 0:

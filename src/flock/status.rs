@@ -39,7 +39,7 @@ use crate::flock::files::{self, Access, Opener, Role};
 use crate::flock::live;
 use crate::machine::{self, Liveness};
 use crate::name::{MAX_ID_BYTES, SessionId};
-use crate::record::{self, LiveTag, MAX_RECORD_BYTES, Record};
+use crate::record::{LiveTag, Record};
 use crate::timestamp::Timestamp;
 
 /// The suffix of the sidecar file that names a stem's session id: `<stem>.id`.
@@ -271,26 +271,11 @@ fn status_of(
         })
     };
     // The files every call on the id opens, in a call's order: the lock, then the record.
-    let lock = opener.inspect(&dir.join(format!("{stem}.lock")), Role::Lock);
-    let path = record_path(dir, stem);
-    let mut bytes = vec![];
-    let read = match opener.inspect(&path, Role::Record) {
-        Ok(Some(f)) => f
-            .take(MAX_RECORD_BYTES as u64 + 1)
-            .read_to_end(&mut bytes)
-            .map(|_| true)
-            .map_err(|e| Error::io("read", &path, e)),
-        Ok(None) => Ok(false),
-        Err(e) => Err(e),
-    };
-    let decoded = match read {
-        Ok(true) => Some(
-            record::decode_tagged(&bytes).map_err(|source| Error::Corrupt {
-                path: path.clone(),
-                source,
-            }),
-        ),
-        Ok(false) => None,
+    let paths = files::Paths::new(dir, stem.to_owned());
+    let lock = opener.inspect(&paths.lock, Role::Lock);
+    let decoded = match opener.inspect(&paths.record, Role::Record) {
+        Ok(Some(f)) => Some(files::read_record(&f, &paths.record)),
+        Ok(None) => None,
         Err(e) => Some(Err(e)),
     };
     // A call fails on a bad lock before it reads the record: that error first.
@@ -330,7 +315,7 @@ fn status_of(
             Some(format!(
                 "a takeover is due but the fencing token is exhausted (u64::MAX); every \
                  acquire fails until {} is repaired",
-                record_path(dir, stem).display()
+                paths.record.display()
             )),
         ),
         // The expiry out of range: only at the very end of time.
@@ -420,10 +405,6 @@ fn open_nofollow(opts: &mut OpenOptions, path: &Path) -> Result<File, Error> {
             },
             _ => Error::io("open", path, e),
         })
-}
-
-fn record_path(dir: &Path, stem: &str) -> PathBuf {
-    dir.join(format!("{stem}.lease.json"))
 }
 
 fn id_path(dir: &Path, stem: &str) -> PathBuf {

@@ -75,12 +75,12 @@ impl LineStepper<'_> {
     /// The lease was seen free at `now` with the record at `token`, and it is an earlier
     /// waiter's turn.
     pub fn let_go(&mut self, now: Duration, token: Option<u64>) {
-        self.waiter.let_go(now, token);
+        self.waiter.yielded.let_go(now, token);
     }
 
     /// A live holder was seen.
     pub fn saw_held(&mut self) {
-        self.waiter.saw_held();
+        self.waiter.yielded.saw_held();
     }
 
     /// The rule's state: the place in the line (`None`: outside or unqueued) and the count of

@@ -46,16 +46,9 @@ pub(super) fn held_at(until: &AtomicI64, now: Timestamp) -> bool {
 /// Says in `held`, for the look that reads it without the slot's mutex, until when this
 /// instance holds the id (`None`: it does not; [`held_at`]'s rule).
 pub(super) fn mark_held(held: &AtomicI64, until: Option<Timestamp>) {
+    // Unix nanoseconds within `i64` (years 1677 to 2262; beyond, the nearest end).
+    let nanos = |t: Timestamp| t.unix_nanos().clamp(i64::MIN.into(), i64::MAX.into()) as i64;
     held.store(until.map_or(i64::MIN, nanos), Ordering::Release);
-}
-
-/// `t` in Unix nanoseconds, within `i64` (years 1677 to 2262; beyond, the nearest end).
-fn nanos(t: Timestamp) -> i64 {
-    i64::try_from(t.unix_nanos()).unwrap_or(if t.unix_nanos() < 0 {
-        i64::MIN
-    } else {
-        i64::MAX
-    })
 }
 
 /// What this instance holds for one id.
@@ -327,20 +320,10 @@ impl FlockTx<'_> {
         let again = self.slot.pending_sweep.is_some();
         let others = {
             let mut sweeps = super::lock(&self.lease.inner.sweeps);
-            if let Some(names) = sweeps.found.remove(stem) {
-                self.slot.sweep_waits = 0;
-                sweeps.end(stem);
-                if again {
-                    sweeps.pending.insert(stem.clone());
-                }
-                drop(sweeps);
-                for name in names {
-                    self.remove_if_stale(&name, below);
-                }
-                return;
-            }
+            // What another transition's listing found for this id, if one did.
+            let mine = sweeps.found.remove(stem);
             let waited_long = sweeps.last.is_some_and(|t| t.elapsed() >= SWEEP_WAIT_MAX);
-            if sweeps.since < sweeps.every && !waited_long {
+            if mine.is_none() && sweeps.since < sweeps.every && !waited_long {
                 // Not yet worth a listing: this sweep waits for one (a later transition).
                 // Waiting again counts towards it, so that it runs when takeovers stop (a
                 // first wait does not: a takeover already counted this sweep).
@@ -352,11 +335,18 @@ impl FlockTx<'_> {
                 return;
             }
             self.slot.sweep_waits = 0;
-            sweeps.since = 0;
             sweeps.end(stem);
             if again {
                 sweeps.pending.insert(stem.clone());
             }
+            if let Some(names) = mine {
+                drop(sweeps);
+                for name in names {
+                    self.remove_if_stale(&name, below);
+                }
+                return;
+            }
+            sweeps.since = 0;
             let others: std::collections::HashSet<String> = sweeps
                 .pending
                 .iter()

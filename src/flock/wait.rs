@@ -75,15 +75,11 @@ impl Cancel {
         // The write end closed: the read end polls as hung up, for good.
         drop(lock(&self.tx).take());
     }
-
-    pub(super) fn is_cancelled(&self) -> bool {
-        self.flag.load(Ordering::Acquire)
-    }
 }
 
 /// Whether `cancel` asks the wait to end.
 pub(super) fn cancelled(cancel: Option<&Cancel>) -> bool {
-    cancel.is_some_and(Cancel::is_cancelled)
+    cancel.is_some_and(|c| c.flag.load(Ordering::Acquire))
 }
 
 thread_local! {
@@ -168,7 +164,7 @@ const WAIT_MASK: AddWatchFlags = AddWatchFlags::IN_CLOSE_WRITE
 /// [`FlockLease::acquire_until`](super::FlockLease)). So each instance has at most one mark.
 /// Closing an instance costs the kernel a grace period (milliseconds), so at most
 /// [`IDLE_WATCHES`] idle instances are kept and reused.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(super) struct Watches {
     idle: Mutex<Vec<Watch>>,
 }
@@ -184,12 +180,6 @@ struct Watch {
 const IDLE_WATCHES: usize = 2;
 
 impl Watches {
-    pub(super) fn new() -> Watches {
-        Watches {
-            idle: Mutex::new(Vec::new()),
-        }
-    }
-
     /// Closes the idle instances (descriptors are short); returns how many.
     pub(super) fn give_back(&self) -> usize {
         std::mem::take(&mut *lock(&self.idle)).len()
@@ -372,10 +362,7 @@ fn watch_holder(
 fn poll_for_holder(file: &File, until: Instant, cancel: Option<&Cancel>) -> io::Result<()> {
     let mut pause = FIRST_BACKOFF;
     loop {
-        if cancelled(cancel) || holder_gone(file)? {
-            return Ok(());
-        }
-        if !sleep_before(Some(until), pause) {
+        if cancelled(cancel) || holder_gone(file)? || !sleep_before(Some(until), pause) {
             return Ok(());
         }
         pause = (pause * 2).min(MAX_POLL);
@@ -385,17 +372,11 @@ fn poll_for_holder(file: &File, until: Instant, cancel: Option<&Cancel>) -> io::
 /// Sleeps `pause`, or until `deadline` if that comes first; `false` when the deadline has
 /// already passed.
 pub(super) fn sleep_before(deadline: Option<Instant>, pause: Duration) -> bool {
-    let pause = match deadline {
-        None => pause,
-        Some(d) => {
-            let left = d.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return false;
-            }
-            pause.min(left)
-        }
-    };
-    thread::sleep(pause);
+    let left = deadline.map_or(Duration::MAX, |d| d.saturating_duration_since(Instant::now()));
+    if left.is_zero() {
+        return false;
+    }
+    thread::sleep(pause.min(left));
     true
 }
 

@@ -734,12 +734,8 @@ pub(super) const MARK: &str = "flocklease.session";
 
 /// A fresh random mark (32 hex digits) for a new connection's server session.
 fn fresh_nonce() -> String {
-    let (a, b) = (
-        crate::flock::live::fresh_tag(),
-        crate::flock::live::fresh_tag(),
-    );
-    let hex = |t: crate::record::LiveTag| String::from_utf8_lossy(&t.to_hex()).into_owned();
-    format!("{}{}", hex(a), hex(b))
+    use crate::flock::live::fresh_tag;
+    format!("{:016x}{:016x}", fresh_tag().0, fresh_tag().0)
 }
 
 /// An SQL boolean expression: whether the statement runs in the server session marked with

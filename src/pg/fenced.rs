@@ -212,13 +212,13 @@ impl PgLease {
             Some(row) => row_record(id, row)?.1,
             None => None,
         };
-        let clock_at = |row: Option<&Row>, col: usize| -> Timestamp {
-            match &inner.clock {
-                Some(c) => truncate_to_micros(c.now()),
-                None => row
-                    .and_then(|r| r.try_get::<_, SqlTime>(col).ok()?.to_timestamp())
-                    .unwrap_or(Timestamp::MAX),
-            }
+        // A timestamp the server read, if the row has it.
+        let read_at = |row: Option<&Row>, col: usize| {
+            row.and_then(|r| r.try_get::<_, SqlTime>(col).ok()?.to_timestamp())
+        };
+        let clock_at = |row: Option<&Row>, col: usize| match &inner.clock {
+            Some(c) => truncate_to_micros(c.now()),
+            None => read_at(row, col).unwrap_or(Timestamp::MAX),
         };
         let held_here = self.holds_here(lease);
         let now = clock_at(first.as_ref(), 4);
@@ -235,10 +235,7 @@ impl PgLease {
             .map_err(|e| e.into_error("read the clock before a fenced commit", Some(id)))?;
         // `now()` is the transaction's start: another value means the closure ended the
         // section's transaction (a statement the refusal did not recognise).
-        let started = |row: Option<&Row>, col: usize| {
-            row.and_then(|r| r.try_get::<_, SqlTime>(col).ok()?.to_timestamp())
-        };
-        if started(first.as_ref(), 5) != started(Some(&clock), 1) {
+        if read_at(first.as_ref(), 5) != read_at(Some(&clock), 1) {
             return Err(Error::Database {
                 op: "commit a fenced section",
                 id: Some(id.clone()),
@@ -294,9 +291,7 @@ impl PgLease {
                     e.into_error("read the WAL position", None)
                 )
             })?;
-        let names: String = wal.try_get(0).unwrap_or_default();
-        let lsn: String = wal.try_get(1).unwrap_or_default();
-        super::tx::standbys_confirm(inner, conn, &names, &lsn)
+        super::tx::standbys_confirm(inner, conn, &wal)
     }
 
     /// Whether this instance holds `lease`'s generation (its liveness lock).

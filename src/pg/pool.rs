@@ -20,16 +20,8 @@ impl Inner {
     /// An idle transition connection, or a new one. Idle connections whose session ended
     /// meanwhile (server restart, `pg_terminate_backend`, an idle timeout) are dropped.
     pub(super) fn tx_conn(&self, id: Option<&SessionId>) -> Result<Conn, Error> {
-        if let Some(conn) = pop_sound(&self.tx_pool) {
-            return Ok(conn);
-        }
-        conn::connect(
-            &self.rt,
-            &self.configs.connector,
-            &self.configs.transition,
-            &self.open,
-        )
-        .map_err(|e| e.into_error("connect", id))
+        self.pooled(&self.tx_pool, &self.configs.transition)
+            .map_err(|e| e.into_error("connect", id))
     }
 
     /// Keeps a sound connection for later, in its role's pool (a liveness connection holds no
@@ -61,16 +53,17 @@ impl Inner {
 
     /// An idle liveness connection (holding no lock), or a new one.
     pub(super) fn live_conn(&self, id: &SessionId) -> Result<Conn, Error> {
-        if let Some(conn) = pop_sound(&self.live_pool) {
-            return Ok(conn);
+        self.pooled(&self.live_pool, &self.configs.liveness)
+            .map_err(|e| e.into_error("connect a liveness connection", Some(id)))
+    }
+
+    /// The most recently used idle connection of `pool` whose session is still open, or a new
+    /// one of `role`.
+    fn pooled(&self, pool: &Mutex<Vec<Conn>>, role: &conn::Role) -> Result<Conn, Fail> {
+        match pop_sound(pool) {
+            Some(conn) => Ok(conn),
+            None => conn::connect(&self.rt, &self.configs.connector, role, &self.open),
         }
-        conn::connect(
-            &self.rt,
-            &self.configs.connector,
-            &self.configs.liveness,
-            &self.open,
-        )
-        .map_err(|e| e.into_error("connect a liveness connection", Some(id)))
     }
 
     /// Ends a connection whose locks are unknown, and makes sure the server has ended its

@@ -100,20 +100,12 @@ impl PgLease {
             )
         })
         .and_then(|r| r.map_err(Fail::Db));
-        let (rows, clock) = match read {
-            Ok(read) => {
-                inner.give_back(conn);
-                read
-            }
-            Err(fail) => {
-                if fail.outcome_unknown() {
-                    // Its session ended rather than kept half-way through a read.
-                    conn.poison();
-                }
-                inner.give_back(conn);
-                return Err(fail.into_error("list the leases", id));
-            }
-        };
+        if read.as_ref().is_err_and(Fail::outcome_unknown) {
+            // Its session ended rather than kept half-way through a read.
+            conn.poison();
+        }
+        inner.give_back(conn);
+        let (rows, clock) = read.map_err(|fail| fail.into_error("list the leases", id))?;
         let now = clock
             .try_get::<_, super::sqltime::SqlTime>(0)
             .ok()

@@ -14,6 +14,7 @@ use crate::machine::{Cleanup, Liveness, Local, Plan};
 use crate::name::SessionId;
 use crate::record::Record;
 use crate::timestamp::Timestamp;
+use tokio_postgres::Row;
 
 /// What this instance holds for one id.
 #[derive(Default)]
@@ -181,10 +182,8 @@ impl PgTx<'_> {
             Some(row) => super::row_record(self.id, &row)?.1.as_ref() == Some(record),
             None => false,
         };
-        let names: String = wal.try_get(0).unwrap_or_default();
-        let lsn: String = wal.try_get(1).unwrap_or_default();
         let confirmed = if ours {
-            standbys_confirm(self.inner, &conn, &names, &lsn)
+            standbys_confirm(self.inner, &conn, &wal)
         } else {
             Ok(())
         };
@@ -518,15 +517,12 @@ impl PgTx<'_> {
 }
 
 /// Waits until the synchronous standbys that must confirm commits (as
-/// `synchronous_standby_names` = `names` says) have confirmed WAL position `lsn`, asking on
-/// `conn` until its reply bound ([`durable::verdict`] judges). `Err` says why the commit is
-/// not known durable.
-pub(super) fn standbys_confirm(
-    inner: &Inner,
-    conn: &Conn,
-    names: &str,
-    lsn: &str,
-) -> Result<(), String> {
+/// `synchronous_standby_names` = `names` says) have confirmed WAL position `lsn`, both read
+/// from `wal` (a row of [`durable::WAL_POSITION`]), asking on `conn` until its reply bound
+/// ([`durable::verdict`] judges). `Err` says why the commit is not known durable.
+pub(super) fn standbys_confirm(inner: &Inner, conn: &Conn, wal: &Row) -> Result<(), String> {
+    let names: &str = &wal.try_get::<_, String>(0).unwrap_or_default();
+    let lsn: &str = &wal.try_get::<_, String>(1).unwrap_or_default();
     let required = durable::standbys_required(names);
     let by = Instant::now() + conn.reply_bound;
     loop {
