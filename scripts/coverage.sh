@@ -17,7 +17,9 @@ fi
 out=target/coverage
 rm -rf "$out/profiles"
 mkdir -p "$out/profiles"
+# Build scripts are instrumented too: their profiles go beside the build, not into the tree.
 RUSTFLAGS="-C instrument-coverage" CARGO_TARGET_DIR="$out/build" \
+    LLVM_PROFILE_FILE="$(pwd)/$out/build-%p-%m.profraw" \
     cargo build --release -q -p flocklease-model --bin flocklease-model
 model="$out/build/release/flocklease-model"
 LLVM_PROFILE_FILE="$(pwd)/$out/profiles/check-%p-%m.profraw" "$model" check "$@" >"$out/check.txt" || {
