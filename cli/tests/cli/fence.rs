@@ -11,9 +11,15 @@ use crate::cli_support::*;
 
 /// `flocklease fence ARGS...` with `stdin` as its input and no FLOCKLEASE_TOKEN of ours.
 fn fence(args: &[&str], stdin: &[u8]) -> Output {
+    fence_in(std::path::Path::new("."), args, stdin)
+}
+
+/// [`fence`] run in the directory `dir`.
+fn fence_in(dir: &std::path::Path, args: &[&str], stdin: &[u8]) -> Output {
     let mut child = Command::new(BIN)
         .arg("fence")
         .args(args)
+        .current_dir(dir)
         .env_remove("FLOCKLEASE_TOKEN")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -84,23 +90,15 @@ fn bare_names_are_files_of_the_working_directory() {
     let dir = s.path("job");
     std::fs::create_dir(&dir).unwrap();
     for token in ["3", "3", "4"] {
-        let mut child = Command::new(BIN)
-            .args(["fence", "--fence", "report.fence", "--token", token])
-            .args(["--write", "report.csv"])
-            .current_dir(&dir)
-            .env_remove("FLOCKLEASE_TOKEN")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(token.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
+        let args = [
+            "--fence",
+            "report.fence",
+            "--token",
+            token,
+            "--write",
+            "report.csv",
+        ];
+        let out = fence_in(&dir, &args, token.as_bytes());
         assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
         assert_eq!(
             std::fs::read_to_string(dir.join("report.csv")).unwrap(),
