@@ -139,22 +139,9 @@ fn each_operation_stays_within_its_system_call_budget() {
     }
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("trace");
-    let status = Command::new("strace")
-        // Every system call of every thread.
-        .args(["-f", "-qq", "-o"])
-        .arg(&trace)
-        .arg(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "budget_schedule",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(BUDGET_CHILD, dir.path().join("leases"))
-        .status()
-        .unwrap();
-    assert!(status.success(), "the traced child failed");
-    let text = std::fs::read_to_string(&trace).unwrap();
+    // Every system call of every thread.
+    let leases = dir.path().join("leases");
+    let text = traced("budget_schedule", &[], (BUDGET_CHILD, &leases), &trace);
     let steps = split(&text);
     let mut report = vec![];
     for (op, budget) in BUDGET {
@@ -190,6 +177,23 @@ fn each_operation_stays_within_its_system_call_budget() {
 fn counted(line: &str) -> bool {
     let debug_check = line.starts_with("fcntl(") && line.contains("F_GETFD)");
     !line.contains("resumed>") && !debug_check
+}
+
+/// Runs this test binary's `test` alone under `strace -f -qq` with `options`, `env` set (the
+/// child's marker), its trace written to `trace`; the trace's text.
+fn traced(test: &str, options: &[&str], env: (&str, &Path), trace: &Path) -> String {
+    let status = Command::new("strace")
+        .args(["-f", "-qq"])
+        .args(options)
+        .arg("-o")
+        .arg(trace)
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(env.0, env.1)
+        .status()
+        .unwrap();
+    assert!(status.success(), "the traced child failed");
+    std::fs::read_to_string(trace).unwrap()
 }
 
 /// Whether `strace` can run; without it the test is skipped, unless
@@ -242,26 +246,14 @@ fn each_step_makes_the_system_calls_the_model_assumes() {
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("trace");
     let leases = dir.path().join("leases");
-    let status = Command::new("strace")
-        .args(["-f", "-qq", "-s", "256", "-o"])
-        .arg(&trace)
-        .args([
-            "-e",
-            "trace=openat,flock,fsync,fdatasync,rename,renameat,renameat2,newfstatat,statx,\
-             fstat,lstat,stat,write,pread64,read,close",
-        ])
-        .arg(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "traced_schedule",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD, &leases)
-        .status()
-        .unwrap();
-    assert!(status.success(), "the traced child failed");
-    let text = std::fs::read_to_string(&trace).unwrap();
+    let calls = "trace=openat,flock,fsync,fdatasync,rename,renameat,renameat2,newfstatat,statx,\
+                 fstat,lstat,stat,write,pread64,read,close";
+    let text = traced(
+        "traced_schedule",
+        &["-s", "256", "-e", calls],
+        (CHILD, &leases),
+        &trace,
+    );
     let steps = split(&text);
     let dir_fd = dir_fd(&text, &leases);
     let get = |name: &str| -> &Vec<String> {
@@ -388,20 +380,11 @@ fn a_fence_makes_the_system_calls_the_model_assumes() {
     let dir = scratch.path().canonicalize().unwrap();
     std::fs::create_dir(dir.join("out")).unwrap();
     let trace = dir.join("trace");
-    let status = Command::new("strace")
-        .args(["-f", "-qq", "-y", "-s", "256", "-o"])
-        .arg(&trace)
-        .args([
-            "-e",
-            "trace=openat,flock,fsync,fdatasync,rename,renameat,renameat2,newfstatat,statx,lstat,stat",
-        ])
-        .arg(std::env::current_exe().unwrap())
-        .args(["--exact", "fence_schedule", "--nocapture", "--test-threads=1"])
-        .env(FENCE_CHILD, &dir)
-        .status()
-        .unwrap();
-    assert!(status.success(), "the traced child failed");
-    let text = std::fs::read_to_string(&trace).unwrap();
+    // `-y`: descriptors named by their paths.
+    let calls =
+        "trace=openat,flock,fsync,fdatasync,rename,renameat,renameat2,newfstatat,statx,lstat,stat";
+    let options = ["-y", "-s", "256", "-e", calls];
+    let text = traced("fence_schedule", &options, (FENCE_CHILD, &dir), &trace);
     let steps = split(&text);
     let (_, calls) = steps
         .iter()
