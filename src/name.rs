@@ -70,60 +70,50 @@ impl SessionId {
     }
 }
 
-/// The six conversions `SessionId` and `Owner` share: parsing and `TryFrom` through `new`,
-/// serde as the plain string (validated on the way in) and `Display` as given. `$what` names
-/// the string in the docs, `$example` is a valid one.
-macro_rules! string_conversions {
-    ($type:ident, $what:literal, $example:literal) => {
-        impl std::str::FromStr for $type {
-            type Err = InvalidInput;
+impl std::str::FromStr for SessionId {
+    type Err = InvalidInput;
 
-            #[doc = concat!("As [`", stringify!($type), "::new`]:")]
-            #[doc = concat!("`", stringify!($example), ".parse::<", stringify!($type), ">()`.")]
-            fn from_str(s: &str) -> Result<$type, InvalidInput> {
-                $type::new(s)
-            }
-        }
-
-        impl TryFrom<&str> for $type {
-            type Error = InvalidInput;
-
-            fn try_from(s: &str) -> Result<$type, InvalidInput> {
-                $type::new(s)
-            }
-        }
-
-        impl TryFrom<String> for $type {
-            type Error = InvalidInput;
-
-            fn try_from(s: String) -> Result<$type, InvalidInput> {
-                $type::new(s)
-            }
-        }
-
-        impl serde::Serialize for $type {
-            #[doc = concat!("As the ", $what, " string.")]
-            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                s.serialize_str(self.as_str())
-            }
-        }
-
-        impl<'de> serde::Deserialize<'de> for $type {
-            #[doc = concat!("From a string, validated as [`", stringify!($type), "::new`].")]
-            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<$type, D::Error> {
-                $type::new(String::deserialize(d)?).map_err(serde::de::Error::custom)
-            }
-        }
-
-        impl fmt::Display for $type {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(self.as_str())
-            }
-        }
-    };
+    /// As [`SessionId::new`]: `"orders/eu-1".parse::<SessionId>()`.
+    fn from_str(s: &str) -> Result<SessionId, InvalidInput> {
+        SessionId::new(s)
+    }
 }
 
-string_conversions!(SessionId, "id", "orders/eu-1");
+impl TryFrom<&str> for SessionId {
+    type Error = InvalidInput;
+
+    fn try_from(s: &str) -> Result<SessionId, InvalidInput> {
+        SessionId::new(s)
+    }
+}
+
+impl TryFrom<String> for SessionId {
+    type Error = InvalidInput;
+
+    fn try_from(s: String) -> Result<SessionId, InvalidInput> {
+        SessionId::new(s)
+    }
+}
+
+impl serde::Serialize for SessionId {
+    /// As the id string.
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for SessionId {
+    /// From a string, validated as [`SessionId::new`].
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<SessionId, D::Error> {
+        SessionId::new(String::deserialize(d)?).map_err(serde::de::Error::custom)
+    }
+}
+
+impl fmt::Display for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0.id)
+    }
+}
 
 /// A validated owner: 1 to [`MAX_OWNER_BYTES`] bytes, no control characters.
 ///
@@ -210,7 +200,50 @@ fn host_name() -> String {
     }
 }
 
-string_conversions!(Owner, "owner", "worker-7");
+impl std::str::FromStr for Owner {
+    type Err = InvalidInput;
+
+    /// As [`Owner::new`]: `"worker-7".parse::<Owner>()`.
+    fn from_str(s: &str) -> Result<Owner, InvalidInput> {
+        Owner::new(s)
+    }
+}
+
+impl TryFrom<&str> for Owner {
+    type Error = InvalidInput;
+
+    fn try_from(s: &str) -> Result<Owner, InvalidInput> {
+        Owner::new(s)
+    }
+}
+
+impl TryFrom<String> for Owner {
+    type Error = InvalidInput;
+
+    fn try_from(s: String) -> Result<Owner, InvalidInput> {
+        Owner::new(s)
+    }
+}
+
+impl serde::Serialize for Owner {
+    /// As the owner string.
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Owner {
+    /// From a string, validated as [`Owner::new`].
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Owner, D::Error> {
+        Owner::new(String::deserialize(d)?).map_err(serde::de::Error::custom)
+    }
+}
+
+impl fmt::Display for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
 
 /// Why a session id or owner was refused.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
