@@ -141,18 +141,6 @@ mod timestamp;
 #[cfg(feature = "tracing")]
 mod trace;
 
-/// Declares each module public with feature `$feature` and private without it (its items then
-/// unused by the crate allowed).
-macro_rules! public_with {
-    ($feature:literal: $($module:ident),+) => {$(
-        #[cfg(feature = $feature)]
-        pub mod $module;
-        #[cfg(not(feature = $feature))]
-        #[allow(dead_code)]
-        mod $module;
-    )+};
-}
-
 // The machinery behind the adapters, public only with the `internals` feature (for the model
 // checker, the fuzz targets and the crate's own tests; no stability promise): the pure
 // transition function, its interpreter, the record codec, the judgement of a commit whose reply
@@ -160,12 +148,57 @@ macro_rules! public_with {
 // step seam), the fence's file-system seam, the byte-driven checks and the conformance suite every
 // backend passes. Without the feature they are private and the documentation does not show
 // them.
-public_with!("internals": checks, commit, driver, flock, fs, line, machine, record);
+// Declared one by one, not by a macro: rustfmt and cargo-mutants find a module only by its
+// `mod` line.
+#[cfg(feature = "internals")]
+pub mod checks;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code)]
+mod checks;
+#[cfg(feature = "internals")]
+pub mod commit;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code)]
+mod commit;
 #[cfg(feature = "internals")]
 pub mod conformance;
+#[cfg(feature = "internals")]
+pub mod driver;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code)]
+mod driver;
+#[cfg(feature = "internals")]
+pub mod flock;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code)]
+mod flock;
+#[cfg(feature = "internals")]
+pub mod fs;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code)]
+mod fs;
+#[cfg(feature = "internals")]
+pub mod line;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code)]
+mod line;
+#[cfg(feature = "internals")]
+pub mod machine;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code)]
+mod machine;
+#[cfg(feature = "internals")]
+pub mod record;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code)]
+mod record;
 
 // The fault-injection seam, public only with the `fault-injection` feature (tests only).
-public_with!("fault-injection": fault);
+#[cfg(feature = "fault-injection")]
+pub mod fault;
+#[cfg(not(feature = "fault-injection"))]
+#[allow(dead_code)]
+mod fault;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 #[doc(inline)]

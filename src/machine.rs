@@ -137,7 +137,9 @@ impl Plan {
         };
         let previous = input.record.as_ref().map_or(0, |r| r.token);
         let token_ok = match self.new_generation() {
-            Some(local) => previous.checked_add(1) == Some(commit.token) && local.token == commit.token,
+            Some(local) => {
+                previous.checked_add(1) == Some(commit.token) && local.token == commit.token
+            }
             None => commit.token == previous,
         };
         let expiry_ok = commit.is_tombstone()

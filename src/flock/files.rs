@@ -39,7 +39,8 @@ impl Paths {
     /// The temporary record of one transition, unique to it (`tag`): two transitions never
     /// write the same temporary file, even if a deleted `<stem>.lock` let them run at once.
     pub(super) fn temp(&self, tag: crate::record::LiveTag) -> PathBuf {
-        self.dir.join(format!("{}.lease.json.{:016x}.tmp", self.stem, tag.0))
+        self.dir
+            .join(format!("{}.lease.json.{:016x}.tmp", self.stem, tag.0))
     }
 }
 

@@ -307,5 +307,7 @@ fn write_over(
         let _ = fs::remove_file(&temp);
         return done;
     }
-    dir_file.sync_all().map_err(|e| Error::io("fsync", &paths.dir, e))
+    dir_file
+        .sync_all()
+        .map_err(|e| Error::io("fsync", &paths.dir, e))
 }

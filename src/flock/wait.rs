@@ -372,7 +372,9 @@ fn poll_for_holder(file: &File, until: Instant, cancel: Option<&Cancel>) -> io::
 /// Sleeps `pause`, or until `deadline` if that comes first; `false` when the deadline has
 /// already passed.
 pub(super) fn sleep_before(deadline: Option<Instant>, pause: Duration) -> bool {
-    let left = deadline.map_or(Duration::MAX, |d| d.saturating_duration_since(Instant::now()));
+    let left = deadline.map_or(Duration::MAX, |d| {
+        d.saturating_duration_since(Instant::now())
+    });
     if left.is_zero() {
         return false;
     }
