@@ -355,8 +355,16 @@ fn a_kernel_refusal_in_a_shared_directory_is_not_blamed_on_a_missing_option() {
     std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
     let out = cli(&["run"], &shared, &["--id", ID, "--", "true"]);
     assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    // The binary where the user can reach it, as tests/support's children do: the checkout
+    // may lie under a directory only root can enter (a clone in `mktemp -d`). A hard link
+    // where it can be (no descriptor open for writing that another test's fork could hold).
+    let exe = tmp.path().join("flocklease");
+    if std::fs::hard_link(bin(), &exe).is_err() {
+        std::fs::copy(bin(), &exe).unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
     for trust in [true, false] {
-        let mut cmd = std::process::Command::new(bin());
+        let mut cmd = std::process::Command::new(&exe);
         cmd.args(["run", "--dir", shared.to_str().unwrap(), "--id", ID]);
         if trust {
             cmd.arg("--trust-foreign-owners");
@@ -365,6 +373,7 @@ fn a_kernel_refusal_in_a_shared_directory_is_not_blamed_on_a_missing_option() {
             .args(["--", "true"])
             .uid(65534)
             .gid(65534)
+            .current_dir("/")
             .stdin(std::process::Stdio::null())
             .output()
             .unwrap();
