@@ -46,7 +46,7 @@ impl Paths {
 
 /// How a file is opened.
 #[derive(Clone, Copy, Debug)]
-pub(crate) enum Access {
+pub enum Access {
     /// `<stem>.lock`, created if missing.
     LockCreate,
     /// A generation's `.live` file being published, under its unique temporary name: created

@@ -17,14 +17,15 @@
 //! and nothing changed under the final name.
 
 use std::collections::hash_map::RandomState;
-use std::fs::{self, File, TryLockError};
+use std::fs::{File, TryLockError};
 use std::hash::{BuildHasher, Hash, Hasher};
-use std::io::{self, Write};
-use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt};
+use std::io;
+use std::os::unix::fs::{FileExt, FileTypeExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::files::{Access, Opener};
+use super::files::Access;
+use super::sys::{Dir, Peeked};
 use crate::error::Error;
 use crate::fault::FaultPoint;
 use crate::machine::{self, AtName, Liveness, NotOwn};
@@ -47,9 +48,9 @@ pub(crate) fn fresh_tag() -> LiveTag {
 
 /// What stands at a generation's liveness path.
 #[derive(Debug)]
-pub(crate) enum Found {
+pub(crate) enum Found<F = File> {
     /// The generation's own file (or, for a record without a tag, a regular file), opened.
-    Own(File),
+    Own(F),
     /// Nothing.
     Missing,
     /// Something that is not the generation's file; why, in words.
@@ -72,11 +73,12 @@ pub(crate) struct Probed {
 /// # Errors
 ///
 /// An I/O failure that says nothing about the file (`EMFILE`, `EIO`, ...).
-pub(crate) fn identify(
-    opened: Result<File, Error>,
+pub(crate) fn identify<F>(
+    opened: Result<F, Error>,
     path: &Path,
     tag: Option<LiveTag>,
-) -> Result<Found, Error> {
+    peek: impl FnOnce(&F, Option<&mut [u8]>) -> io::Result<Peeked>,
+) -> Result<Found<F>, Error> {
     let file = match opened {
         Ok(f) => f,
         Err(e) if e.io_kind() == Some(io::ErrorKind::NotFound) => return Ok(Found::Missing),
@@ -94,33 +96,15 @@ pub(crate) fn identify(
     // the first bytes (a directory answers EISDIR, a FIFO ESPIPE, a regular file its
     // contents); without one, a stat. The judgement is the machine's.
     let mut buf = [0u8; 17];
-    let hex;
-    let found = match tag {
-        Some(tag) => {
-            hex = tag.to_hex();
-            match read_prefix(&file, &mut buf) {
-                Ok(n) => AtName::File { first: &buf[..n] },
-                Err(e) if e.raw_os_error() == Some(nix::libc::EISDIR) => AtName::Directory,
-                Err(e) if e.raw_os_error() == Some(nix::libc::ESPIPE) => AtName::Fifo,
-                Err(e) => return Err(Error::io("read", path, e)),
-            }
-        }
-        None => {
-            hex = [0; 16];
-            let kind = file
-                .metadata()
-                .map_err(|e| Error::io("stat", path, e))?
-                .file_type();
-            if kind.is_file() {
-                AtName::File { first: &[] }
-            } else if kind.is_dir() {
-                AtName::Directory
-            } else if kind.is_fifo() {
-                AtName::Fifo
-            } else {
-                AtName::Other
-            }
-        }
+    let hex = tag.map_or([0; 16], |tag| tag.to_hex());
+    let peeked = peek(&file, tag.is_some().then_some(&mut buf[..]));
+    let found = match peeked
+        .map_err(|e| Error::io(if tag.is_some() { "read" } else { "stat" }, path, e))?
+    {
+        Peeked::File(n) => AtName::File { first: &buf[..n] },
+        Peeked::Directory => AtName::Directory,
+        Peeked::Fifo => AtName::Fifo,
+        Peeked::Other => AtName::Other,
     };
     let what = match machine::own_liveness(tag.map(|_| &hex[..]), found) {
         Ok(()) => return Ok(Found::Own(file)),
@@ -146,7 +130,11 @@ pub(crate) fn identify(
 /// # Errors
 ///
 /// The lock call failing for another reason than contention.
-pub(crate) fn probe(found: Found, path: &Path) -> Result<Probed, Error> {
+pub(crate) fn probe<F>(
+    found: Found<F>,
+    path: &Path,
+    holder_gone: impl FnOnce(&F) -> io::Result<bool>,
+) -> Result<Probed, Error> {
     let (liveness, reason) = match found {
         Found::Own(file) => {
             let gone = holder_gone(&file).map_err(|e| Error::io("lock", path, e))?;
@@ -176,8 +164,8 @@ pub(crate) fn holder_gone(file: &File) -> io::Result<bool> {
 /// A published generation's file: open, exclusively locked, at its final name (when
 /// published), with its identity and the tag it carries.
 #[derive(Debug)]
-pub(super) struct Published {
-    pub(super) file: File,
+pub struct Published<F = File> {
+    pub(super) file: F,
     /// The (device, inode) of `file`, to check it is still the one at its path.
     pub(super) dev: u64,
     pub(super) ino: u64,
@@ -204,16 +192,15 @@ pub(super) enum Over {
 /// # Errors
 ///
 /// Any step failing; the temporary file is then removed and `path` is untouched.
-pub(super) fn publish(
-    opener: &Opener,
-    dir: &File,
+pub(super) fn publish<D: Dir>(
+    dir: &D,
     path: &Path,
     tag: LiveTag,
     over: Over,
-) -> Result<Published, Error> {
+) -> Result<Published<D::File>, Error> {
     let temp = temp_path(path, tag);
-    let file = opener.open_in(dir, &temp, Access::LiveCreate)?;
-    match lock_and_place(opener, dir, &file, (&temp, path), tag, over) {
+    let file = dir.open(&temp, Access::LiveCreate)?;
+    match lock_and_place(dir, &file, (&temp, path), tag, over) {
         Ok((dev, ino)) => Ok(Published {
             file,
             dev,
@@ -223,72 +210,68 @@ pub(super) fn publish(
         Err(e) => {
             // Closing drops the lock; the name goes. Nothing was placed at `path`.
             drop(file);
-            let _ = fs::remove_file(&temp);
+            let _ = dir.unlink(&temp);
             Err(e)
         }
     }
 }
 
-fn lock_and_place(
-    opener: &Opener,
-    dir: &File,
-    file: &File,
+fn lock_and_place<D: Dir>(
+    dir: &D,
+    file: &D::File,
     (temp, path): (&Path, &Path),
     tag: LiveTag,
     over: Over,
 ) -> Result<(u64, u64), Error> {
-    let faults = &opener.faults;
-    faults.check(FaultPoint::WriteLive, temp)?;
-    (&*file)
-        .write_all(&tag.to_hex())
+    dir.fault(FaultPoint::WriteLive, temp)?;
+    dir.write(file, &tag.to_hex())
         .map_err(|e| Error::io("write", temp, e))?;
-    faults.check(FaultPoint::LockLive, temp)?;
-    match file.try_lock() {
-        Ok(()) => {}
-        // A unique name nobody else publishes: only a planted file could be locked.
-        Err(TryLockError::WouldBlock) => {
-            return Err(Error::LiveLockBusy {
-                path: temp.to_owned(),
-            });
-        }
-        Err(TryLockError::Error(e)) => return Err(Error::io("lock", temp, e)),
+    dir.fault(FaultPoint::LockLive, temp)?;
+    // A unique name nobody else publishes: only a planted file could be locked.
+    if !dir.try_lock(file).map_err(|e| Error::io("lock", temp, e))? {
+        return Err(Error::LiveLockBusy {
+            path: temp.to_owned(),
+        });
     }
-    faults.check(FaultPoint::StatNewLive, temp)?;
-    let m = file.metadata().map_err(|e| Error::io("stat", temp, e))?;
-    if let Some(socket) = &opener.share {
-        share(socket, file, path);
+    dir.fault(FaultPoint::StatNewLive, temp)?;
+    let id = dir.identity(file).map_err(|e| Error::io("stat", temp, e))?;
+    if dir.shares() {
+        dir.share(file, path);
     }
-    faults.check(FaultPoint::PublishLive, path)?;
+    dir.fault(FaultPoint::PublishLive, path)?;
     if over == Over::NotHeld {
-        if place_new(dir, temp, path)? {
-            return Ok((m.dev(), m.ino()));
+        if dir.place_new(temp, path)? {
+            return Ok(id);
         }
         // Something stands at the name: replaced unless a holder keeps it locked.
-        let opened = opener.open(path, Access::Probe);
+        let opened = dir.open(path, Access::Probe);
         if let Err(e @ Error::Symlink { .. }) = opened {
             return Err(e);
         }
-        if let Found::Own(held) = identify(opened, path, None)?
-            && !holder_gone(&held).map_err(|e| Error::io("lock", path, e))?
+        let peek = |f: &D::File, buf: Option<&mut [u8]>| dir.peek(f, buf);
+        if let Found::Own(held) = identify(opened, path, None, peek)?
+            && !dir
+                .holder_gone(&held)
+                .map_err(|e| Error::io("lock", path, e))?
         {
             return Err(Error::LiveLockBusy {
                 path: path.to_owned(),
             });
         }
     }
-    fs::rename(temp, path).map_err(|e| match e.raw_os_error() {
+    dir.rename(temp, path).map_err(|e| match e.raw_os_error() {
         Some(nix::libc::EISDIR | nix::libc::ENOTEMPTY | nix::libc::EEXIST) => Error::NotAFile {
             path: path.to_owned(),
         },
         _ => Error::io("rename", path, e),
     })?;
-    Ok((m.dev(), m.ino()))
+    Ok(id)
 }
 
 /// Sends `file` (locked, not yet at `path`) over `socket` as `live PATH` with the descriptor
 /// attached (see [`FlockLeaseBuilder::share_liveness`](super::FlockLeaseBuilder::share_liveness)):
 /// one `sendmsg`, never blocking; a failure is ignored.
-fn share(socket: &std::os::fd::OwnedFd, file: &File, path: &Path) {
+pub(super) fn share(socket: &std::os::fd::OwnedFd, file: &File, path: &Path) {
     use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
     use std::os::fd::AsRawFd;
     use std::os::unix::ffi::OsStrExt;
@@ -308,7 +291,7 @@ fn share(socket: &std::os::fd::OwnedFd, file: &File, path: &Path) {
 /// `RENAME_NOREPLACE`, relative to the lease directory): `Ok(false)` when something does, or
 /// when the file system cannot tell (the caller then looks).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn place_new(dir: &File, temp: &Path, path: &Path) -> Result<bool, Error> {
+pub(super) fn place_new(dir: &File, temp: &Path, path: &Path) -> Result<bool, Error> {
     use nix::errno::Errno;
     use nix::fcntl::{RenameFlags, renameat2};
     let (Some(from), Some(to)) = (temp.file_name(), path.file_name()) else {
@@ -323,7 +306,7 @@ fn place_new(dir: &File, temp: &Path, path: &Path) -> Result<bool, Error> {
 
 /// Without `renameat2`: the caller always looks at what stands at `path` first.
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn place_new(_dir: &File, _temp: &Path, _path: &Path) -> Result<bool, Error> {
+pub(super) fn place_new(_dir: &File, _temp: &Path, _path: &Path) -> Result<bool, Error> {
     Ok(false)
 }
 
@@ -334,18 +317,33 @@ pub(crate) fn temp_path(path: &Path, tag: LiveTag) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// Reads the first bytes of `file` (at most `buf.len()`), retrying short reads.
-fn read_prefix(file: &File, buf: &mut [u8]) -> io::Result<usize> {
+/// Looks at an open file of the kernel's ([`Dir::peek`]): reads its first bytes into `buf`
+/// (positioned, retrying short reads), or without a buffer stats it.
+pub(crate) fn peek(file: &File, buf: Option<&mut [u8]>) -> io::Result<Peeked> {
+    let Some(buf) = buf else {
+        let kind = file.metadata()?.file_type();
+        return Ok(if kind.is_file() {
+            Peeked::File(0)
+        } else if kind.is_dir() {
+            Peeked::Directory
+        } else if kind.is_fifo() {
+            Peeked::Fifo
+        } else {
+            Peeked::Other
+        });
+    };
     let mut n = 0;
     while n < buf.len() {
         match file.read_at(&mut buf[n..], n as u64) {
             Ok(0) => break,
             Ok(k) => n += k,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.raw_os_error() == Some(nix::libc::EISDIR) => return Ok(Peeked::Directory),
+            Err(e) if e.raw_os_error() == Some(nix::libc::ESPIPE) => return Ok(Peeked::Fifo),
             Err(e) => return Err(e),
         }
     }
-    Ok(n)
+    Ok(Peeked::File(n))
 }
 
 #[cfg(test)]

@@ -172,7 +172,7 @@ pub fn mend(dir: &Path, id: &SessionId, now: Timestamp, at_least: u64) -> Result
     // A holder lives while its generation's file is locked: whatever the record says.
     for (_, live_path) in generations.iter().filter(|(_, p)| is_live(p)) {
         let opened = opener.open(live_path, Access::Probe);
-        if let live::Found::Own(file) = live::identify(opened, live_path, None)?
+        if let live::Found::Own(file) = live::identify(opened, live_path, None, live::peek)?
             && !live::holder_gone(&file).map_err(|e| Error::io("lock", live_path, e))?
         {
             return Ok(Mended::Live {

@@ -39,6 +39,7 @@ pub mod status;
 // The lockstep harness's stepper: reachable only where the module is public.
 #[cfg(all(feature = "fault-injection", feature = "internals"))]
 mod step;
+pub mod sys;
 mod tx;
 pub(crate) mod wait;
 
@@ -378,7 +379,7 @@ impl FlockLease {
             };
             let live = paths.live(token);
             let opened = self.relieved(|| self.inner.opener.open(&live, Access::Wait));
-            match live::identify(opened, &live, tag)? {
+            match live::identify(opened, &live, tag, live::peek)? {
                 live::Found::Own(file) => {
                     if !turn && live::holder_gone(&file).map_err(|e| Error::io("lock", &live, e))? {
                         // The holder is gone and an earlier waiter's turn it is.

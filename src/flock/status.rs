@@ -373,7 +373,9 @@ fn next_blocked(dir: &Path, stem: &str, token: u64) -> Option<String> {
 /// as unknown (the machine then falls back to the expiry), with the reason.
 fn probe(opener: &Opener, path: &Path, tag: Option<LiveTag>) -> (Liveness, Option<String>) {
     let opened = opener.open(path, Access::Probe);
-    match live::identify(opened, path, tag).and_then(|found| live::probe(found, path)) {
+    match live::identify(opened, path, tag, live::peek)
+        .and_then(|found| live::probe(found, path, live::holder_gone))
+    {
         Ok(probed) => (probed.liveness, probed.reason),
         Err(e) => (Liveness::Unknown, Some(e.to_string())),
     }

@@ -4,15 +4,16 @@
 //! [`driver::run`](crate::driver::run), which orders them.
 
 use std::fs::{self, File};
-use std::io::{self, Write};
+use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Instant;
 
-use super::files::{self, Access, HeldLock, Paths, read_bounded, standing};
+use super::files::{self, Access, HeldLock, Paths};
 use super::live::{self, Found, Published};
-use super::{Durability, Files, FlockLease};
+use super::sys::{Dir, Kernel, Peeked};
+use super::{Files, FlockLease};
 use crate::Timestamp;
 use crate::driver::{Begun, CommitStep, Grain, Transaction};
 use crate::error::Error;
@@ -53,11 +54,11 @@ pub(super) fn mark_held(held: &AtomicI64, until: Option<Timestamp>) {
 
 /// What this instance holds for one id.
 #[derive(Debug)]
-pub struct Slot {
+pub struct Slot<F = File> {
     /// The id's paths in the lease directory.
     pub(super) paths: Arc<Paths>,
     /// The generation this instance holds, if any.
-    pub(super) local: Option<LocalGen>,
+    pub(super) local: Option<LocalGen<F>>,
     /// A sweep of generations below this token that a takeover left to this id's next
     /// transition here (see [`FlockTx::sweep`]).
     pub(super) pending_sweep: Option<u64>,
@@ -69,7 +70,7 @@ pub struct Slot {
     pub(super) kept: Option<HeldLock>,
 }
 
-impl Slot {
+impl<F> Slot<F> {
     /// Leaves a listing below `below` to this id's next transition here.
     pub(super) fn keep_sweep(&mut self, below: u64) {
         self.pending_sweep = Some(self.pending_sweep.map_or(below, |b| b.max(below)));
@@ -94,7 +95,7 @@ pub const SWEEP_SHARE: usize = 64;
 /// would. A name found earlier can only have gone since (a temporary name is never reused; a
 /// generation below the bound is dead whenever it was created).
 #[derive(Debug, Default)]
-pub(crate) struct Sweeps {
+pub struct Sweeps {
     /// The ids (stems) whose takeover left a sweep not yet run.
     pending: std::collections::HashSet<String>,
     /// Pending ids a listing running now will name leftovers for; an id whose sweep ends
@@ -127,14 +128,14 @@ impl Sweeps {
 
 /// A generation this instance holds: the locked liveness file stays open for its whole life.
 #[derive(Debug)]
-pub(super) struct LocalGen {
+pub(super) struct LocalGen<F = File> {
     pub(super) local: Local,
-    pub(super) live: Published,
+    pub(super) live: Published<F>,
     /// After a restore (a fresh tag, `FlockTx::ensure_live`) whose record is not
     /// committed yet: the file carrying the tag the committed record still names, kept open
     /// and locked until a record naming `live`'s tag is committed. Until then that file, if
     /// it is put back at its name, must still read as the live holder's.
-    pub(super) committed: Option<Published>,
+    pub(super) committed: Option<Published<F>>,
 }
 
 /// A new generation's locked liveness file, not yet adopted. Dropping it
@@ -146,28 +147,29 @@ pub(super) struct LocalGen {
 /// as it likes: then the undo removes the file, if it is still the one at the name, so that
 /// no later acquire finds the name locked (PROTOCOL §7.1).
 #[derive(Debug)]
-pub struct PendingLive(Published, u64);
+pub struct PendingLive<F = File>(Published<F>, u64);
 
-pub struct FlockTx<'a> {
-    pub(super) lease: &'a FlockLease,
+/// One transition's transaction on the lease directory `D` (the kernel's, or the model's).
+pub struct FlockTx<'a, D: Dir = Kernel<'a>> {
+    pub(super) dir: D,
     pub(super) paths: Arc<Paths>,
     /// Until when this instance holds the id ([`held_at`]).
     pub(super) held: &'a AtomicI64,
-    pub(super) slot: &'a mut Slot,
+    pub(super) slot: &'a mut Slot<D::File>,
     /// The transition lock, taken before the run; the driver says when to release it.
-    pub(super) stable: &'a File,
+    pub(super) stable: &'a D::File,
     /// The (device, inode) of the locked `<stem>.lock`, checked again just before the commit.
     pub(super) stable_id: (u64, u64),
     /// What the transition carries from one step to the next.
-    pub(super) st: &'a mut TxState,
+    pub(super) st: &'a mut TxState<D::File>,
 }
 
 /// What one transition carries from one of its steps to the next.
-#[derive(Debug, Default)]
-pub struct TxState {
+#[derive(Debug)]
+pub struct TxState<F = File> {
     /// The temporary record this transition created (under a name of its own) and has not
     /// renamed yet.
-    pub(super) temp: Option<(File, std::path::PathBuf)>,
+    pub(super) temp: Option<(F, std::path::PathBuf)>,
     /// Whether the driver released the transition lock (then the adapter need not again).
     pub(super) unlocked: bool,
     /// The listing an earlier takeover left to this transition (see `FlockTx::sweep`
@@ -188,42 +190,44 @@ pub struct TxState {
     /// right after the rename, still under the transition lock: the inode the rename
     /// replaced is freed there, never after the unlock (on ext4 a free deferred past the
     /// unlock cost milliseconds per transition under load).
-    pub(super) seen_file: Option<File>,
+    pub(super) seen_file: Option<F>,
     /// The tag of the generation the record to commit names: the new generation's
     /// (`FlockTx::lock_live`) or the local one's (`FlockTx::ensure_live`); none for
     /// a tombstone.
     pub(super) commit_tag: Option<LiveTag>,
 }
 
-impl FlockTx<'_> {
+impl<F> Default for TxState<F> {
+    fn default() -> Self {
+        TxState {
+            temp: None,
+            unlocked: false,
+            carried_sweep: None,
+            seen_token: None,
+            seen_tag: None,
+            seen_record: None,
+            seen_file: None,
+            commit_tag: None,
+        }
+    }
+}
+
+impl<D: Dir> FlockTx<'_, D> {
     fn check(&self, point: FaultPoint, path: &std::path::Path) -> Result<(), Error> {
-        self.lease.inner.opener.faults.check(point, path)
-    }
-
-    fn durable(&self) -> bool {
-        self.lease.inner.durability == Durability::Full
-    }
-
-    fn open(&self, path: &std::path::Path, access: Access) -> Result<File, Error> {
-        let (opener, dir) = (&self.lease.inner.opener, &self.lease.inner.dir_file);
-        self.lease.relieved(|| opener.open_in(dir, path, access))
+        self.dir.fault(point, path)
     }
 
     /// Publishes generation `token`'s liveness file carrying `tag` (see [`live::publish`]);
     /// the record this transition commits names that tag.
-    fn publish(&mut self, token: u64, tag: LiveTag, over: live::Over) -> Result<Published, Error> {
+    fn publish(
+        &mut self,
+        token: u64,
+        tag: LiveTag,
+        over: live::Over,
+    ) -> Result<Published<D::File>, Error> {
         let path = self.paths.live(token);
-        // On any failure it removes its temporary file and leaves the final name as it was,
-        // so running it again (with the same tag) after running out of descriptors is safe.
-        let published = self.lease.relieved(|| {
-            live::publish(
-                &self.lease.inner.opener,
-                &self.lease.inner.dir_file,
-                &path,
-                tag,
-                over,
-            )
-        })?;
+        // On any failure it removes its temporary file and leaves the final name as it was.
+        let published = live::publish(&self.dir, &path, tag, over)?;
         self.st.commit_tag = Some(tag);
         Ok(published)
     }
@@ -243,10 +247,8 @@ impl FlockTx<'_> {
         self.note_seen_record()?;
         let lock = &self.paths.lock;
         self.check(FaultPoint::CheckStable, lock)?;
-        let dir = Some(&self.lease.inner.dir_file);
-        let id = |path: &std::path::Path| match standing(dir, path) {
-            Ok(m) => Ok(m.map(|m| m.id())),
-            Err(e) => Err(Error::io("stat", path, e)),
+        let id = |path: &std::path::Path| {
+            (self.dir.standing(path)).map_err(|e| Error::io("stat", path, e))
         };
         let lock_at = id(lock)?;
         // The record is looked at only under the lock (the lock's answer is the one reported).
@@ -266,7 +268,8 @@ impl FlockTx<'_> {
         if self.st.seen_record.is_none()
             && let Some(file) = &self.st.seen_file
         {
-            let id = files::identity(file).map_err(|e| Error::io("stat", &self.paths.record, e))?;
+            let id =
+                (self.dir.identity(file)).map_err(|e| Error::io("stat", &self.paths.record, e))?;
             self.st.seen_record = Some(Some(id));
         }
         Ok(())
@@ -283,7 +286,7 @@ impl FlockTx<'_> {
     }
 }
 
-impl FlockTx<'_> {
+impl<D: Dir> FlockTx<'_, D> {
     /// Runs the listing an earlier takeover left to this transition, if any (see
     /// `FlockTx::sweep`'s implementation below). Best effort, like all cleanup.
     ///
@@ -302,7 +305,7 @@ impl FlockTx<'_> {
                 None => {
                     self.slot.sweep_waits = 0;
                     if self.slot.pending_sweep.is_none() {
-                        super::lock(&self.lease.inner.sweeps).end(&self.paths.stem);
+                        self.dir.sweeps().end(&self.paths.stem);
                     }
                 }
             },
@@ -319,7 +322,7 @@ impl FlockTx<'_> {
         // Still pending afterwards if this very transition's takeover left a new sweep.
         let again = self.slot.pending_sweep.is_some();
         let others = {
-            let mut sweeps = super::lock(&self.lease.inner.sweeps);
+            let mut sweeps = self.dir.sweeps();
             // What another transition's listing found for this id, if one did.
             let mine = sweeps.found.remove(stem);
             let waited_long = sweeps.last.is_some_and(|t| t.elapsed() >= SWEEP_WAIT_MAX);
@@ -357,7 +360,7 @@ impl FlockTx<'_> {
             others
         };
         let listed = self.list(below, &others);
-        let mut sweeps = super::lock(&self.lease.inner.sweeps);
+        let mut sweeps = self.dir.sweeps();
         sweeps.last = Some(std::time::Instant::now());
         let Some((entries, mut found)) = listed else {
             // An incomplete listing names nothing: the others keep waiting for their own.
@@ -394,38 +397,25 @@ impl FlockTx<'_> {
         if self.check(FaultPoint::ReadDir, &self.paths.dir).is_err() {
             return None;
         }
-        // Listed with `std`'s directory reader: open, stat, `getdents64` until it returns
-        // nothing, close. (nix's reader, over `fdopendir`, adds two `fcntl` calls and a
-        // rewind; it allocates less per entry, about 10 % faster over 300 000 entries.) By
-        // path, like the transaction's file steps (only the directory's fsync uses the
-        // descriptor opened at `open`).
-        let Ok(entries) = fs::read_dir(&self.paths.dir) else {
-            return None;
-        };
-        let mut count = 0;
-        // Stops at the first error: a directory that keeps failing to list (an I/O error)
-        // is not asked again and again under the transition lock.
-        for entry in entries {
-            let Ok(entry) = entry else {
-                return None;
-            };
-            count += 1;
-            let name = entry.file_name();
+        let count = self.dir.list(&mut |name| {
             // A stem has no dot: the name's stem is what precedes its first one.
             let bytes = name.as_bytes();
             let Some(dot) = bytes.iter().position(|&b| b == b'.') else {
-                continue;
+                return;
             };
             let Ok(stem) = std::str::from_utf8(&bytes[..dot]) else {
-                continue;
+                return;
             };
             if stem == self.paths.stem {
-                self.remove_if_stale(&name, below);
+                self.remove_if_stale(name, below);
             } else if others.contains(stem) && candidate(&bytes[dot + 1..]) {
-                found.entry(stem.to_owned()).or_default().push(name);
+                found
+                    .entry(stem.to_owned())
+                    .or_default()
+                    .push(name.to_owned());
             }
-        }
-        Some((count, found))
+        });
+        Some((count?, found))
     }
 
     /// Removes the directory entry `name` of this id if it is a leftover (a temporary file,
@@ -440,7 +430,7 @@ impl FlockTx<'_> {
         };
         let stale = rest.ends_with(b".tmp") || live_token(rest).is_some_and(|t| t < below);
         if stale {
-            let _ = fs::remove_file(self.paths.dir.join(name));
+            let _ = self.dir.unlink(&self.paths.dir.join(name));
         }
     }
 }
@@ -461,8 +451,8 @@ fn candidate(rest: &[u8]) -> bool {
     rest.ends_with(b".tmp") || live_token(rest).is_some()
 }
 
-impl Transaction for FlockTx<'_> {
-    type Pending = PendingLive;
+impl<D: Dir> Transaction for FlockTx<'_, D> {
+    type Pending = PendingLive<D::File>;
 
     fn grain(&self) -> Grain {
         Grain::SystemCall
@@ -471,12 +461,12 @@ impl Transaction for FlockTx<'_> {
     fn unlock(&mut self) {
         self.run_carried_sweep();
         // If this fails, the adapter closes the descriptor, which releases the lock too.
-        self.st.unlocked = self.stable.unlock().is_ok();
+        self.st.unlocked = self.dir.unlock(self.stable).is_ok();
     }
 
     fn begin(&mut self) -> Result<Begun, Error> {
         Ok(Begun {
-            now: self.lease.clock.now(),
+            now: self.dir.now(),
             record: self.read()?,
             local: self.slot.local.as_ref().map(|g| g.local.clone()),
         })
@@ -484,20 +474,25 @@ impl Transaction for FlockTx<'_> {
 
     fn probe(&mut self, token: u64) -> Result<Liveness, Error> {
         let path = self.paths.live(token);
-        let mut opened = self.open(&path, Access::Probe);
+        let mut opened = self.dir.open(&path, Access::Probe);
         if matches!(opened, Err(Error::TooManyOpenFiles { .. })) && self.st.seen_file.is_some() {
             // At the descriptor limit, as in `write_temp`: the record read makes room.
             self.close_seen_record()?;
-            opened = self.open(&path, Access::Probe);
+            opened = self.dir.open(&path, Access::Probe);
         }
-        let found = live::identify(opened, &path, self.st.seen_tag)?;
+        let peek = |f: &D::File, buf: Option<&mut [u8]>| self.dir.peek(f, buf);
+        let found = live::identify(opened, &path, self.st.seen_tag, peek)?;
         if matches!(found, Found::Own(_)) {
             self.check(FaultPoint::LockProbe, &path)?;
         }
-        Ok(live::probe(found, &path)?.liveness)
+        Ok(live::probe(found, &path, |f| self.dir.holder_gone(f))?.liveness)
     }
 
-    fn commit_step(&mut self, step: CommitStep, plan: &Plan) -> Result<Option<PendingLive>, Error> {
+    fn commit_step(
+        &mut self,
+        step: CommitStep,
+        plan: &Plan,
+    ) -> Result<Option<PendingLive<D::File>>, Error> {
         let token = plan.prepared_token();
         match (step, token, &plan.commit) {
             (CommitStep::LockLive, Some(token), _) => return self.lock_live(token).map(Some),
@@ -515,23 +510,21 @@ impl Transaction for FlockTx<'_> {
         Ok(None)
     }
 
-    fn undo(&mut self, pending: Option<PendingLive>) {
+    fn undo(&mut self, pending: Option<PendingLive<D::File>>) {
         // Closing the descriptor releases a new generation's lock; its file stays (see
         // `PendingLive`), unless a receiver may keep the lock.
         if let Some(PendingLive(published, token)) = pending
-            && self.lease.inner.opener.share.is_some()
+            && self.dir.shares()
         {
-            use std::os::unix::fs::MetadataExt;
             let path = self.paths.live(token);
-            if fs::symlink_metadata(&path)
-                .is_ok_and(|m| (m.dev(), m.ino()) == (published.dev, published.ino))
-            {
-                let _ = fs::remove_file(&path);
+            if (self.dir.standing(&path)).is_ok_and(|m| m == Some((published.dev, published.ino))) {
+                let _ = self.dir.unlink(&path);
             }
         }
         // Only a file this transition created: a refused foreign file is not ours to remove.
-        if let Some((_, path)) = self.st.temp.take() {
-            let _ = fs::remove_file(path);
+        if let Some((temp, path)) = self.st.temp.take() {
+            drop(temp);
+            let _ = self.dir.unlink(&path);
         }
     }
 
@@ -543,7 +536,7 @@ impl Transaction for FlockTx<'_> {
         }
     }
 
-    fn adopt(&mut self, pending: PendingLive, local: Local) {
+    fn adopt(&mut self, pending: PendingLive<D::File>, local: Local) {
         self.slot.local = Some(LocalGen {
             local,
             committed: None,
@@ -554,10 +547,10 @@ impl Transaction for FlockTx<'_> {
 
 /// The flock backend's steps, one system call (or a few that no other actor can come
 /// between) each.
-impl FlockTx<'_> {
+impl<D: Dir> FlockTx<'_, D> {
     fn read(&mut self) -> Result<Option<Record>, Error> {
         let path = &self.paths.record;
-        let file = match self.open(path, Access::Read) {
+        let file = match self.dir.open(path, Access::Read) {
             Ok(f) => f,
             Err(e) if e.io_kind() == Some(io::ErrorKind::NotFound) => {
                 self.st.seen_token = Some(None);
@@ -567,15 +560,17 @@ impl FlockTx<'_> {
             Err(e) => return Err(e),
         };
         self.check(FaultPoint::ReadRecord, path)?;
-        let buf = read_bounded(&file).map_err(|e| match e.raw_os_error() {
+        let buf = self.dir.read(&file).map_err(|e| match e.raw_os_error() {
             Some(nix::libc::EISDIR) => Error::NotAFile { path: path.clone() },
             _ => Error::io("read", path, e),
         })?;
         let (record, tag) = record::decode_tagged(&buf).map_err(|source| {
             // Bytes that are no record: a FIFO reads as empty, so say what the file is when
             // it is not a regular file (a stat only on this path, never on a good record's).
-            match file.metadata() {
-                Ok(m) if !m.is_file() => Error::NotAFile { path: path.clone() },
+            match self.dir.peek(&file, None) {
+                Ok(kind) if !matches!(kind, Peeked::File(_)) => {
+                    Error::NotAFile { path: path.clone() }
+                }
                 _ => Error::Corrupt {
                     path: path.clone(),
                     source,
@@ -590,11 +585,11 @@ impl FlockTx<'_> {
         Ok(Some(record))
     }
 
-    fn lock_live(&mut self, token: u64) -> Result<PendingLive, Error> {
+    fn lock_live(&mut self, token: u64) -> Result<PendingLive<D::File>, Error> {
         // A live holder of the generation about to be granted (the record was moved back
         // under it) keeps its file: the publish refuses to replace a locked file. A symbolic
         // link planted at the name is refused too, as everywhere in the directory.
-        let published = self.publish(token, live::fresh_tag(), live::Over::NotHeld)?;
+        let published = self.publish(token, self.dir.fresh_tag(), live::Over::NotHeld)?;
         Ok(PendingLive(published, token))
     }
 
@@ -605,8 +600,8 @@ impl FlockTx<'_> {
         };
         self.check(FaultPoint::StatLive, &path)?;
         let ours = &generation.live;
-        match standing(Some(&self.lease.inner.dir_file), &path) {
-            Ok(Some(m)) if m.id() == (ours.dev, ours.ino) => {
+        match self.dir.standing(&path) {
+            Ok(Some(m)) if m == (ours.dev, ours.ino) => {
                 self.st.commit_tag = Some(ours.tag);
                 return Ok(());
             }
@@ -621,7 +616,7 @@ impl FlockTx<'_> {
             Ok(_) => {}
             Err(e) => return Err(Error::io("stat", &path, e)),
         }
-        let published = self.publish(token, live::fresh_tag(), live::Over::Anything)?;
+        let published = self.publish(token, self.dir.fresh_tag(), live::Over::Anything)?;
         if let Some(generation) = self.slot.local.as_mut() {
             let old = std::mem::replace(&mut generation.live, published);
             // Keep the file whose tag the committed record names (the first one replaced
@@ -634,24 +629,18 @@ impl FlockTx<'_> {
     }
 
     fn write_temp(&mut self, record: &Record) -> Result<(), Error> {
-        let path = self.paths.temp(live::fresh_tag());
-        let mut tmp = match self.open(&path, Access::Temp) {
+        let path = self.paths.temp(self.dir.fresh_tag());
+        let tmp = match self.dir.open(&path, Access::Temp) {
             // At the descriptor limit the record read is closed to make room.
             Err(Error::TooManyOpenFiles { .. }) if self.st.seen_file.is_some() => {
                 self.close_seen_record()?;
-                self.open(&path, Access::Temp)?
+                self.dir.open(&path, Access::Temp)?
             }
             other => other?,
         };
         self.check(FaultPoint::WriteTemp, &path)?;
-        #[cfg(feature = "fault-injection")]
-        let tag = self
-            .st
-            .commit_tag
-            .filter(|_| !self.lease.inner.untagged_records);
-        #[cfg(not(feature = "fault-injection"))]
-        let tag = self.st.commit_tag;
-        let written = tmp.write_all(&record::encode_tagged(record, tag));
+        let tag = self.st.commit_tag.filter(|_| self.dir.tags_records());
+        let written = self.dir.write(&tmp, &record::encode_tagged(record, tag));
         let failed = written.map_err(|e| Error::io("write", &path, e));
         // Kept even on failure, so the driver's discard removes what was created.
         self.st.temp = Some((tmp, path));
@@ -659,13 +648,13 @@ impl FlockTx<'_> {
     }
 
     fn sync_temp(&mut self) -> Result<(), Error> {
-        if !self.durable() {
+        if !self.dir.durable() {
             return Ok(());
         }
         match &self.st.temp {
             Some((tmp, path)) => {
                 self.check(FaultPoint::SyncTemp, path)?;
-                tmp.sync_data().map_err(|e| Error::io("fsync", path, e))
+                self.dir.sync(tmp).map_err(|e| Error::io("fsync", path, e))
             }
             None => Ok(()),
         }
@@ -686,9 +675,7 @@ impl FlockTx<'_> {
         };
         self.check(FaultPoint::Rename, to)?;
         // Both names looked up from the lease directory's descriptor (one component each).
-        let dir = &self.lease.inner.dir_file;
-        nix::fcntl::renameat(dir, name_of(from), dir, name_of(to))
-            .map_err(|e| Error::io("rename", to, io::Error::from(e)))?;
+        (self.dir.rename(from, to)).map_err(|e| Error::io("rename", to, e))?;
         // The record read is closed now, before the directory sync and the unlock: the
         // rename unlinked it, and its inode is freed here, under the lock, as a rename with no
         // descriptor open frees it (the check above no longer needs it).
@@ -705,16 +692,12 @@ impl FlockTx<'_> {
     }
 
     fn sync_dir(&mut self) -> Result<(), Error> {
-        if !self.durable() {
+        if !self.dir.durable() {
             return Ok(());
         }
-        let dir = &self.lease.inner.dir;
+        let dir = &self.paths.dir;
         self.check(FaultPoint::SyncDir, dir)?;
-        self.lease
-            .inner
-            .dir_file
-            .sync_all()
-            .map_err(|e| Error::io("fsync", dir, e))
+        self.dir.sync_dir().map_err(|e| Error::io("fsync", dir, e))
     }
 
     fn close_local(&mut self, token: u64) {
@@ -732,9 +715,7 @@ impl FlockTx<'_> {
     fn delete_live(&mut self, token: u64) {
         let path = self.paths.live(token);
         if self.check(FaultPoint::Unlink, &path).is_ok() {
-            let dir = &self.lease.inner.dir_file;
-            let _ =
-                nix::unistd::unlinkat(dir, name_of(&path), nix::unistd::UnlinkatFlags::NoRemoveDir);
+            let _ = self.dir.unlink(&path);
         }
     }
 
@@ -749,15 +730,10 @@ impl FlockTx<'_> {
             self.delete_live(dead);
         }
         self.slot.keep_sweep(below);
-        let mut sweeps = super::lock(&self.lease.inner.sweeps);
+        let mut sweeps = self.dir.sweeps();
         sweeps.since += 1;
         sweeps.pending.insert(self.paths.stem.clone());
     }
-}
-
-/// The name of a file of the lease directory, to look it up from the directory's descriptor.
-fn name_of(path: &std::path::Path) -> &std::ffi::OsStr {
-    path.file_name().unwrap_or(path.as_os_str())
 }
 
 impl Idle for Slot {
@@ -815,7 +791,7 @@ impl Backend for Files {
         (lock, st): &'a mut Self::Lock,
     ) -> FlockTx<'a> {
         FlockTx {
-            lease: l,
+            dir: Kernel(l),
             paths: Arc::clone(&slot.paths),
             held: &entry.held,
             slot,
