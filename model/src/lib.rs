@@ -31,6 +31,7 @@ use stateright::{Model, Property};
 mod fence;
 pub mod harness;
 pub mod line;
+pub mod program;
 pub mod props;
 pub mod report;
 pub mod resource;

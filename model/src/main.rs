@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use flocklease_model::harness::{self, SmallModel};
 use flocklease_model::line::LineModel;
+use flocklease_model::program::ProgramModel;
 use flocklease_model::resource::ResourceModel;
 use flocklease_model::run::RunModel;
 use flocklease_model::threads::ThreadsModel;
@@ -145,6 +146,7 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
     let mut line_model: Option<LineModel> = None;
     let mut resource_model: Option<ResourceModel> = None;
     let mut threads_model: Option<ThreadsModel> = None;
+    let mut program_model: Option<ProgramModel> = None;
     let mut named = false;
     // An option that shapes the lease model (not a planted bug or the output): the small
     // moves and go-records runs after the default configuration are then left out.
@@ -164,6 +166,7 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
                     || config(&mut line_model, name)
                     || config(&mut resource_model, name)
                     || config(&mut threads_model, name)
+                    || config(&mut program_model, name)
                 {
                     continue;
                 }
@@ -209,7 +212,8 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
                 name if plant(&mut run_model, name)
                     || plant(&mut line_model, name)
                     || plant(&mut resource_model, name)
-                    || plant(&mut threads_model, name) =>
+                    || plant(&mut threads_model, name)
+                    || plant(&mut program_model, name) =>
                 {
                     named = true;
                 }
@@ -247,7 +251,8 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
     let side = run_model.is_some()
         || line_model.is_some()
         || resource_model.is_some()
-        || threads_model.is_some();
+        || threads_model.is_some()
+        || program_model.is_some();
     match command.as_str() {
         "check" if side => {
             let mut out = std::io::stdout();
@@ -256,6 +261,7 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
             ok &= check(line_model, &mut out)?;
             ok &= check(resource_model, &mut out)?;
             ok &= check(threads_model, &mut out)?;
+            ok &= check(program_model, &mut out)?;
             println!("{}", if ok { "OK" } else { "FAILED" });
             Ok(if ok {
                 ExitCode::SUCCESS
@@ -269,6 +275,8 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
             } else if let Some(m) = resource_model {
                 serve(m, &addr)
             } else if let Some(m) = threads_model {
+                serve(m, &addr)
+            } else if let Some(m) = program_model {
                 serve(m, &addr)
             } else {
                 serve(run_model.unwrap_or_default(), &addr)
@@ -316,6 +324,7 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
                     check_alone::<LineModel>(&mut out)?,
                     check_alone::<ResourceModel>(&mut out)?,
                     check_alone::<ThreadsModel>(&mut out)?,
+                    check_alone::<ProgramModel>(&mut out)?,
                 ] {
                     ok &= ok_side;
                 }

@@ -19,7 +19,8 @@ use std::sync::MutexGuard;
 use super::FlockLease;
 use super::files;
 pub use super::files::Access;
-pub use super::tx::Sweeps;
+pub use super::live::Published;
+pub use super::tx::{FlockTx, Slot, Sweeps, TxState};
 use crate::Timestamp;
 use crate::error::Error;
 use crate::fault::FaultPoint;
@@ -44,12 +45,16 @@ pub trait Dir {
     /// An open file of the directory. Dropping it closes it, which releases a lock it holds.
     type File: fmt::Debug;
 
-    /// The fault seam before the step `point` on `path` (tests make it fail or pause there).
+    /// The fault seam before the step `point` on `path` (tests make it fail or pause there;
+    /// the default: nothing).
     ///
     /// # Errors
     ///
     /// The failure a test's hook chose.
-    fn fault(&self, point: FaultPoint, path: &Path) -> Result<(), Error>;
+    fn fault(&self, point: FaultPoint, path: &Path) -> Result<(), Error> {
+        let _ = (point, path);
+        Ok(())
+    }
 
     /// The time a transition reads under the lock.
     fn now(&self) -> Timestamp;

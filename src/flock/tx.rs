@@ -71,9 +71,44 @@ pub struct Slot<F = File> {
 }
 
 impl<F> Slot<F> {
+    /// The slot of id `id` in the lease directory `dir`: nothing held yet.
+    pub fn new(dir: &std::path::Path, id: &SessionId) -> Slot<F> {
+        Slot {
+            paths: Arc::new(Paths::new(dir, id.stem().to_owned())),
+            local: None,
+            pending_sweep: None,
+            sweep_waits: 0,
+            kept: None,
+        }
+    }
+
     /// Leaves a listing below `below` to this id's next transition here.
     pub(super) fn keep_sweep(&mut self, below: u64) {
         self.pending_sweep = Some(self.pending_sweep.map_or(below, |b| b.max(below)));
+    }
+
+    /// What a transition that has just taken the id's transition lock carries: the listing an
+    /// earlier takeover of this instance left to it.
+    pub fn begin(&mut self) -> TxState<F> {
+        TxState {
+            carried_sweep: self.pending_sweep.take(),
+            ..TxState::default()
+        }
+    }
+
+    /// The end of a transition, before its transition lock is given back: `held` says no more
+    /// than the slot holds, and a listing the run did not get to waits for the next
+    /// transition. Whether the run unlocked the transition lock itself.
+    pub fn end(&mut self, held: &AtomicI64, st: &mut TxState<F>) -> bool {
+        if self.local.is_none() {
+            mark_held(held, None);
+        }
+        // The carried listing waits for the next transition if the run did not get to it (the
+        // driver ends every run by releasing the lock, which runs it).
+        if let Some(below) = st.carried_sweep.take() {
+            self.keep_sweep(below);
+        }
+        st.unlocked
     }
 }
 
@@ -149,7 +184,8 @@ pub(super) struct LocalGen<F = File> {
 #[derive(Debug)]
 pub struct PendingLive<F = File>(Published<F>, u64);
 
-/// One transition's transaction on the lease directory `D` (the kernel's, or the model's).
+/// One transition's transaction on the lease directory `D` (the kernel's, or the model's),
+/// for [`driver::run`](crate::driver::run).
 pub struct FlockTx<'a, D: Dir = Kernel<'a>> {
     pub(super) dir: D,
     pub(super) paths: Arc<Paths>,
@@ -208,6 +244,29 @@ impl<F> Default for TxState<F> {
             seen_record: None,
             seen_file: None,
             commit_tag: None,
+        }
+    }
+}
+
+impl<'a, D: Dir> FlockTx<'a, D> {
+    /// The transaction of one transition of `slot`'s id on `dir`, under the transition lock
+    /// `stable` (the file whose (device, inode) is `stable_id`), carrying `st` (from
+    /// [`Slot::begin`]); `held` is the id's entry's held flag ([`held_at`]).
+    pub fn new(
+        dir: D,
+        held: &'a AtomicI64,
+        slot: &'a mut Slot<D::File>,
+        (stable, stable_id): (&'a D::File, (u64, u64)),
+        st: &'a mut TxState<D::File>,
+    ) -> Self {
+        FlockTx {
+            dir,
+            paths: Arc::clone(&slot.paths),
+            held,
+            slot,
+            stable,
+            stable_id,
+            st,
         }
     }
 }
@@ -750,13 +809,7 @@ impl Backend for Files {
     type Tx<'a> = FlockTx<'a>;
 
     fn state(&self, id: &SessionId) -> Slot {
-        Slot {
-            paths: Arc::new(Paths::new(&self.dir, id.stem().to_owned())),
-            local: None,
-            pending_sweep: None,
-            sweep_waits: 0,
-            kept: None,
-        }
+        Slot::new(&self.dir, id)
     }
 
     /// One attempt at `<stem>.lock` ([`files::lock_once`]); taken, the run carries the
@@ -774,13 +827,7 @@ impl Backend for Files {
         let dir = Some(&l.inner.dir_file);
         let faults = &l.inner.opener.faults;
         let taken = files::lock_once(path, dir, faults, open, kept, deadline)?;
-        Ok(taken.map(|lock| {
-            let st = TxState {
-                carried_sweep: slot.pending_sweep.take(),
-                ..TxState::default()
-            };
-            (lock, st)
-        }))
+        Ok(taken.map(|lock| (lock, slot.begin())))
     }
 
     fn tx<'a>(
@@ -790,15 +837,13 @@ impl Backend for Files {
         slot: &'a mut Slot,
         (lock, st): &'a mut Self::Lock,
     ) -> FlockTx<'a> {
-        FlockTx {
-            dir: Kernel(l),
-            paths: Arc::clone(&slot.paths),
-            held: &entry.held,
+        FlockTx::new(
+            Kernel(l),
+            &entry.held,
             slot,
-            stable: &lock.file,
-            stable_id: (lock.dev, lock.ino),
+            (&lock.file, (lock.dev, lock.ino)),
             st,
-        }
+        )
     }
 
     fn unlock(
@@ -808,19 +853,12 @@ impl Backend for Files {
         (mut lock, mut st): Self::Lock,
         _outcome: &Result<Outcome, Error>,
     ) {
-        if slot.local.is_none() {
-            mark_held(&entry.held, None);
-        }
-        // The carried listing waits for the next transition if the run did not get to it (the
-        // driver ends every run by releasing the lock, which runs it).
-        if let Some(below) = st.carried_sweep.take() {
-            slot.keep_sweep(below);
-        }
+        let unlocked = slot.end(&entry.held, &mut st);
         // The transition lock is unlocked explicitly if the run did not (closing would unlock
         // too, but a copy of the descriptor in a process forked meanwhile, without exec, must
         // not keep the lock), and its descriptor kept for the id's next transition while a
         // place is free; otherwise (or if unlocking failed) closed, which unlocks it.
-        if st.unlocked || lock.file.unlock().is_ok() {
+        if unlocked || lock.file.unlock().is_ok() {
             if lock.place.is_none() {
                 lock.place = files::KeepPlace::take(&l.inner.kept_locks);
             }

@@ -1,0 +1,1106 @@
+//! The flock adapter's own transaction, run by the model checker: processes calling the
+//! library's `FlockTx` through the library's driver (`flocklease::driver::run`) on a simulated
+//! lease directory ([`Sim`], the library's `flock::sys::Dir` seam), a crash that closes
+//! everything a process holds, a clock step past the TTL, and a cleaner that deletes the
+//! transition lock's file.
+//!
+//! The simulated directory ([`Files`]) is part of the model's state: names, inodes and their
+//! bytes, the open file descriptions and which of them holds each inode's `flock`. A process's
+//! step runs its whole history again from its start — every call its script made so far, on
+//! one instance's state (the id's slot, its deferred sweeps) — with every file-system call it
+//! made in earlier steps answered from its log ([`Proc::log`]), up to the next call another
+//! process could see or be seen by ([`Sim`]'s visible calls: an open or a stat of a shared
+//! name, a rename, an unlink, a listing, a lock, an unlock, a probe of a lock, the close of a
+//! locked file), which it makes on the simulated files and logs; calls on what only it can
+//! reach (its temporary files under fresh names, their writes and fsyncs, reads and stats of
+//! what it opened, the directory's fsync, the clock) are made in the same step. At the visible
+//! call after that the step ends: that call and every one after it fails without acting, and
+//! the run is discarded. A transition lock held by another description makes the step not
+//! enabled (the kernel's `flock` waits). Closing a file is a call too (the handle's `drop`), so
+//! a dropped liveness file releases its lock exactly where the adapter drops it.
+//!
+//! What the model restates: the transition lock's one attempt (open, creating, `<stem>.lock`,
+//! lock it, check it is the file at the path), which the kernel's adapter takes through
+//! `flock::files::lock_once` outside the seam; the front (the turn, the state mutex, the
+//! final expiry check) is not run here.
+//!
+//! The properties: **one holder at a time** (no two processes hold unexpired grants),
+//! **a holder's record names it** (while a process holds an unexpired grant, the record at the
+//! name is its generation), **the record's token never goes down**, and **grants are fenced**
+//! (a grant to another process has a greater token than every grant before it). Each holds
+//! outside the window POSIX leaves between the commit check's stat of `<stem>.lock` and the
+//! rename (PROTOCOL §11): the cleaner does not act while a process is in it (the lease model
+//! shows that window reachable).
+//!
+//! Left out (PROTOCOL says it too): crashes losing what was not fsynced, full disks and I/O
+//! errors, permissions, owners, symbolic links and special files, a Go prober's empty files, a
+//! record or liveness file moved back, the lock timeout, and the instance's other threads.
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::fmt;
+use std::io;
+use std::path::Path;
+use std::sync::atomic::AtomicI64;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use flocklease::flock::sys::{Access, Dir, FlockTx, Peeked, Slot, Sweeps};
+use flocklease::machine::{Event, Outcome};
+use flocklease::record::{self, LiveTag};
+use flocklease::{Error, Owner, SessionId, Timestamp};
+use stateright::{Model, Property};
+
+use crate::harness::SmallModel;
+
+/// The lease directory.
+const DIR: &str = "/d";
+/// The id.
+const ID: &str = "s";
+/// The lease's TTL, in seconds.
+const TTL: i64 = 10;
+/// The model's clock at the start, in seconds since the epoch.
+const START: i64 = 1_000;
+
+/// One call of a process's script.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Call {
+    /// Acquire the lease.
+    Acquire,
+    /// Renew what the process's last grant gave it (skipped without one).
+    Renew,
+    /// Release what the process's last grant gave it (skipped without one).
+    Release,
+}
+
+/// Mistakes planted in the model's own actors (the program's are planted in its source:
+/// `model/tests/plants.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Planted {
+    /// The simulated `flock` lets a second description lock a locked inode.
+    SharedFlock,
+}
+
+/// The configuration.
+#[derive(Clone, Debug)]
+pub struct ProgramModel {
+    /// Each process's calls, in order.
+    pub scripts: Vec<Vec<Call>>,
+    /// How many times a process may crash (each crash ends its script).
+    pub crashes: u8,
+    /// How many times the clock steps past the TTL.
+    pub ticks: u8,
+    /// How many times the cleaner deletes `<stem>.lock`.
+    pub cleaner: u8,
+    /// A mistake planted in the simulated directory.
+    pub planted: Option<Planted>,
+}
+
+impl Default for ProgramModel {
+    fn default() -> Self {
+        ProgramModel {
+            scripts: vec![
+                vec![Call::Acquire, Call::Renew, Call::Release],
+                vec![Call::Acquire, Call::Acquire],
+            ],
+            crashes: 1,
+            ticks: 1,
+            cleaner: 1,
+            planted: None,
+        }
+    }
+}
+
+/// An open file description: the process that opened it and its number there.
+pub type Desc = (u8, u16);
+
+/// The simulated lease directory.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Files {
+    /// Each name and the inode it names.
+    pub names: BTreeMap<String, u8>,
+    /// Each inode's bytes (an inode lives while a name or an open description refers to it).
+    pub inodes: BTreeMap<u8, Vec<u8>>,
+    /// The open file descriptions and the inode each opened.
+    pub open: BTreeMap<Desc, u8>,
+    /// Which description holds each locked inode's exclusive `flock`.
+    pub locked: BTreeMap<u8, Desc>,
+}
+
+impl Files {
+    /// A new inode holding `bytes`: the lowest free number, so that a freed inode's number is
+    /// given again (what the adapter's identity checks must survive).
+    fn make(&mut self, bytes: Vec<u8>) -> u8 {
+        let ino = (0..=u8::MAX)
+            .find(|i| !self.inodes.contains_key(i))
+            .expect("fewer than 256 inodes");
+        self.inodes.insert(ino, bytes);
+        ino
+    }
+
+    /// Frees the inodes nothing refers to any more.
+    fn collect(&mut self) {
+        let (names, open) = (&self.names, &self.open);
+        self.inodes
+            .retain(|i, _| names.values().any(|n| n == i) || open.values().any(|n| n == i));
+    }
+
+    /// Closes every description of process `p` (a crash): its locks go with them.
+    fn close_all(&mut self, p: u8) {
+        self.open.retain(|d, _| d.0 != p);
+        self.locked.retain(|_, d| d.0 != p);
+        self.collect();
+    }
+
+    /// The record at `name`, if a valid one stands there.
+    fn record(&self, name: &str) -> Option<record::Record> {
+        let bytes = self.inodes.get(self.names.get(name)?)?;
+        record::decode_tagged(bytes).ok().map(|(r, _)| r)
+    }
+}
+
+/// What a file-system call answered, in a process's log.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Answer {
+    /// An open: the inode, or nothing at the name.
+    Open(Option<u8>),
+    /// A stat of a name: the inode there, if any.
+    Standing(Option<u8>),
+    /// A yes or no (a lock taken, a holder gone, a rename without replacement done).
+    Bool(bool),
+    /// A listing's names.
+    Names(Vec<String>),
+    /// A read's bytes.
+    Bytes(Vec<u8>),
+    /// The clock, in seconds since the epoch.
+    Now(i64),
+    /// Done.
+    Done,
+}
+
+/// One process.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Proc {
+    /// What its file-system calls answered, from its start (emptied by a crash).
+    pub log: Vec<Answer>,
+    /// How many of its script's calls have ended.
+    pub done: usize,
+    /// It crashed: its script is over.
+    pub crashed: bool,
+    /// Ghost: the grant its last call that answered one gave it, `(token, expiry in
+    /// seconds)`, until it releases it or crashes.
+    pub holds: Option<(u64, i64)>,
+    /// The tokens of its grants, for its renew and release.
+    pub token: Option<u64>,
+    /// Ghost: its last visible call was a stat of `<stem>.lock` (the commit check's, or the
+    /// lock attempt's): the window before a rename, in which the cleaner does not act.
+    pub in_window: bool,
+    /// Ghost: the call in progress has made a visible call (so a crash now is mid-call).
+    pub started: bool,
+    /// Ghost: the call in progress began after a holder crashed holding its generation's
+    /// file (see [`ProgramState::crashed_holder`]).
+    pub after_crash: bool,
+    /// Ghost: its last commit of a record naming it came after the cleaner's last deletion of
+    /// a liveness file.
+    pub clean: bool,
+    /// Ghost: the cleaner deleted a liveness file during its call in progress (after the
+    /// call may have checked its own).
+    pub disturbed: bool,
+}
+
+/// The whole system.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ProgramState {
+    /// The simulated directory.
+    pub files: Files,
+    /// The processes.
+    pub procs: Vec<Proc>,
+    /// The clock, in seconds since the epoch.
+    pub now: i64,
+    /// Clock steps left.
+    pub ticks: u8,
+    /// Crashes left.
+    pub crashes: u8,
+    /// The cleaner's acts left.
+    pub cleaner: u8,
+    /// Ghost: the greatest token a record put at the name carried.
+    pub max_token: Option<u64>,
+    /// Ghost: the last grant, `(token, process)`.
+    pub last_grant: Option<(u64, u8)>,
+    /// Ghost: a record with a lower token replaced a greater one.
+    pub went_back: bool,
+    /// Ghost: a grant to another process did not exceed every grant before it.
+    pub unfenced: bool,
+    /// Ghost: a process was granted the lease after another crashed holding it.
+    pub replaced_crashed: bool,
+    /// Ghost: a process renewed a grant past its expiry.
+    pub renewed_late: bool,
+    /// Ghost: the token of a holder that crashed while its generation's file stood at its
+    /// name, locked by it, and that nobody has replaced since (cleared by a grant, or by the
+    /// cleaner acting, which may take the file away).
+    pub crashed_holder: Option<u64>,
+    /// Ghost: an acquire that began after a crashed holder's end was answered "held" while
+    /// nobody had replaced it.
+    pub not_replaced: bool,
+}
+
+/// One step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ProgramAction {
+    /// A process's next step.
+    Step(u8),
+    /// A process crashes: the kernel closes everything it had open.
+    Crash(u8),
+    /// The clock steps past the TTL.
+    Tick,
+    /// The cleaner deletes `<stem>.lock`.
+    DeleteLock,
+    /// The cleaner deletes the liveness file of the greatest token.
+    DeleteLive,
+}
+
+/// Exclusion.
+pub const ONE_HOLDER: &str = "no two processes hold unexpired grants at once";
+/// The record names the holder.
+pub const NAMED: &str = "while a process holds an unexpired grant, the record names its generation";
+/// The record's token.
+pub const NEVER_BACK: &str = "the record's token never goes down";
+/// Fencing.
+pub const FENCED: &str =
+    "an unexpired grant to another process carries a greater token than every grant before it";
+/// A crashed holder is replaced at once.
+pub const AT_ONCE: &str =
+    "an acquire that begins after a holder crashed is granted, unless someone else was";
+/// Reachability: a crashed holder replaced.
+pub const REPLACED: &str = "a process is granted the lease a crashed holder held";
+/// Reachability: a late renew.
+pub const LATE_RENEW: &str = "a holder renews past its expiry when nobody took over";
+
+/// The id's file stem.
+fn stem() -> String {
+    SessionId::new(ID).expect("a valid id").stem().to_owned()
+}
+
+/// The error every call of a step that is over returns (the process's run goes on to its end
+/// and is discarded; the next step runs it again).
+fn over(path: &Path) -> Error {
+    Error::Io {
+        op: "model step",
+        path: path.to_owned(),
+        source: io::Error::other("the model's step ends here"),
+    }
+}
+
+/// A path's name in the lease directory.
+fn name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// The simulated directory as one process's step sees it: the files, and the process's log.
+pub struct Sim<'a> {
+    files: &'a RefCell<Files>,
+    me: u8,
+    /// The crashes before this instance (its tags differ from an earlier instance's).
+    incarnation: u8,
+    log: RefCell<Vec<Answer>>,
+    /// How far the log has been replayed.
+    pos: Cell<usize>,
+    /// Descriptions opened so far (replayed identically).
+    opened: Cell<u16>,
+    /// Tags given so far (replayed identically).
+    tags: Cell<u64>,
+    /// This step has made its one visible call.
+    made: Cell<bool>,
+    /// The step is over: every call from now on fails without acting.
+    over: Cell<bool>,
+    /// The step found the transition lock held by another description.
+    blocked: Cell<bool>,
+    /// What the step's visible call was, for the window ghost: 1 a stat of `<stem>.lock`, 2
+    /// a stat of the record, 0 anything else.
+    kind: Cell<u8>,
+    /// The record's name.
+    record: String,
+    /// The clock.
+    now: i64,
+    /// The planted mistake.
+    planted: Option<Planted>,
+    /// The instance's deferred sweeps.
+    sweeps: Mutex<Sweeps>,
+    /// The lock file's name.
+    lock: String,
+}
+
+/// An open file of the simulated directory. Dropping it closes it.
+#[derive(Debug)]
+pub struct SimFile<'a> {
+    desc: Desc,
+    ino: u8,
+    sim: &'a Sim<'a>,
+}
+
+impl fmt::Debug for Sim<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Sim(p{})", self.me)
+    }
+}
+
+impl Drop for SimFile<'_> {
+    fn drop(&mut self) {
+        let desc = self.desc;
+        // Visible only when it releases a lock.
+        let locked = self.sim.files.borrow().locked.values().any(|d| *d == desc);
+        self.sim.call(locked, |f| {
+            f.open.remove(&desc);
+            f.locked.retain(|_, d| *d != desc);
+            f.collect();
+            Some(Answer::Done)
+        });
+    }
+}
+
+impl<'a> Sim<'a> {
+    /// One call: replayed from the log; or made now on the files by `act` (`None`: it
+    /// blocks), when it is the step's one visible call (`visible`) or the process's own; or,
+    /// at the step's second visible call, the step's end.
+    fn call(
+        &self,
+        visible: bool,
+        act: impl FnOnce(&mut Files) -> Option<Answer>,
+    ) -> Option<Answer> {
+        if self.over.get() {
+            return None;
+        }
+        let pos = self.pos.get();
+        if let Some(answer) = self.log.borrow().get(pos) {
+            self.pos.set(pos + 1);
+            return Some(answer.clone());
+        }
+        if visible && self.made.get() {
+            self.over.set(true);
+            return None;
+        }
+        let Some(answer) = act(&mut self.files.borrow_mut()) else {
+            self.blocked.set(true);
+            self.over.set(true);
+            return None;
+        };
+        if visible {
+            self.made.set(true);
+            self.kind.set(0);
+        }
+        self.log.borrow_mut().push(answer.clone());
+        self.pos.set(pos + 1);
+        Some(answer)
+    }
+
+    /// A new description of `ino` (`None`: nothing).
+    fn file(&'a self, ino: Option<u8>) -> Option<SimFile<'a>> {
+        let ino = ino?;
+        let n = self.opened.get();
+        self.opened.set(n + 1);
+        Some(SimFile {
+            desc: (self.me, n),
+            ino,
+            sim: self,
+        })
+    }
+
+    /// Notes, for a call being made now, the description it opens.
+    fn next_desc(&self) -> Desc {
+        (self.me, self.opened.get())
+    }
+
+    /// The transition lock's one attempt: open (creating) `<stem>.lock`, lock it (blocking
+    /// while another description holds it), and check it is the file at the path. `None`:
+    /// the step ended.
+    fn lock_once(&'a self) -> Option<Option<SimFile<'a>>> {
+        let lock = self.lock.clone();
+        let desc = self.next_desc();
+        let answer = self.call(true, |f| {
+            let ino = match f.names.get(&lock) {
+                Some(&ino) => ino,
+                None => {
+                    let ino = f.make(Vec::new());
+                    f.names.insert(lock.clone(), ino);
+                    ino
+                }
+            };
+            f.open.insert(desc, ino);
+            Some(Answer::Open(Some(ino)))
+        })?;
+        let Answer::Open(ino) = answer else {
+            return None;
+        };
+        let file = self.file(ino)?;
+        let (desc, ino) = (file.desc, file.ino);
+        let shared = self.planted == Some(Planted::SharedFlock);
+        self.call(true, |f| {
+            if f.locked.get(&ino).is_some_and(|d| *d != desc) && !shared {
+                return None;
+            }
+            f.locked.insert(ino, desc);
+            Some(Answer::Done)
+        })?;
+        let here = self.standing_name(&lock)?;
+        Some((here == Some(ino)).then_some(file))
+    }
+
+    /// A stat of `name` (visible).
+    fn standing_name(&self, name: &str) -> Option<Option<u8>> {
+        let fresh = self.pos.get() == self.log.borrow().len();
+        let answer = self.call(true, |f| Some(Answer::Standing(f.names.get(name).copied())));
+        if fresh && answer.is_some() {
+            if name == self.lock {
+                self.kind.set(1);
+            } else if name == self.record {
+                self.kind.set(2);
+            }
+        }
+        match answer? {
+            Answer::Standing(ino) => Some(ino),
+            _ => None,
+        }
+    }
+}
+
+impl<'a> Dir for &'a Sim<'a> {
+    type File = SimFile<'a>;
+
+    fn now(&self) -> Timestamp {
+        // Its own (the clock steps between steps), and logged: a replay reads what it read.
+        let now = match self.call(false, |_| Some(Answer::Now(self.now))) {
+            Some(Answer::Now(now)) => now,
+            _ => self.now,
+        };
+        Timestamp::from_unix_secs(now).expect("the model's clock is in range")
+    }
+
+    fn durable(&self) -> bool {
+        true
+    }
+
+    fn shares(&self) -> bool {
+        false
+    }
+
+    fn tags_records(&self) -> bool {
+        true
+    }
+
+    fn sweeps(&self) -> MutexGuard<'_, Sweeps> {
+        self.sweeps.lock().expect("one thread")
+    }
+
+    fn fresh_tag(&self) -> LiveTag {
+        let n = self.tags.get();
+        self.tags.set(n + 1);
+        LiveTag((u64::from(self.me) << 40) | (u64::from(self.incarnation) << 32) | n)
+    }
+
+    fn open(&self, path: &Path, access: Access) -> Result<SimFile<'a>, Error> {
+        let n = name(path);
+        let desc = self.next_desc();
+        let creates = matches!(access, Access::Temp | Access::LiveCreate);
+        // A fresh name of its own is the process's own; any other name is shared.
+        let answer = self.call(!creates, |f| {
+            let ino = if creates {
+                let ino = f.make(Vec::new());
+                f.names.insert(n.clone(), ino);
+                Some(ino)
+            } else {
+                f.names.get(&n).copied()
+            };
+            if let Some(ino) = ino {
+                f.open.insert(desc, ino);
+            }
+            Some(Answer::Open(ino))
+        });
+        match answer {
+            Some(Answer::Open(Some(ino))) => Ok(self.file(Some(ino)).expect("an inode")),
+            Some(Answer::Open(None)) => Err(Error::Io {
+                op: "open",
+                path: path.to_owned(),
+                source: io::Error::from(io::ErrorKind::NotFound),
+            }),
+            _ => Err(over(path)),
+        }
+    }
+
+    fn read(&self, file: &SimFile<'a>) -> io::Result<Vec<u8>> {
+        // Contents never change once a name is given to them: the process's own. Logged, since
+        // the inode's number may be given to another file once this one is closed.
+        let ino = file.ino;
+        match self.call(false, |f| Some(Answer::Bytes(f.inodes.get(&ino).cloned()?))) {
+            Some(Answer::Bytes(bytes)) => Ok(bytes),
+            _ => Err(io::Error::other("the model's step ends here")),
+        }
+    }
+
+    fn peek(&self, file: &SimFile<'a>, buf: Option<&mut [u8]>) -> io::Result<Peeked> {
+        let Some(buf) = buf else {
+            return Ok(Peeked::File(0));
+        };
+        let bytes = self.read(file)?;
+        let n = bytes.len().min(buf.len());
+        buf[..n].copy_from_slice(&bytes[..n]);
+        Ok(Peeked::File(n))
+    }
+
+    fn identity(&self, file: &SimFile<'a>) -> io::Result<(u64, u64)> {
+        Ok((0, u64::from(file.ino)))
+    }
+
+    fn standing(&self, path: &Path) -> io::Result<Option<(u64, u64)>> {
+        match self.standing_name(&name(path)) {
+            Some(ino) => Ok(ino.map(|i| (0, u64::from(i)))),
+            None => Err(io::Error::other("the model's step ends here")),
+        }
+    }
+
+    fn write(&self, file: &SimFile<'a>, bytes: &[u8]) -> io::Result<()> {
+        let ino = file.ino;
+        self.call(false, |f| {
+            f.inodes.insert(ino, bytes.to_vec());
+            Some(Answer::Done)
+        })
+        .map(drop)
+        .ok_or_else(|| io::Error::other("the model's step ends here"))
+    }
+
+    fn sync(&self, _file: &SimFile<'a>) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn try_lock(&self, file: &SimFile<'a>) -> io::Result<bool> {
+        // Only on a new file of its own, under a fresh name.
+        let (ino, desc) = (file.ino, file.desc);
+        match self.call(false, |f| {
+            let free = !f.locked.contains_key(&ino);
+            if free {
+                f.locked.insert(ino, desc);
+            }
+            Some(Answer::Bool(free))
+        }) {
+            Some(Answer::Bool(b)) => Ok(b),
+            _ => Err(io::Error::other("the model's step ends here")),
+        }
+    }
+
+    fn holder_gone(&self, file: &SimFile<'a>) -> io::Result<bool> {
+        let (ino, desc) = (file.ino, file.desc);
+        match self.call(true, |f| {
+            Some(Answer::Bool(f.locked.get(&ino).is_none_or(|d| *d == desc)))
+        }) {
+            Some(Answer::Bool(b)) => Ok(b),
+            _ => Err(io::Error::other("the model's step ends here")),
+        }
+    }
+
+    fn unlock(&self, file: &SimFile<'a>) -> io::Result<()> {
+        let (ino, desc) = (file.ino, file.desc);
+        self.call(true, |f| {
+            if f.locked.get(&ino) == Some(&desc) {
+                f.locked.remove(&ino);
+            }
+            Some(Answer::Done)
+        })
+        .map(drop)
+        .ok_or_else(|| io::Error::other("the model's step ends here"))
+    }
+
+    fn place_new(&self, from: &Path, to: &Path) -> Result<bool, Error> {
+        let (from_name, to_name) = (name(from), name(to));
+        match self.call(true, |f| {
+            if f.names.contains_key(&to_name) {
+                return Some(Answer::Bool(false));
+            }
+            let ino = f.names.remove(&from_name)?;
+            f.names.insert(to_name.clone(), ino);
+            Some(Answer::Bool(true))
+        }) {
+            Some(Answer::Bool(b)) => Ok(b),
+            _ => Err(over(to)),
+        }
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let (from_name, to_name) = (name(from), name(to));
+        let answer = self.call(true, |f| {
+            let Some(ino) = f.names.remove(&from_name) else {
+                return Some(Answer::Bool(false));
+            };
+            f.names.insert(to_name.clone(), ino);
+            f.collect();
+            Some(Answer::Bool(true))
+        });
+        match answer {
+            Some(Answer::Bool(true)) => Ok(()),
+            Some(_) => Err(io::Error::from(io::ErrorKind::NotFound)),
+            None => Err(io::Error::other("the model's step ends here")),
+        }
+    }
+
+    fn unlink(&self, path: &Path) -> io::Result<()> {
+        let n = name(path);
+        let answer = self.call(true, |f| {
+            let gone = f.names.remove(&n).is_some();
+            f.collect();
+            Some(Answer::Bool(gone))
+        });
+        match answer {
+            Some(Answer::Bool(true)) => Ok(()),
+            Some(_) => Err(io::Error::from(io::ErrorKind::NotFound)),
+            None => Err(io::Error::other("the model's step ends here")),
+        }
+    }
+
+    fn sync_dir(&self) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn list(&self, each: &mut dyn FnMut(&OsStr)) -> Option<usize> {
+        let answer = self.call(true, |f| {
+            Some(Answer::Names(f.names.keys().cloned().collect()))
+        });
+        let Some(Answer::Names(names)) = answer else {
+            return None;
+        };
+        for n in &names {
+            each(OsStr::new(n));
+        }
+        Some(names.len())
+    }
+}
+
+/// What one step of a process did.
+struct Stepped {
+    /// The process's log after the step (`None`: the step blocked).
+    log: Option<Vec<Answer>>,
+    /// The outcomes of its script's calls that ended, in order (a skipped call: `None`).
+    ended: Vec<Option<Result<Outcome, ()>>>,
+    /// Its visible call (see `Sim::kind`).
+    kind: u8,
+}
+
+/// Runs process `me`'s history (`script`, from its start) on `files`, its earlier calls
+/// answered from `log`, to the end of its next step.
+fn run_step(
+    files: &RefCell<Files>,
+    me: u8,
+    proc: &Proc,
+    script: &[Call],
+    incarnation: u8,
+    now: i64,
+    planted: Option<Planted>,
+) -> Stepped {
+    let id = SessionId::new(ID).expect("a valid id");
+    let owner = Owner::new(format!("p{me}")).expect("a valid owner");
+    let sim = Sim {
+        files,
+        me,
+        incarnation,
+        log: RefCell::new(proc.log.clone()),
+        pos: Cell::new(0),
+        opened: Cell::new(0),
+        tags: Cell::new(0),
+        made: Cell::new(false),
+        over: Cell::new(false),
+        blocked: Cell::new(false),
+        kind: Cell::new(0),
+        record: format!("{}.lease.json", id.stem()),
+        now,
+        planted,
+        sweeps: Mutex::default(),
+        lock: format!("{}.lock", id.stem()),
+    };
+    let mut slot: Slot<SimFile<'_>> = Slot::new(Path::new(DIR), &id);
+    let held = AtomicI64::new(i64::MIN);
+    let mut ended = Vec::new();
+    let mut token = None;
+    for call in script {
+        let event = match (call, token) {
+            (Call::Acquire, _) => Event::Acquire {
+                owner: owner.clone(),
+            },
+            (Call::Renew, Some(token)) => Event::Renew {
+                owner: owner.clone(),
+                token,
+            },
+            (Call::Release, Some(token)) => Event::Release {
+                owner: owner.clone(),
+                token,
+            },
+            (_, None) => {
+                ended.push(None);
+                continue;
+            }
+        };
+        // The transition lock, attempt after attempt until it is the file at the path.
+        let stable = loop {
+            match sim.lock_once() {
+                Some(Some(file)) => break Some(file),
+                Some(None) => continue,
+                None => break None,
+            }
+        };
+        let Some(stable) = stable else {
+            break;
+        };
+        let mut st = slot.begin();
+        let id_of = (0, u64::from(stable.ino));
+        let (outcome, _) = flocklease::driver::run(
+            &mut FlockTx::new(&sim, &held, &mut slot, (&stable, id_of), &mut st),
+            &id,
+            Duration::from_secs(TTL as u64),
+            event,
+        );
+        let unlocked = slot.end(&held, &mut st);
+        if !unlocked {
+            let _ = (&sim).unlock(&stable);
+        }
+        drop(stable);
+        if sim.over.get() {
+            break;
+        }
+        if let Ok(Outcome::Granted { token: t, .. }) = &outcome {
+            token = Some(*t);
+        }
+        ended.push(Some(outcome.map_err(drop)));
+    }
+    // The run is over, its values dropped after it: nothing more acts.
+    sim.over.set(true);
+    drop(slot);
+    Stepped {
+        log: (!sim.blocked.get()).then(|| sim.log.take()),
+        ended,
+        kind: sim.kind.get(),
+    }
+}
+
+impl ProgramModel {
+    /// Process `p`'s next step; `None` when it blocks.
+    fn step(&self, s: &mut ProgramState, p: u8) -> Option<()> {
+        let i = usize::from(p);
+        let incarnation = self.crashes - s.crashes;
+        let record = format!("{}.lease.json", stem());
+        let record_before = s.files.names.get(&record).copied();
+        let files = RefCell::new(std::mem::take(&mut s.files));
+        let stepped = run_step(
+            &files,
+            p,
+            &s.procs[i],
+            &self.scripts[i],
+            incarnation,
+            s.now,
+            self.planted,
+        );
+        s.files = files.into_inner();
+        let log = stepped.log?;
+        // A release gives the grant up from its first step on.
+        if self.scripts[i].get(s.procs[i].done) == Some(&Call::Release) {
+            s.procs[i].holds = None;
+        }
+        s.procs[i].log = log;
+        // This step committed a record naming this process: its generation's file is the
+        // one the record names (until the cleaner deletes one).
+        if s.files.names.get(&record).copied() != record_before
+            && s.files
+                .record(&record)
+                .is_some_and(|r| r.owner == format!("p{p}"))
+            && !s.procs[i].disturbed
+        {
+            s.procs[i].clean = true;
+        }
+        if !s.procs[i].started {
+            s.procs[i].after_crash = s.crashed_holder.is_some();
+        }
+        // The window runs from a stat of the lock through the stat of the record to the
+        // rename; any other visible call ends it.
+        match stepped.kind {
+            1 => s.procs[i].in_window = true,
+            2 => {}
+            _ => s.procs[i].in_window = false,
+        }
+        s.procs[i].started = true;
+        // The record's token, judged after every step that may have renamed one into place.
+        if let Some(r) = s.files.record(&record) {
+            if s.max_token.is_some_and(|m| r.token < m) {
+                s.went_back = true;
+            }
+            s.max_token = s.max_token.max(Some(r.token));
+        }
+        let done = s.procs[i].done;
+        for (k, outcome) in stepped.ended.iter().enumerate().skip(done) {
+            let call = self.scripts[i][k];
+            let proc = &mut s.procs[i];
+            proc.done = k + 1;
+            proc.started = false;
+            proc.disturbed = false;
+            if call == Call::Acquire
+                && matches!(outcome, Some(Ok(Outcome::Held)))
+                && proc.after_crash
+                && s.crashed_holder.is_some()
+            {
+                s.not_replaced = true;
+            }
+            if let Some(Ok(Outcome::Granted { token, expiry })) = outcome {
+                if s.crashed_holder.take().is_some() {
+                    s.replaced_crashed = true;
+                }
+                let expiry_secs =
+                    i64::try_from(expiry.unix_nanos() / 1_000_000_000).unwrap_or(i64::MAX);
+                let late = proc.holds.is_some_and(|(_, e)| e <= s.now);
+                if call == Call::Renew && late {
+                    s.renewed_late = true;
+                }
+                proc.holds = Some((*token, expiry_secs));
+                proc.token = Some(*token);
+                // An expired grant is one nobody may act on (the front answers it lost): only
+                // a live one is judged.
+                if expiry_secs <= s.now {
+                    continue;
+                }
+                match s.last_grant {
+                    Some((t, q)) if q != p && *token <= t => s.unfenced = true,
+                    Some((t, _)) if *token < t => s.unfenced = true,
+                    _ => {}
+                }
+                s.last_grant = Some((*token, p));
+            }
+        }
+        Some(())
+    }
+
+    /// Whether process `p` has a call to make.
+    fn active(&self, s: &ProgramState, p: usize) -> bool {
+        !s.procs[p].crashed && s.procs[p].done < self.scripts[p].len()
+    }
+}
+
+impl Model for ProgramModel {
+    type State = ProgramState;
+    type Action = ProgramAction;
+
+    fn init_states(&self) -> Vec<ProgramState> {
+        vec![ProgramState {
+            files: Files::default(),
+            procs: vec![
+                Proc {
+                    log: Vec::new(),
+                    done: 0,
+                    crashed: false,
+                    holds: None,
+                    token: None,
+                    in_window: false,
+                    started: false,
+                    after_crash: false,
+                    clean: false,
+                    disturbed: false,
+                };
+                self.scripts.len()
+            ],
+            now: START,
+            ticks: self.ticks,
+            crashes: self.crashes,
+            cleaner: self.cleaner,
+            max_token: None,
+            last_grant: None,
+            went_back: false,
+            unfenced: false,
+            replaced_crashed: false,
+            renewed_late: false,
+            crashed_holder: None,
+            not_replaced: false,
+        }]
+    }
+
+    fn actions(&self, s: &ProgramState, actions: &mut Vec<ProgramAction>) {
+        for p in 0..s.procs.len() {
+            let pid = u8::try_from(p).expect("few processes");
+            if self.active(s, p) {
+                actions.push(ProgramAction::Step(pid));
+            }
+            // A crash closes what the process holds: only one that holds something matters.
+            if s.crashes > 0
+                && !s.procs[p].crashed
+                && (s.procs[p].holds.is_some() || s.procs[p].started)
+            {
+                actions.push(ProgramAction::Crash(pid));
+            }
+        }
+        if s.ticks > 0 {
+            actions.push(ProgramAction::Tick);
+        }
+        let lock = format!("{}.lock", SessionId::new(ID).expect("an id").stem());
+        if s.cleaner > 0
+            && s.files.names.contains_key(&lock)
+            && !s.procs.iter().any(|p| p.in_window)
+        {
+            actions.push(ProgramAction::DeleteLock);
+        }
+        if s.cleaner > 0 && s.files.names.keys().any(|n| n.ends_with(".live")) {
+            actions.push(ProgramAction::DeleteLive);
+        }
+    }
+
+    fn next_state(&self, last: &ProgramState, action: ProgramAction) -> Option<ProgramState> {
+        let mut s = last.clone();
+        match action {
+            ProgramAction::Step(p) => self.step(&mut s, p)?,
+            ProgramAction::Crash(p) => {
+                s.crashes -= 1;
+                // A holder whose last grant came after the cleaner's last deletion of a
+                // liveness file: its end is what a rival's probe sees at once (PROTOCOL §5).
+                let proc = &s.procs[usize::from(p)];
+                if let Some((token, expiry)) = proc.holds
+                    && expiry > s.now
+                    && proc.clean
+                {
+                    s.crashed_holder = Some(token);
+                }
+                s.files.close_all(p);
+                let proc = &mut s.procs[usize::from(p)];
+                proc.crashed = true;
+                proc.holds = None;
+                proc.log.clear();
+                proc.in_window = false;
+            }
+            ProgramAction::Tick => {
+                s.ticks -= 1;
+                s.now += TTL + 1;
+            }
+            ProgramAction::DeleteLock => {
+                s.cleaner -= 1;
+                s.crashed_holder = None;
+                s.files.names.remove(&format!("{}.lock", stem()));
+                s.files.collect();
+            }
+            ProgramAction::DeleteLive => {
+                s.cleaner -= 1;
+                s.crashed_holder = None;
+                for proc in &mut s.procs {
+                    proc.clean = false;
+                    proc.disturbed |= proc.started;
+                }
+                let live = s
+                    .files
+                    .names
+                    .keys()
+                    .filter(|n| n.ends_with(".live"))
+                    .max_by_key(|n| n.rsplit('.').nth(1).and_then(|t| t.parse::<u64>().ok()));
+                let live = live.cloned()?;
+                s.files.names.remove(&live);
+                s.files.collect();
+            }
+        }
+        Some(s)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        vec![
+            Property::always(ONE_HOLDER, |_, s: &ProgramState| {
+                s.procs
+                    .iter()
+                    .filter(|p| p.holds.is_some_and(|(_, e)| e > s.now))
+                    .count()
+                    <= 1
+            }),
+            Property::always(NAMED, |_, s: &ProgramState| {
+                let record = format!("{}.lease.json", SessionId::new(ID).expect("an id").stem());
+                let r = s.files.record(&record);
+                s.procs.iter().enumerate().all(|(i, p)| match p.holds {
+                    Some((t, e)) if e > s.now => r
+                        .as_ref()
+                        .is_some_and(|r| r.token == t && r.owner == format!("p{i}")),
+                    _ => true,
+                })
+            }),
+            Property::always(NEVER_BACK, |_, s: &ProgramState| !s.went_back),
+            Property::always(AT_ONCE, |_, s: &ProgramState| !s.not_replaced),
+            Property::always(FENCED, |_, s: &ProgramState| !s.unfenced),
+            Property::sometimes(REPLACED, |_, s: &ProgramState| s.replaced_crashed),
+            Property::sometimes(LATE_RENEW, |_, s: &ProgramState| s.renewed_late),
+        ]
+    }
+}
+
+impl fmt::Display for ProgramState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "t={}", self.now - START)?;
+        for (n, ino) in &self.files.names {
+            let lock = self
+                .files
+                .locked
+                .get(ino)
+                .map_or(String::new(), |d| format!(" locked by p{}", d.0));
+            write!(f, " | {n} #{ino}{lock}")?;
+        }
+        for (i, p) in self.procs.iter().enumerate() {
+            write!(f, " | p{i} done {}", p.done)?;
+            if let Some((t, e)) = p.holds {
+                write!(f, " holds {t} until t={}", e - START)?;
+            }
+            if p.crashed {
+                write!(f, " crashed")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl SmallModel for ProgramModel {
+    type Planted = Planted;
+    const CONFIG: &'static str = "flock-program";
+    const TITLE: &'static str = "the flock adapter's transaction";
+    const PLANTED: &'static [(&'static str, Planted)] = &[("shared-flock", Planted::SharedFlock)];
+
+    fn planted_mut(&mut self) -> Option<&mut Option<Planted>> {
+        Some(&mut self.planted)
+    }
+
+    fn header(&self) -> String {
+        let scripts: Vec<String> = self
+            .scripts
+            .iter()
+            .enumerate()
+            .map(|(i, s)| format!("p{i} {s:?}"))
+            .collect();
+        format!(
+            "the flock adapter's own transaction (FlockTx, driver::run) on a simulated lease \
+             directory: {}; {} crash(es), {} clock step(s) past the TTL, a cleaner deleting \
+             <stem>.lock {} time(s)",
+            scripts.join(", "),
+            self.crashes,
+            self.ticks,
+            self.cleaner
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::harness;
+
+    #[test]
+    fn the_default_configuration_holds() {
+        let model = ProgramModel::default();
+        let start = std::time::Instant::now();
+        let outcome = harness::Outcome::of(&model, &harness::explore(model.clone()), true);
+        eprintln!(
+            "{} states in {:?}: {:?}",
+            outcome.unique_states,
+            start.elapsed(),
+            outcome.verdicts
+        );
+        assert_eq!(outcome.failed(), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn a_shared_flock_lets_two_hold() {
+        harness::assert_caught::<ProgramModel>(Planted::SharedFlock, ONE_HOLDER);
+    }
+}
