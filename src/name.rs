@@ -303,43 +303,27 @@ impl std::error::Error for InvalidInput {}
 /// assert_eq!(flocklease::stem("héllo wörld".as_bytes()), "h_llo_w_rld-a1003f7d04a41157");
 /// ```
 pub fn stem(id: &[u8]) -> String {
-    let mut out = String::with_capacity(PREFIX_CHARS + 17);
-    let mut chars = 0;
-    for chunk in id.utf8_chunks() {
-        for c in chunk.valid().chars() {
-            if chars == PREFIX_CHARS {
-                break;
-            }
-            out.push(if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
+    let prefix: String = id
+        .utf8_chunks()
+        .flat_map(|chunk| {
+            let kept = chunk.valid().chars().map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
             });
-            chars += 1;
-        }
-        // Each byte of an invalid sequence counts as one character.
-        for _ in chunk.invalid() {
-            if chars == PREFIX_CHARS {
-                break;
-            }
-            out.push('_');
-            chars += 1;
-        }
-        if chars == PREFIX_CHARS {
-            break;
-        }
-    }
-    if out.is_empty() {
-        out.push_str("id");
-    }
-    out.push('-');
-    const HEX: &[u8; 16] = b"0123456789abcdef";
+            // Each byte of an invalid sequence counts as one character.
+            kept.chain(chunk.invalid().iter().map(|_| '_'))
+        })
+        .take(PREFIX_CHARS)
+        .collect();
+    let prefix = if prefix.is_empty() { "id" } else { &prefix };
     let digest = Sha256::digest(id);
-    for b in &digest[..8] {
-        out.push(char::from(HEX[usize::from(b >> 4)]));
-        out.push(char::from(HEX[usize::from(b & 0xf)]));
-    }
-    out
+    let hash = digest[..8]
+        .iter()
+        .fold(0u64, |h, &b| (h << 8) | u64::from(b));
+    format!("{prefix}-{hash:016x}")
 }
 
 fn check(what: &'static str, s: &str, max: usize) -> Result<(), InvalidInput> {
