@@ -179,12 +179,11 @@ pub fn session_trusting(
     trust_foreign_owners: bool,
 ) -> Result<Option<SessionStatus>, Error> {
     let opener = opener(dir, trust_foreign_owners)?;
-    let stem = id.stem();
     // Without a record the id is free, unless its lock is a file no call can use.
     Ok(status_of(
         &opener,
         dir,
-        stem,
+        id.stem(),
         Some(id.as_str().to_owned()),
         now,
     ))
@@ -258,7 +257,7 @@ fn status_of(
     id: Option<String>,
     now: Timestamp,
 ) -> Option<SessionStatus> {
-    let broken = |state: &'static str, rec: Option<&Record>, error: String| {
+    let row = |state, rec: Option<&Record>, acquirable, error| {
         Some(SessionStatus {
             stem: stem.to_owned(),
             id: id.clone(),
@@ -266,10 +265,11 @@ fn status_of(
             token: rec.map(|r| r.token),
             expiry: rec.map(|r| r.expiry.to_string()),
             state,
-            acquirable: false,
-            error: Some(error),
+            acquirable,
+            error,
         })
     };
+    let broken = |state, rec, error: String| row(state, rec, false, Some(error));
     // The files every call on the id opens, in a call's order: the lock, then the record.
     let paths = files::Paths::new(dir, stem.to_owned());
     let lock = opener.inspect(&paths.lock, Role::Lock);
@@ -326,16 +326,7 @@ fn status_of(
         Some(why) if acquirable => (false, "blocked", Some(why)),
         _ => (acquirable, state, error),
     };
-    Some(SessionStatus {
-        stem: stem.to_owned(),
-        id,
-        owner: Some(rec.owner),
-        token: Some(rec.token),
-        expiry: Some(rec.expiry.to_string()),
-        state,
-        acquirable,
-        error,
-    })
+    row(state, Some(&rec), acquirable, error)
 }
 
 /// Why the next generation's liveness file (`<stem>.<token + 1>.live`) cannot be published, if
@@ -344,7 +335,6 @@ fn status_of(
 /// directory not this user's, unless root: the takeover's rename over it fails). Judged for
 /// the user `status` runs as: an acquirer of another user may be told otherwise.
 fn next_blocked(dir: &Path, stem: &str, token: u64) -> Option<String> {
-    use std::os::unix::fs::MetadataExt;
     let next = token.checked_add(1)?;
     let path = dir.join(format!("{stem}.{next}.live"));
     let meta = fs::symlink_metadata(&path).ok()?;
