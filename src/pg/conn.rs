@@ -936,14 +936,11 @@ impl Configs {
         // TCP's ~15 minutes of retransmissions (a row-lock wait is not affected: the server
         // acknowledges the statement before it waits), and a pooled connection whose peer
         // vanished is found dead by keepalives.
-        if base.get_application_name().is_none() {
-            transition.application_name("flocklease");
-        }
         let mut liveness = with_tcp();
         if base.get_application_name().is_none() {
+            transition.application_name("flocklease");
             liveness.application_name("flocklease-liveness");
         }
-        let bounds = ServerBounds::new(lock_timeout, ttl);
         // The server side of both roles: TCP keepalives and a user timeout, so a session whose
         // client host vanished is ended by the server (and what it holds released) within a
         // third of the TTL; and an open transaction left idle is ended after
@@ -958,7 +955,7 @@ impl Configs {
             idle.as_secs(),
             interval.as_secs(),
             user_timeout.as_millis(),
-            bounds.setting(),
+            idle_in_transaction_setting(lock_timeout, ttl),
             super::durable::synchronous_commit_setting(),
         );
         Configs {
@@ -984,40 +981,24 @@ impl Configs {
     }
 }
 
-/// How long the server keeps a session whose client went silent.
-#[derive(Clone, Copy, Debug)]
-struct ServerBounds {
-    /// `idle_in_transaction_session_timeout` of every session the library opens: the row lock
-    /// of a transition whose client stopped answering between two of its round trips is held
-    /// at most this long. The lock timeout, at most a third of the TTL, at least 1 s: a rival
-    /// queued behind such a transition is given the row within its own lock timeout, and the
-    /// lease's holder (renewing every third of the TTL) within its next renew. A transition
-    /// of ours waits for no one between its round trips, so it never comes near this.
-    idle_in_transaction: Duration,
-}
-
-impl ServerBounds {
-    fn new(lock_timeout: Duration, ttl: Duration) -> ServerBounds {
-        ServerBounds {
-            idle_in_transaction: lock_timeout.min(ttl / 3).max(Duration::from_secs(1)),
-        }
-    }
-
-    /// The statement that sets the bound, unless the session has a shorter one already (the
-    /// database's or role's own setting, which is never loosened).
-    fn setting(&self) -> String {
-        let ms = self
-            .idle_in_transaction
-            .as_millis()
-            .clamp(1, i32::MAX as u128);
-        format!(
-            "SELECT set_config('idle_in_transaction_session_timeout', \
-             (CASE WHEN s = 0 OR s > {ms} THEN {ms} ELSE s END)::text, false) \
-             FROM (SELECT (extract(epoch FROM \
-             current_setting('idle_in_transaction_session_timeout')::interval) * 1000)::int8 \
-             AS s) AS current"
-        )
-    }
+/// How long the server keeps a session whose client went silent: the statement that sets
+/// `idle_in_transaction_session_timeout` of every session the library opens, unless the
+/// session has a shorter one already (the database's or role's own setting, which is never
+/// loosened). The row lock of a transition whose client stopped answering between two of its
+/// round trips is held at most this long. The lock timeout, at most a third of the TTL, at
+/// least 1 s: a rival queued behind such a transition is given the row within its own lock
+/// timeout, and the lease's holder (renewing every third of the TTL) within its next renew. A
+/// transition of ours waits for no one between its round trips, so it never comes near this.
+fn idle_in_transaction_setting(lock_timeout: Duration, ttl: Duration) -> String {
+    let idle_in_transaction = lock_timeout.min(ttl / 3).max(Duration::from_secs(1));
+    let ms = idle_in_transaction.as_millis().clamp(1, i32::MAX as u128);
+    format!(
+        "SELECT set_config('idle_in_transaction_session_timeout', \
+         (CASE WHEN s = 0 OR s > {ms} THEN {ms} ELSE s END)::text, false) \
+         FROM (SELECT (extract(epoch FROM \
+         current_setting('idle_in_transaction_session_timeout')::interval) * 1000)::int8 \
+         AS s) AS current"
+    )
 }
 
 pub(super) use crate::front::lock;
