@@ -30,10 +30,7 @@ impl Inner {
                 Error::LockTimeout {
                     lock: crate::error::LockOf::Row(id.clone()),
                     // After a wait for a holder, only the server's bound is known.
-                    waited: match wait {
-                        Some(_) => self.lock_timeout,
-                        None => started.elapsed(),
-                    },
+                    waited: wait.map_or_else(|| started.elapsed(), |_| self.lock_timeout),
                 }
             } else {
                 e.into_error("lock the lease row", Some(id))

@@ -188,10 +188,7 @@ impl PgTx<'_> {
             Ok(())
         };
         self.inner.give_back(conn);
-        match confirmed {
-            Ok(()) => Ok(ours),
-            Err(detail) => Err(unknown(detail)),
-        }
+        confirmed.map(|()| ours).map_err(unknown)
     }
 
     /// After a commit whose reply never came but which did commit `record`, generation
@@ -251,25 +248,19 @@ impl Transaction for PgTx<'_> {
         // transaction, never on a connection holding a generation (advisory locks are
         // re-entrant): an acquire's runs on a pooled liveness connection, which holds none.
         let (key, gk) = (self.key(), gen_key(token));
-        if let Some((probed, free)) = self.d.first.as_ref().and_then(|f| f.probed)
-            && probed == gk
-        {
+        let free = match self.d.first.as_ref().and_then(|f| f.probed) {
             // Probed in the first round trip, under the row lock (the row is unchanged since).
-            return Ok(if free { Liveness::Dead } else { Liveness::Live });
-        }
-        let free = self
-            .inner
-            .exec(PgStep::Probe, self.conn, |c| async move {
-                c.client.query_one(&c.stmts.probe, &[&key, &gk]).await
-            })
-            .map_err(|e| e.into_error("probe the holder's liveness lock", Some(self.id)))?;
-        Ok(
-            if free.try_get::<_, bool>(0).map_err(super::conn::mismatch)? {
-                Liveness::Dead
-            } else {
-                Liveness::Live
-            },
-        )
+            Some((probed, free)) if probed == gk => free,
+            _ => self
+                .inner
+                .exec(PgStep::Probe, self.conn, |c| async move {
+                    c.client.query_one(&c.stmts.probe, &[&key, &gk]).await
+                })
+                .map_err(|e| e.into_error("probe the holder's liveness lock", Some(self.id)))?
+                .try_get::<_, bool>(0)
+                .map_err(super::conn::mismatch)?,
+        };
+        Ok(if free { Liveness::Dead } else { Liveness::Live })
     }
 
     fn commit_step(&mut self, step: CommitStep, plan: &Plan) -> Result<Option<PendingLive>, Error> {
