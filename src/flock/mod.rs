@@ -371,12 +371,9 @@ impl FlockLease {
                 continue;
             };
             let at_expiry = wait::deadline_after(until_expiry);
-            let wake = match (deadline, at_expiry) {
-                (Some(d), Some(e)) => d.min(e),
-                (Some(t), None) | (None, Some(t)) => t,
-                // Neither can be represented: look again in a while.
-                (None, None) => Instant::now() + Duration::from_secs(3600),
-            };
+            let wake = deadline.into_iter().chain(at_expiry).min();
+            // Neither can be represented: look again in a while.
+            let wake = wake.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
             let live = paths.live(token);
             let opened = self.relieved(|| self.inner.opener.open(&live, Access::Wait));
             match live::identify(opened, &live, tag, live::peek)? {
@@ -471,13 +468,12 @@ impl FlockLease {
             .as_ref()
             .is_some_and(|g| g.local.token == lease.token && g.local.owner == lease.owner);
         let record = self.peek_record(&paths.record)?;
-        let now = self.clock.now();
         let holds = machine::fence_holds(
             record.as_ref().map(|(r, _)| r),
             &lease.owner,
             lease.token,
             held_here,
-            now,
+            self.clock.now(),
         );
         observe();
         if !holds {
