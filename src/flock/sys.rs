@@ -19,8 +19,12 @@ use std::sync::MutexGuard;
 use super::FlockLease;
 use super::files;
 pub use super::files::Access;
+// What the model checker needs to run a transition on its own directory.
+#[cfg(feature = "internals")]
 pub use super::live::Published;
-pub use super::tx::{FlockTx, Slot, Sweeps, TxState};
+pub use super::tx::Sweeps;
+#[cfg(feature = "internals")]
+pub use super::tx::{FlockTx, Slot, TxState};
 use crate::Timestamp;
 use crate::error::Error;
 use crate::fault::FaultPoint;
