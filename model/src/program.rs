@@ -1087,16 +1087,9 @@ mod tests {
 
     #[test]
     fn the_default_configuration_holds() {
-        let model = ProgramModel::default();
-        let start = std::time::Instant::now();
-        let outcome = harness::Outcome::of(&model, &harness::explore(model.clone()), true);
-        eprintln!(
-            "{} states in {:?}: {:?}",
-            outcome.unique_states,
-            start.elapsed(),
-            outcome.verdicts
-        );
-        assert_eq!(outcome.failed(), Vec::<&str>::new());
+        // Pinned: a change to the actors, the adapter or the machine that moves it must say
+        // why.
+        harness::assert_holds(ProgramModel::default(), 569_805);
     }
 
     #[test]

@@ -15,6 +15,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use flocklease_model::program::{AT_ONCE, FENCED, NAMED, ONE_HOLDER};
 use flocklease_model::resource::{ANSWERS, EXACT, NEVER_BACK, NO_STALE_WRITE};
 
 /// One planted mistake.
@@ -86,6 +87,61 @@ const PLANTS: &[Plant] = &[
     },
 ];
 
+/// The flock adapter's (src/flock/tx.rs, src/flock/live.rs), caught by the configuration that
+/// runs its transaction (`flock-program`).
+const FLOCK_PLANTS: &[Plant] = &[
+    Plant {
+        name: "the commit check passes whatever stands at the lock's path",
+        file: "src/flock/tx.rs",
+        from: ".map_err(|_| Error::LockReplaced { path: lock.clone() })",
+        to: ".map_err(|_| Error::LockReplaced { path: lock.clone() }).or(Ok(()))",
+        config: "flock-program",
+        caught_by: &[ONE_HOLDER, NAMED, FENCED],
+    },
+    Plant {
+        name: "the probe calls the generation's file dead without trying its lock",
+        file: "src/flock/tx.rs",
+        from: "Ok(live::probe(found, &path, |f| self.dir.holder_gone(f))?.liveness)",
+        to: "Ok(live::probe(found, &path, |_| Ok(true))?.liveness)",
+        config: "flock-program",
+        caught_by: &[ONE_HOLDER, NAMED, FENCED],
+    },
+    Plant {
+        name: "a renew never publishes its generation's file again once it is gone",
+        file: "src/flock/tx.rs",
+        from: "            Ok(_) => {}
+            Err(e) => return Err(Error::io(\"stat\", &path, e)),",
+        to: "            Ok(_) => return Ok(()),
+            Err(e) => return Err(Error::io(\"stat\", &path, e)),",
+        config: "flock-program",
+        caught_by: &[AT_ONCE],
+    },
+    Plant {
+        name: "a takeover's sweep deletes the new generation's file, not the dead one's",
+        file: "src/flock/tx.rs",
+        from: "        if let Some(dead) = below.checked_sub(1) {",
+        to: "        if let Some(dead) = Some(below) {",
+        config: "flock-program",
+        caught_by: &[AT_ONCE],
+    },
+    Plant {
+        name: "the listing sweeps the generation at its bound too",
+        file: "src/flock/tx.rs",
+        from: "live_token(rest).is_some_and(|t| t < below)",
+        to: "live_token(rest).is_some_and(|t| t <= below)",
+        config: "flock-program",
+        caught_by: &[AT_ONCE],
+    },
+    Plant {
+        name: "a probe's judgement calls a held file dead",
+        file: "src/flock/live.rs",
+        from: "(if gone { Liveness::Dead } else { Liveness::Live }, None)",
+        to: "(Liveness::Dead, None)",
+        config: "flock-program",
+        caught_by: &[ONE_HOLDER, NAMED, FENCED],
+    },
+];
+
 /// The workspace's root.
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -147,14 +203,16 @@ fn violated(output: &str, name: &str) -> bool {
 
 #[test]
 #[ignore = "a build per plant: run with --ignored"]
-fn every_planted_mistake_in_the_fence_fails_check() {
+fn every_planted_mistake_fails_check() {
     let scratch = tempfile::tempdir().unwrap();
     let tree = scratch.path().join("tree");
     copy_workspace(&tree);
     // The tree as it is passes first: a check that fails anyway would prove nothing.
-    let (ok, out) = check(&tree, "resource-fence");
-    assert!(ok, "the unplanted tree fails:\n{out}");
-    for plant in PLANTS {
+    for config in ["resource-fence", "flock-program"] {
+        let (ok, out) = check(&tree, config);
+        assert!(ok, "the unplanted tree fails {config}:\n{out}");
+    }
+    for plant in PLANTS.iter().chain(FLOCK_PLANTS) {
         let file = tree.join(plant.file);
         let text = std::fs::read_to_string(&file).unwrap();
         assert_eq!(
