@@ -30,10 +30,13 @@ options (applied in order, on top of the named configuration):
                      lock or moving it aside and back: PROTOCOL §9.4); `threads` the
                      threads of one instance (a fenced section whose closure calls the
                      instance, another thread's call, a rival on the lock: PROTOCOL §9.2);
+                     `flock-program` the flock adapter's own FlockTx on a simulated lease
+                     directory (two processes, a crash, a clock step, a cleaner: PROTOCOL
+                     §10);
                      `check` with no --config runs, after the default configuration, the
                      moves and go-records configurations in small bounds (no fault, no
                      host crash; for moves no call past token 1; left out when another
-                     option than --planted shapes the model) and these four
+                     option than --planted shapes the model) and these five
   --backend B        flock or postgres (postgres: liveness can be lost while its holder runs)
   --procs N          lease-manager processes (default 2, at most 3)
   --max-time T       the clock runs from tick 0 to T (default 2)
