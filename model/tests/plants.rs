@@ -15,7 +15,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use flocklease_model::program::{AT_ONCE, FENCED, NAMED, ONE_HOLDER};
+use flocklease_model::program::{AT_ONCE, DURABLE, FENCED, NAMED, ONE_HOLDER};
 use flocklease_model::resource::{ANSWERS, EXACT, NEVER_BACK, NO_STALE_WRITE};
 
 /// One planted mistake.
@@ -131,6 +131,22 @@ const FLOCK_PLANTS: &[Plant] = &[
         to: "live_token(rest).is_some_and(|t| t <= below)",
         config: "flock-program",
         caught_by: &[AT_ONCE],
+    },
+    Plant {
+        name: "a commit skips the directory's fsync after the rename",
+        file: "src/flock/tx.rs",
+        from: "        self.dir.sync_dir().map_err",
+        to: "        Ok::<(), io::Error>(()).map_err",
+        config: "flock-program",
+        caught_by: &[DURABLE],
+    },
+    Plant {
+        name: "a commit skips the temporary record's fsync before the rename",
+        file: "src/flock/tx.rs",
+        from: "self.dir.sync(tmp).map_err(|e| Error::io(\"fsync\", path, e))",
+        to: "{ let _ = tmp; Ok(()) }",
+        config: "flock-program",
+        caught_by: &[DURABLE],
     },
     Plant {
         name: "a probe's judgement calls a held file dead",
