@@ -348,7 +348,7 @@ pub(crate) fn transition_then<B: Backend, R>(
 /// # Errors
 ///
 /// `attempt`'s, or `timeout`'s at the deadline.
-pub(crate) fn begin_or_wait<T>(
+pub fn begin_or_wait<T>(
     deadline: Option<Instant>,
     timeout: impl Fn() -> Error,
     mut attempt: impl FnMut() -> Result<Option<T>, Error>,

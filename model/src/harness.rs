@@ -177,9 +177,11 @@ pub trait SmallModel:
     }
 }
 
-/// Explores every reachable state of `model`, breadth first, to the end.
+/// Explores every reachable state of `model`, breadth first, to the end, on as many threads as
+/// the machine has cores (the lease model's search uses two as well).
 pub fn explore<M: SmallModel>(model: M) -> impl Checker<M> {
-    model.checker().spawn_bfs().join()
+    let threads = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    model.checker().threads(threads).spawn_bfs().join()
 }
 
 /// `check` of each of `model`'s configurations: its header, counts and time, verdicts and,

@@ -15,7 +15,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use flocklease_model::program::{AT_ONCE, DURABLE, FENCED, NAMED, ONE_HOLDER};
+use flocklease_model::program::{self, AT_ONCE, DURABLE, FENCED, NAMED, ONE_HOLDER};
 use flocklease_model::resource::{ANSWERS, EXACT, NEVER_BACK, NO_STALE_WRITE};
 
 /// One planted mistake.
@@ -87,8 +87,8 @@ const PLANTS: &[Plant] = &[
     },
 ];
 
-/// The flock adapter's (src/flock/tx.rs, src/flock/live.rs), caught by the configuration that
-/// runs its transaction (`flock-program`).
+/// The flock adapter's (src/flock/tx.rs, src/flock/live.rs) and the front's lock loop
+/// (src/front.rs), caught by the configuration that runs them (`flock-program`).
 const FLOCK_PLANTS: &[Plant] = &[
     Plant {
         name: "the commit check passes whatever stands at the lock's path",
@@ -147,6 +147,14 @@ const FLOCK_PLANTS: &[Plant] = &[
         to: "{ let _ = tmp; Ok(()) }",
         config: "flock-program",
         caught_by: &[DURABLE],
+    },
+    Plant {
+        name: "the front's lock loop gives up when the file it locked is not at the path",
+        file: "src/front.rs",
+        from: "        if deadline.is_some_and(|d| Instant::now() >= d) {",
+        to: "        if deadline.is_some_and(|d| Instant::now() >= d) || true {",
+        config: "flock-program",
+        caught_by: &[program::ANSWERS],
     },
     Plant {
         name: "a probe's judgement calls a held file dead",

@@ -28,6 +28,9 @@ pub use super::tx::{FlockTx, Slot, TxState};
 use crate::Timestamp;
 use crate::error::Error;
 use crate::fault::FaultPoint;
+/// The front's bounded loop around one attempt at a transition lock (`front::begin_or_wait`).
+#[cfg(feature = "internals")]
+pub use crate::front::begin_or_wait;
 use crate::record::LiveTag;
 
 /// What one look at an open file found: the first bytes it read, or the kind of file it is.
