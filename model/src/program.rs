@@ -1243,6 +1243,18 @@ impl SmallModel for ProgramModel {
         Some(&mut self.planted)
     }
 
+    /// Two acquires and nothing else: enough for two holders, and small enough to explore
+    /// whole (the default configuration with a shared lock runs into millions of states).
+    fn shown_in(_planted: Planted) -> Option<Self> {
+        Some(ProgramModel {
+            scripts: vec![vec![Call::Acquire], vec![Call::Acquire]],
+            crashes: 0,
+            ticks: 0,
+            cleaner: 0,
+            planted: None,
+        })
+    }
+
     fn header(&self) -> String {
         let scripts: Vec<String> = self
             .scripts
@@ -1278,7 +1290,9 @@ mod tests {
     }
 
     #[test]
-    fn a_shared_flock_lets_two_hold() {
-        harness::assert_caught::<ProgramModel>(Planted::SharedFlock, ONE_HOLDER);
+    fn a_shared_flock_lets_two_transitions_run_at_once() {
+        // Two transitions at once: the second's publish of the same generation finds the
+        // first's file locked and fails, which nothing excuses.
+        harness::assert_caught::<ProgramModel>(Planted::SharedFlock, ANSWERS);
     }
 }
