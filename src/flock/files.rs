@@ -50,7 +50,7 @@ pub enum Access {
     /// `<stem>.lock`, created if missing.
     LockCreate,
     /// A generation's `.live` file being published, under its unique temporary name: created
-    /// exclusively (see [`super::live::publish`]).
+    /// exclusively (see `live::publish`).
     LiveCreate,
     /// A generation's `.live` file, to probe it (never created).
     Probe,

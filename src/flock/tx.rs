@@ -251,7 +251,7 @@ impl<F> Default for TxState<F> {
 impl<'a, D: Dir> FlockTx<'a, D> {
     /// The transaction of one transition of `slot`'s id on `dir`, under the transition lock
     /// `stable` (the file whose (device, inode) is `stable_id`), carrying `st` (from
-    /// [`Slot::begin`]); `held` is the id's entry's held flag ([`held_at`]).
+    /// [`Slot::begin`]); `held` is the id's entry's held flag (`held_at`).
     pub fn new(
         dir: D,
         held: &'a AtomicI64,
