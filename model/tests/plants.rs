@@ -164,6 +164,30 @@ const FLOCK_PLANTS: &[Plant] = &[
         config: "flock-program",
         caught_by: &[ONE_HOLDER, NAMED, FENCED],
     },
+    Plant {
+        name: "a release keeps its generation's liveness file open (and locked)",
+        file: "src/flock/tx.rs",
+        from: ".is_some_and(|g| g.local.token == token)",
+        to: ".is_some_and(|g| g.local.token != token)",
+        config: "flock-program",
+        caught_by: &[program::GIVEN_BACK],
+    },
+    Plant {
+        name: "a transition's end never unlocks the transition lock (its descriptor is kept)",
+        file: "src/flock/tx.rs",
+        from: "self.st.unlocked = self.dir.unlock(self.stable).is_ok();",
+        to: "self.st.unlocked = true;",
+        config: "flock-program",
+        caught_by: &[program::GIVEN_BACK, program::PROGRESS],
+    },
+    Plant {
+        name: "the held flag read the wrong way round",
+        file: "src/flock/tx.rs",
+        from: ".is_some_and(|expiry| !machine::is_expired(expiry, now)),",
+        to: ".is_some_and(|expiry| machine::is_expired(expiry, now)),",
+        config: "flock-program",
+        caught_by: &[program::HELD_FLAG],
+    },
 ];
 
 /// The workspace's root.

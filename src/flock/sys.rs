@@ -24,7 +24,7 @@ pub use super::files::Access;
 pub use super::live::Published;
 pub use super::tx::Sweeps;
 #[cfg(feature = "internals")]
-pub use super::tx::{FlockTx, Slot, TxState};
+pub use super::tx::{FlockTx, Slot, TxState, held_at};
 use crate::Timestamp;
 use crate::error::Error;
 use crate::fault::FaultPoint;

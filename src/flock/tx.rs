@@ -36,7 +36,7 @@ use crate::record::{self, LiveTag, Record};
 /// gone, shows here only at this instance's next transition on the id; so does a commit whose
 /// transition then failed.) A waiting acquire's look reads it: it must neither wait for
 /// another thread's call that has the slot nor guess when it cannot read it.
-pub(super) fn held_at(until: &AtomicI64, now: Timestamp) -> bool {
+pub fn held_at(until: &AtomicI64, now: Timestamp) -> bool {
     match until.load(Ordering::Acquire) {
         i64::MIN => false,
         at => Timestamp::from_unix_nanos(i128::from(at))
@@ -98,8 +98,16 @@ impl<F> Slot<F> {
 
     /// The end of a transition, before its transition lock is given back: `held` says no more
     /// than the slot holds, and a listing the run did not get to waits for the next
-    /// transition. Whether the run unlocked the transition lock itself.
-    pub fn end(&mut self, held: &AtomicI64, st: &mut TxState<F>) -> bool {
+    /// transition. The transition lock is unlocked by `unlock` if the run did not unlock it
+    /// (closing would unlock too, but a copy of the descriptor in a process forked meanwhile,
+    /// without exec, must not keep the lock). Whether it is unlocked now: its descriptor may
+    /// be kept for the id's next transition; otherwise it must be closed.
+    pub fn end(
+        &mut self,
+        held: &AtomicI64,
+        st: &mut TxState<F>,
+        unlock: impl FnOnce() -> bool,
+    ) -> bool {
         if self.local.is_none() {
             mark_held(held, None);
         }
@@ -108,7 +116,7 @@ impl<F> Slot<F> {
         if let Some(below) = st.carried_sweep.take() {
             self.keep_sweep(below);
         }
-        st.unlocked
+        st.unlocked || unlock()
     }
 }
 
@@ -853,12 +861,9 @@ impl Backend for Files {
         (mut lock, mut st): Self::Lock,
         _outcome: &Result<Outcome, Error>,
     ) {
-        let unlocked = slot.end(&entry.held, &mut st);
-        // The transition lock is unlocked explicitly if the run did not (closing would unlock
-        // too, but a copy of the descriptor in a process forked meanwhile, without exec, must
-        // not keep the lock), and its descriptor kept for the id's next transition while a
-        // place is free; otherwise (or if unlocking failed) closed, which unlocks it.
-        if unlocked || lock.file.unlock().is_ok() {
+        // Unlocked, its descriptor is kept for the id's next transition while a place is free;
+        // otherwise (or if unlocking failed) closed, which unlocks it.
+        if slot.end(&entry.held, &mut st, || lock.file.unlock().is_ok()) {
             if lock.place.is_none() {
                 lock.place = files::KeepPlace::take(&l.inner.kept_locks);
             }
