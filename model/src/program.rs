@@ -40,7 +40,8 @@
 //! fails only when its transition lock was removed while it held it**, or it overlapped a
 //! call whose lock was; **the held flag** (`held_at`, which a waiting acquire's look reads)
 //! says held after a grant and not after a release; **locks are given back**: a call ends
-//! holding no lock but, after a grant, its generation's liveness lock. Each holds
+//! holding no lock but, after a grant, its generation's liveness lock, and **leaves no
+//! temporary file of its own**. Each holds
 //! outside the window POSIX leaves between the commit check's stat of `<stem>.lock` and the
 //! rename (PROTOCOL §11): the cleaner does not act while a process is in it (the lease model
 //! shows that window reachable).
@@ -299,6 +300,8 @@ pub struct ProgramState {
     /// Ghost: a call ended with a lock kept that it should have given back (any but its
     /// generation's liveness file after a grant, any after a release).
     pub kept_locked: bool,
+    /// Ghost: a call ended leaving a temporary file of its own.
+    pub left_temporary: bool,
 }
 
 /// One step.
@@ -342,10 +345,19 @@ pub const HELD_FLAG: &str =
 /// Locks given back.
 pub const GIVEN_BACK: &str =
     "a call ends holding no lock but, after a grant, its generation's liveness lock";
+/// Temporary files.
+pub const NO_LEFTOVER: &str = "a call ends leaving no temporary file of its own";
 /// Reachability: a crashed holder replaced.
 pub const REPLACED: &str = "a process is granted the lease a crashed holder held";
 /// Reachability: a late renew.
 pub const LATE_RENEW: &str = "a holder renews past its expiry when nobody took over";
+
+/// The process whose temporary file `name` is (`<…>.<tag>.tmp`, the tag's high half the
+/// process's number: `Sim::fresh_tag`).
+fn temporary_of(name: &str) -> Option<u8> {
+    let tag = name.strip_suffix(".tmp")?.rsplit('.').next()?;
+    u8::try_from(u64::from_str_radix(tag, 16).ok()? >> 32).ok()
+}
 
 /// The id's file stem.
 fn stem() -> String {
@@ -1026,6 +1038,11 @@ impl ProgramModel {
             // alone, after a release nothing (a call that overlapped another transition is not
             // judged: each may publish a file the other's sweep deletes, whose lock goes at a
             // later transition).
+            // No call leaves a temporary file of its own behind (a failed commit's undo
+            // removes its temporary record; a publish renames its file or removes it).
+            if s.files.names.keys().any(|n| temporary_of(n) == Some(p)) {
+                s.left_temporary = true;
+            }
             let locks = s.files.locked.values().filter(|d| d.0 == p).count();
             match outcome {
                 _ if proc.lock_removed => {}
@@ -1131,6 +1148,7 @@ impl Model for ProgramModel {
             overlap: None,
             held_wrong: false,
             kept_locked: false,
+            left_temporary: false,
         }]
     }
 
@@ -1286,6 +1304,7 @@ impl Model for ProgramModel {
             Property::always(FENCED, |_, s: &ProgramState| !s.unfenced),
             Property::always(HELD_FLAG, |_, s: &ProgramState| !s.held_wrong),
             Property::always(GIVEN_BACK, |_, s: &ProgramState| !s.kept_locked),
+            Property::always(NO_LEFTOVER, |_, s: &ProgramState| !s.left_temporary),
             Property::sometimes(REPLACED, |_, s: &ProgramState| s.replaced_crashed),
             Property::sometimes(LATE_RENEW, |_, s: &ProgramState| s.renewed_late),
         ]

@@ -188,6 +188,14 @@ const FLOCK_PLANTS: &[Plant] = &[
         config: "flock-program",
         caught_by: &[program::HELD_FLAG],
     },
+    Plant {
+        name: "a failed commit's undo does nothing (its temporary record stays)",
+        file: "src/flock/tx.rs",
+        from: "    fn undo(&mut self, pending: Option<PendingLive<D::File>>) {\n",
+        to: "    fn undo(&mut self, pending: Option<PendingLive<D::File>>) {\n        if true { return; }\n",
+        config: "flock-program",
+        caught_by: &[program::NO_LEFTOVER],
+    },
 ];
 
 /// The workspace's root.
