@@ -193,10 +193,11 @@ pub mod record;
 #[allow(dead_code)]
 mod record;
 
-// The fault-injection seam, public only with the `fault-injection` feature (tests only).
-#[cfg(feature = "fault-injection")]
+// The fault-injection seam, public only with the `fault-injection` feature (tests only) or
+// `internals` (the model checker's simulated directory fails its steps through it).
+#[cfg(any(feature = "fault-injection", feature = "internals"))]
 pub mod fault;
-#[cfg(not(feature = "fault-injection"))]
+#[cfg(not(any(feature = "fault-injection", feature = "internals")))]
 #[allow(dead_code)]
 mod fault;
 

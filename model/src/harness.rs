@@ -154,6 +154,12 @@ pub trait SmallModel:
         None
     }
 
+    /// Configurations `check` runs after this one (the same model with other actors, too
+    /// many states together with this one's).
+    fn alongside(&self) -> Vec<Self> {
+        Vec::new()
+    }
+
     /// This configuration with `planted` planted.
     fn plant(mut self, planted: Self::Planted) -> Self {
         if let Some(slot) = self.planted_mut() {

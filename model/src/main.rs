@@ -379,9 +379,15 @@ fn plant<M: SmallModel>(slot: &mut Option<M>, name: &str) -> bool {
 
 /// `check` of the smaller model in `slot`, if any.
 fn check<M: SmallModel>(slot: Option<M>, out: &mut impl std::io::Write) -> Result<bool, String> {
-    slot.map_or(Ok(true), |m| {
-        harness::check(m, out).map_err(|e| e.to_string())
-    })
+    let Some(m) = slot else {
+        return Ok(true);
+    };
+    let mut ok = true;
+    for extra in m.alongside() {
+        ok &= harness::check(extra, out).map_err(|e| e.to_string())?;
+        println!();
+    }
+    Ok(harness::check(m, out).map_err(|e| e.to_string())? && ok)
 }
 
 /// After the default configuration: `M`'s default, after a blank line, closed by its verdict.

@@ -46,8 +46,13 @@
 //! rename (PROTOCOL §11): the cleaner does not act while a process is in it (the lease model
 //! shows that window reachable).
 //!
-//! Left out (PROTOCOL says it too): full disks and I/O errors, permissions, owners, symbolic links and special files, a Go prober's empty files, a
-//! record or liveness file moved back, the lock timeout, and the instance's other threads.
+//! Beside it, `check` runs the same processes with failed steps instead of the cleaner: a
+//! mishap is then a crash, a crash of the host, or one step failing with `ENOSPC` at the
+//! adapter's fault seam ([`ProgramAction::Fault`]; the call goes on, and may fail).
+//!
+//! Left out (PROTOCOL says it too): a write or fsync that half acted, permissions, owners,
+//! symbolic links and special files, a Go prober's empty files, a record or liveness file
+//! moved back, the lock timeout, and the instance's other threads.
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -60,6 +65,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use flocklease::error::LockOf;
+use flocklease::fault::FaultPoint;
 use flocklease::flock::sys::{Access, Dir, FlockTx, Peeked, Slot, Sweeps, begin_or_wait, held_at};
 use flocklease::machine::{Event, Outcome};
 use flocklease::record::{self, LiveTag};
@@ -101,12 +107,16 @@ pub enum Planted {
 pub struct ProgramModel {
     /// Each process's calls, in order.
     pub scripts: Vec<Vec<Call>>,
-    /// How many times a process may crash (each crash ends its script).
+    /// How many mishaps: a crash of a process (which ends its script), of the host, or a
+    /// failed step (see `faults`).
     pub crashes: u8,
     /// How many times the clock steps past the TTL.
     pub ticks: u8,
     /// How many times the cleaner deletes `<stem>.lock`.
     pub cleaner: u8,
+    /// Whether a mishap may be a failed file-system step (`ENOSPC`, at the adapter's fault
+    /// seam) instead of a crash: each takes one of `crashes`.
+    pub faults: bool,
     /// A mistake planted in the simulated directory.
     pub planted: Option<Planted>,
 }
@@ -121,6 +131,7 @@ impl Default for ProgramModel {
             crashes: 1,
             ticks: 1,
             cleaner: 1,
+            faults: false,
             planted: None,
         }
     }
@@ -245,6 +256,8 @@ pub struct Proc {
     /// Ghost: the cleaner deleted a liveness file during its call in progress (after the
     /// call may have checked its own).
     pub disturbed: bool,
+    /// Ghost: a fault failed a step of its call in progress (which may fail then).
+    pub faulted: bool,
     /// Ghost: the cleaner deleted the transition lock's name while this process held the
     /// lock, or while a call whose lock it was still ran beside this process's call in
     /// progress (which may fail then, and only then: two transitions overlapped).
@@ -319,6 +332,8 @@ pub enum ProgramAction {
     DeleteLock,
     /// The cleaner deletes the liveness file of the greatest token.
     DeleteLive,
+    /// A process's next step, its first fault point failing (`ENOSPC`).
+    Fault(u8),
 }
 
 /// Exclusion.
@@ -398,6 +413,8 @@ pub struct Sim<'a> {
     over: Cell<bool>,
     /// The step found the transition lock held by another description.
     blocked: Cell<bool>,
+    /// The step's first fault point fails (the fault actor's step); cleared when one did.
+    armed: Cell<bool>,
     /// The process holds its transition lock (its attempt's check passed) and has not given
     /// it back.
     holding: Cell<bool>,
@@ -591,6 +608,23 @@ impl<'a> Sim<'a> {
 
 impl<'a> Dir for &'a Sim<'a> {
     type File = SimFile<'a>;
+
+    fn fault(&self, point: FaultPoint, path: &Path) -> Result<(), Error> {
+        // Logged (a replay fails the same point); the process's own until its step acts.
+        let fails = self.call(false, |_| Some(Answer::Bool(self.armed.replace(false))));
+        match fails {
+            Some(Answer::Bool(false)) => Ok(()),
+            Some(_) => Err(Error::Io {
+                op: "model fault",
+                path: path.to_owned(),
+                source: io::Error::from_raw_os_error(28),
+            }),
+            None => {
+                let _ = point;
+                Err(over(path))
+            }
+        }
+    }
 
     fn now(&self) -> Timestamp {
         // Its own (the clock steps between steps), and logged: a replay reads what it read.
@@ -849,6 +883,8 @@ struct Stepped {
     kind: u8,
     /// Whether it holds its transition lock at the step's end.
     holding: bool,
+    /// The armed fault failed a step.
+    fired: bool,
 }
 
 /// Runs process `me`'s history (`script`, from its start) on `files`, its earlier calls
@@ -860,6 +896,7 @@ fn run_step(
     script: &[Call],
     now: i64,
     planted: Option<Planted>,
+    fail: bool,
 ) -> Stepped {
     let id = SessionId::new(ID).expect("a valid id");
     let owner = Owner::new(format!("p{me}")).expect("a valid owner");
@@ -873,6 +910,7 @@ fn run_step(
         made: Cell::new(false),
         over: Cell::new(false),
         blocked: Cell::new(false),
+        armed: Cell::new(fail),
         kind: Cell::new(0),
         holding: Cell::new(false),
         record: format!("{}.lease.json", id.stem()),
@@ -962,12 +1000,14 @@ fn run_step(
         says_held,
         kind: sim.kind.get(),
         holding: sim.holding.get(),
+        fired: fail && !sim.armed.get(),
     }
 }
 
 impl ProgramModel {
-    /// Process `p`'s next step; `None` when it blocks.
-    fn step(&self, s: &mut ProgramState, p: u8) -> Option<()> {
+    /// Process `p`'s next step (`fail`: its first fault point fails); `None` when it blocks
+    /// (or, with `fail`, reaches no fault point).
+    fn step(&self, s: &mut ProgramState, p: u8, fail: bool) -> Option<()> {
         let i = usize::from(p);
         let record = format!("{}.lease.json", stem());
         let record_before = s.files.names.get(&record).copied();
@@ -979,6 +1019,7 @@ impl ProgramModel {
             &self.scripts[i],
             s.now,
             self.planted,
+            fail,
         );
         s.files = files.into_inner();
         let log = stepped.log?;
@@ -988,6 +1029,11 @@ impl ProgramModel {
         }
         s.procs[i].log = log;
         s.procs[i].holding = stepped.holding;
+        if fail && !stepped.fired {
+            // No fault point in this step: the same as its step without a fault.
+            return None;
+        }
+        s.procs[i].faulted |= stepped.fired;
         // This step committed a record naming this process: its generation's file is the
         // one the record names (until the cleaner deletes one).
         if s.files.names.get(&record).copied() != record_before
@@ -1031,9 +1077,10 @@ impl ProgramModel {
             proc.done = k + 1;
             proc.started = false;
             proc.disturbed = false;
-            if matches!(outcome, Some(Err(()))) && !proc.lock_removed {
+            if matches!(outcome, Some(Err(()))) && !proc.lock_removed && !proc.faulted {
                 s.failed = true;
             }
+            proc.faulted = false;
             // What it keeps locked after a call: after a grant its generation's liveness file
             // alone, after a release nothing (a call that overlapped another transition is not
             // judged: each may publish a file the other's sweep deletes, whose lock goes at a
@@ -1127,6 +1174,7 @@ impl Model for ProgramModel {
                     clean: false,
                     disturbed: false,
                     lock_removed: false,
+                    faulted: false,
                 };
                 self.scripts.len()
             ],
@@ -1157,6 +1205,9 @@ impl Model for ProgramModel {
             let pid = u8::try_from(p).expect("few processes");
             if self.active(s, p) {
                 actions.push(ProgramAction::Step(pid));
+                if self.faults && s.crashes > 0 {
+                    actions.push(ProgramAction::Fault(pid));
+                }
             }
             // A crash closes what the process holds: only one that holds something matters.
             if s.crashes > 0
@@ -1187,7 +1238,7 @@ impl Model for ProgramModel {
     fn next_state(&self, last: &ProgramState, action: ProgramAction) -> Option<ProgramState> {
         let mut s = last.clone();
         match action {
-            ProgramAction::Step(p) => self.step(&mut s, p)?,
+            ProgramAction::Step(p) => self.step(&mut s, p, false)?,
             ProgramAction::Crash(p) => {
                 s.crashes -= 1;
                 // A holder — the record names it, unexpired — whose last commit came after the
@@ -1233,6 +1284,10 @@ impl Model for ProgramModel {
                 }
                 // A commit whose call had not returned may be lost: judged from the disk on.
                 s.max_token = token;
+            }
+            ProgramAction::Fault(p) => {
+                s.crashes -= 1;
+                self.step(&mut s, p, true)?;
             }
             ProgramAction::Tick => {
                 s.ticks -= 1;
@@ -1351,6 +1406,18 @@ impl SmallModel for ProgramModel {
         Some(&mut self.planted)
     }
 
+    /// Faults beside crashes, without the cleaner (with it, about three million states more).
+    fn alongside(&self) -> Vec<Self> {
+        if self.faults || self.planted.is_some() {
+            return Vec::new();
+        }
+        vec![ProgramModel {
+            cleaner: 0,
+            faults: true,
+            ..self.clone()
+        }]
+    }
+
     /// Two acquires and nothing else: enough for two holders, and small enough to explore
     /// whole (the default configuration with a shared lock runs into millions of states).
     fn shown_in(_planted: Planted) -> Option<Self> {
@@ -1359,6 +1426,7 @@ impl SmallModel for ProgramModel {
             crashes: 0,
             ticks: 0,
             cleaner: 0,
+            faults: false,
             planted: None,
         })
     }
@@ -1372,10 +1440,15 @@ impl SmallModel for ProgramModel {
             .collect();
         format!(
             "the flock adapter's own transaction (FlockTx, driver::run) on a simulated lease \
-             directory: {}; {} crash(es), {} clock step(s) past the TTL, a cleaner deleting \
-             <stem>.lock {} time(s)",
+             directory: {}; {} {}, {} clock step(s) past the TTL, a cleaner deleting \
+             <stem>.lock or a liveness file {} time(s)",
             scripts.join(", "),
             self.crashes,
+            if self.faults {
+                "crash(es) or failed step(s) (ENOSPC)"
+            } else {
+                "crash(es)"
+            },
             self.ticks,
             self.cleaner
         )
@@ -1397,6 +1470,16 @@ mod tests {
         // 691 651 with the transition lock's descriptor kept between transitions, as the
         // kernel's adapter keeps it (each process's stays open).
         harness::assert_holds(ProgramModel::default(), 691_651);
+    }
+
+    #[test]
+    fn failed_steps_leave_nothing_behind() {
+        // Pinned likewise: faults beside crashes, without the cleaner. It found a fault before
+        // the temporary record's write (the seam the tests fail it through) leaving the
+        // created file behind, unknown to the undo.
+        let faults = ProgramModel::default().alongside();
+        assert_eq!(faults.len(), 1);
+        harness::assert_holds(faults[0].clone(), 20_370);
     }
 
     #[test]

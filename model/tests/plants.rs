@@ -196,6 +196,14 @@ const FLOCK_PLANTS: &[Plant] = &[
         config: "flock-program",
         caught_by: &[program::NO_LEFTOVER],
     },
+    Plant {
+        name: "a failed step before the temporary record's write leaves the file behind",
+        file: "src/flock/tx.rs",
+        from: "        self.st.temp = Some((tmp, path));\n        written\n",
+        to: "        if written.is_ok() { self.st.temp = Some((tmp, path)); }\n        written\n",
+        config: "flock-program",
+        caught_by: &[program::NO_LEFTOVER],
+    },
 ];
 
 /// The workspace's root.

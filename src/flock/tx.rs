@@ -705,13 +705,15 @@ impl<D: Dir> FlockTx<'_, D> {
             }
             other => other?,
         };
-        self.check(FaultPoint::WriteTemp, &path)?;
         let tag = self.st.commit_tag.filter(|_| self.dir.tags_records());
-        let written = self.dir.write(&tmp, &record::encode_tagged(record, tag));
-        let failed = written.map_err(|e| Error::io("write", &path, e));
-        // Kept even on failure, so the driver's discard removes what was created.
+        let written = self.check(FaultPoint::WriteTemp, &path).and_then(|()| {
+            let bytes = record::encode_tagged(record, tag);
+            (self.dir.write(&tmp, &bytes)).map_err(|e| Error::io("write", &path, e))
+        });
+        // Kept even on failure (the write's, or the fault seam's before it), so the driver's
+        // discard removes what was created.
         self.st.temp = Some((tmp, path));
-        failed
+        written
     }
 
     fn sync_temp(&mut self) -> Result<(), Error> {
