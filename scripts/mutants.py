@@ -59,6 +59,9 @@ def main():
     ap.add_argument("--tests", action="append", default=[],
                     help="arguments of one `cargo test` run after the others (repeatable)")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per oracle run")
+    ap.add_argument("--names", help="a file of mutant names (one per line, a leading "
+                    "`path:line:col: ` ignored): only those, e.g. the ones an earlier run "
+                    "missed, again on a changed tree")
     a = ap.parse_args()
 
     listed = subprocess.run(
@@ -69,7 +72,16 @@ def main():
         # Only the file asked for, each mutant once.
         if m["file"] == a.file and all(m["name"] != n["name"] for n in mutants):
             mutants.append(m)
-    if a.sample and a.sample < len(mutants):
+    def bare(name):
+        # `src/x.rs:12:5: replace …` → `replace …` (line numbers move when the tree changes).
+        parts = name.split(": ", 1)
+        return parts[1] if len(parts) == 2 and parts[0].count(":") == 2 else name
+
+    if a.names:
+        with open(a.names) as f:
+            wanted = {bare(line.strip().strip("|` ")) for line in f if line.strip()}
+        mutants = [m for m in mutants if bare(m["name"]) in wanted]
+    elif a.sample and a.sample < len(mutants):
         mutants = random.Random(a.seed).sample(mutants, a.sample)
 
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, check=True,

@@ -912,6 +912,20 @@ impl Backend for Files {
 mod tests {
     use super::*;
 
+    /// A takeover's listing judges each name after `<stem>.`: a liveness file by its token, a
+    /// temporary file always, anything else never.
+    #[test]
+    fn leftovers_are_known_by_their_names() {
+        assert_eq!(live_token(b"7.live"), Some(7));
+        assert_eq!(live_token(b"18446744073709551615.live"), Some(u64::MAX));
+        assert_eq!(live_token(b"7.live.00000000000000ab.tmp"), None);
+        assert_eq!(live_token(b"x.live"), None);
+        assert_eq!(live_token(b"lease.json"), None);
+        assert!(candidate(b"7.live") && candidate(b"7.live.00000000000000ab.tmp"));
+        assert!(candidate(b"lease.json.00000000000000ab.tmp") && candidate(b"lease.json.tmp"));
+        assert!(!candidate(b"lease.json") && !candidate(b"lock") && !candidate(b"x.live"));
+    }
+
     /// The instance holds the id until the committed record's expiry, not at it (the expiry
     /// instant belongs to the next holder, `machine::is_expired`), and not after a release or
     /// before any commit.
