@@ -27,6 +27,7 @@ import json
 import os
 import random
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -39,11 +40,15 @@ TARGET = os.path.join(REPO, "target", "mutants-target")
 def run(cmd, cwd, timeout, env=None):
     """Runs `cmd` (a list); returns (exit status or None on timeout, seconds)."""
     start = time.time()
+    # Its own process group, killed whole at the timeout: a test binary that cargo started
+    # (a mutant may make it spin) must not outlive its run and slow every later one.
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        done = subprocess.run(cmd, cwd=cwd, env=env, timeout=timeout,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        return done.returncode, time.time() - start
+        return proc.wait(timeout=timeout), time.time() - start
     except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
         return None, time.time() - start
 
 
