@@ -5,6 +5,10 @@ use flocklease_model::props::names;
 use flocklease_model::{Action, Change, Cut, FenceIo, LeaseModel, Planted, Tamper, Target, report};
 use stateright::{Checker, Model};
 
+// The checker's allocator, as in `check` (main.rs says why).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The default configuration: every property verified, every scenario witnessed, and the full
 /// state space explored (a pinned count, so a silently truncated search fails).
 #[test]
