@@ -23,7 +23,10 @@
 //! `write_file` answered `Admitted { previous }` names what the call read, and no greater
 //! token than its own; `Refused { highest }` names a greater one; a token is recorded only
 //! over a lower one), and **a call fails only when the window disturbed it** (its lock removed
-//! while it held it, or another writer's rename in the window overran it). Each safety property holds unless a writer renamed after the cleaner
+//! while it held it, or another writer's rename in the window overran it), and **the fence's
+//! files stay in its directory** (the simulated file system has the fence's one directory, and
+//! a call naming a path elsewhere — a temporary file not beside its target, another directory
+//! fsynced — is noted). Each safety property holds unless a writer renamed after the cleaner
 //! removed its lock while it held it, with no check of its lock between (for `write_file` the
 //! one system call between its last check and that rename; for `with`, while its closure ran):
 //! the window POSIX leaves (PROTOCOL §11). The model marks that window (a ghost per writer)
@@ -151,6 +154,10 @@ pub struct Files {
     pub inodes: BTreeMap<u8, Vec<u8>>,
     /// Which writer holds each locked inode's `flock`.
     pub locked: BTreeMap<u8, usize>,
+    /// Ghost: a call named a path outside the fence's directory (a temporary file not beside
+    /// its target, a directory fsynced other than the target's). The simulated file system
+    /// has the one directory, so such a call acts on the name there, and this says it.
+    pub astray: bool,
 }
 
 impl Files {
@@ -162,6 +169,14 @@ impl Files {
             .expect("fewer than 256 inodes");
         self.inodes.insert(ino, bytes);
         ino
+    }
+
+    /// The name `path` has in the fence's directory (noting a path outside it).
+    fn name(&mut self, path: &Path) -> String {
+        self.astray |= path.parent() != Some(Path::new(DIR));
+        path.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
     }
 
     /// The token the file at `name` holds, if it holds one.
@@ -261,6 +276,9 @@ pub const EXACT: &str = "the fence admits exactly the tokens at or above the hig
 pub const ANSWERS: &str =
     "a call fails only when its lock was removed while it held it, or the window overran it";
 
+/// The fence's files stay in their directory.
+pub const BESIDE: &str = "every file the fence makes, renames or fsyncs is in the fence's directory (a temporary file beside its target)";
+
 /// What a writer's visible call did, as the properties judge it.
 #[derive(Clone, Debug)]
 enum Seen {
@@ -309,12 +327,6 @@ fn over() -> Error {
 }
 
 /// A path's name in the fence's directory.
-fn name(path: &Path) -> String {
-    path.file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default()
-}
-
 impl Sim<'_> {
     /// One call: replayed from the log; or made now on the files by `act` (`None`: it
     /// blocks), when it is the step's one visible call (`call`) or the writer's own (`call`
@@ -370,7 +382,7 @@ impl Fs for &Sim<'_> {
     fn lock_once(&self, path: &Path, _deadline: Option<Instant>) -> Result<Option<u8>, Error> {
         let me = self.me;
         let answer = self.call(Some(Call::Lock), |f| {
-            let n = name(path);
+            let n = f.name(path);
             let ino = match f.names.get(&n) {
                 Some(&ino) => ino,
                 None => {
@@ -393,7 +405,8 @@ impl Fs for &Sim<'_> {
 
     fn still_at(&self, lock: &u8, path: &Path) -> Result<bool, Error> {
         let answer = self.call(Some(Call::StillAt), |f| {
-            let here = f.names.get(&name(path)) == Some(lock);
+            let n = f.name(path);
+            let here = f.names.get(&n) == Some(lock);
             Some((Answer::Bool(here), Seen::Checked(here)))
         });
         match answer {
@@ -414,7 +427,7 @@ impl Fs for &Sim<'_> {
 
     fn read(&self, path: &Path) -> Result<Option<Vec<u8>>, Error> {
         let answer = self.call(Some(Call::Read), |f| {
-            let n = name(path);
+            let n = f.name(path);
             let bytes = f.names.get(&n).map(|ino| f.inodes[ino].clone());
             let seen = if n == FENCE {
                 Seen::ReadFence(bytes.as_deref().and_then(token))
@@ -431,7 +444,8 @@ impl Fs for &Sim<'_> {
 
     fn mode(&self, path: &Path) -> Result<Option<u32>, Error> {
         let answer = self.call(None, |f| {
-            let mode = f.names.contains_key(&name(path)).then_some(0o644);
+            let n = f.name(path);
+            let mode = f.names.contains_key(&n).then_some(0o644);
             Some((Answer::Mode(mode), Seen::Other))
         });
         match answer {
@@ -448,8 +462,9 @@ impl Fs for &Sim<'_> {
 
     fn create(&self, path: &Path, _what: TempFor) -> Result<u8, Error> {
         let answer = self.call(None, |f| {
+            let n = f.name(path);
             let ino = f.make(Vec::new());
-            f.names.insert(name(path), ino);
+            f.names.insert(n, ino);
             Some((Answer::Temp(ino), Seen::Other))
         });
         match answer {
@@ -468,21 +483,22 @@ impl Fs for &Sim<'_> {
     }
 
     fn rename(&self, from: &Path, to: &Path) -> Result<(), Error> {
-        let to_name = name(to);
-        let call = if to_name == FENCE {
+        let to_name = to.file_name().map(|n| n.to_string_lossy().into_owned());
+        let call = if to_name.as_deref() == Some(FENCE) {
             Call::RenameFence
         } else {
             Call::RenameTarget
         };
         let answer = self.call(Some(call), |f| {
-            let ino = f.names.remove(&name(from))?;
+            let (from, to) = (f.name(from), f.name(to));
+            let ino = f.names.remove(&from)?;
             let put = token(&f.inodes[&ino]);
-            f.names.insert(to_name.clone(), ino);
-            let seen = if to_name == FENCE {
+            let seen = if to == FENCE {
                 Seen::RenamedFence(put)
             } else {
                 Seen::Landed(put)
             };
+            f.names.insert(to, ino);
             Some((Answer::Done, seen))
         });
         answer.map(drop).ok_or_else(over)
@@ -490,15 +506,19 @@ impl Fs for &Sim<'_> {
 
     fn remove(&self, path: &Path) {
         self.call(None, |f| {
-            f.names.remove(&name(path));
+            let n = f.name(path);
+            f.names.remove(&n);
             Some((Answer::Done, Seen::Other))
         });
     }
 
-    fn sync_dir(&self, _dir: &Path) -> Result<(), Error> {
-        self.call(None, |_| Some((Answer::Done, Seen::Other)))
-            .map(drop)
-            .ok_or_else(over)
+    fn sync_dir(&self, dir: &Path) -> Result<(), Error> {
+        self.call(None, |f| {
+            f.astray |= dir != Path::new(DIR);
+            Some((Answer::Done, Seen::Other))
+        })
+        .map(drop)
+        .ok_or_else(over)
     }
 }
 
@@ -778,6 +798,7 @@ impl Model for ResourceModel {
             Property::always(NO_STALE_WRITE, |_, s: &ResourceState| !s.stale_landed),
             Property::always(EXACT, |_, s: &ResourceState| !s.inexact),
             Property::always(ANSWERS, |_, s: &ResourceState| !s.failed_undisturbed),
+            Property::always(BESIDE, |_, s: &ResourceState| !s.files.astray),
             Property::sometimes(WINDOW, |_, s: &ResourceState| s.window),
             Property::sometimes(REFUSED_AT_RECHECK, |_, s: &ResourceState| {
                 s.refused_at_recheck

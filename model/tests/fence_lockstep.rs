@@ -8,7 +8,9 @@
 //! or the target, the closure's write, unlock), and goes on by one step when the model's writer
 //! does. The cleaner's deletions, moves aside and puts back are done on the real lock file.
 //! After every action the files are compared with the model's state: the fence file's token,
-//! the target's token, which lock file stands at the path and aside, and where each writer is.
+//! the target's token, which lock file stands at the path and aside, where each writer is, and
+//! what each call that returned answered (admitted and what it read, refused and the greater
+//! token, or failed; `write_file`'s answer classified by `Admission::is_admitted`).
 //!
 //! Schedules: seeded random walks of the model (every action it allows, chosen at random). A
 //! divergence fails with the seed and the actions so far.
@@ -24,11 +26,11 @@ use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use flocklease::Fence;
 use flocklease::fault::{FaultHook, FaultPoint};
+use flocklease::{Admission, Fence};
 use flocklease_model::report::SplitMix;
 use flocklease_model::resource::{
-    ASIDE, Call, How, LOCK, ResourceAction, ResourceModel, ResourceState,
+    ASIDE, Call, Ended, How, LOCK, ResourceAction, ResourceModel, ResourceState,
 };
 use stateright::Model;
 
@@ -76,6 +78,31 @@ struct Real {
     reports: Receiver<(usize, At)>,
     /// The model's lock inodes and the real ones.
     inodes: HashMap<u8, u64>,
+    /// What each writer's call answered, once it returned.
+    answers: Arc<Mutex<Vec<Option<String>>>>,
+}
+
+/// An answer as the comparison writes it: what the model's writer ended with (classified by
+/// its own variant, not by the library's `is_admitted`, which the real side's answer uses).
+fn answer(ended: Ended) -> String {
+    match ended {
+        Ended::Admitted { previous } => {
+            format!("admitted: {:?}", Admission::Admitted { previous })
+        }
+        Ended::Refused { highest } => format!("refused: {:?}", Admission::Refused { highest }),
+        Ended::Failed => "failed".to_owned(),
+    }
+}
+
+/// What a real `write_file` answered, as the comparison writes it: classified by
+/// `Admission::is_admitted`, and itself.
+fn said(a: Admission) -> String {
+    let kind = if a.is_admitted() {
+        "admitted"
+    } else {
+        "refused"
+    };
+    format!("{kind}: {a:?}")
 }
 
 impl Real {
@@ -97,6 +124,7 @@ impl Real {
         let fence_path = dir.path().join("f");
         let target = dir.path().join("target");
         let (report, reports) = channel();
+        let answers = Arc::new(Mutex::new(vec![None; m.writers.len()]));
         let mut writers = vec![];
         for (i, &(token, how)) in m.writers.iter().enumerate() {
             let (go, wait) = channel::<()>();
@@ -123,20 +151,28 @@ impl Real {
             };
             let fence = Fence::builder(&fence_path).faults(hook).open().unwrap();
             armed.store(true, Ordering::SeqCst);
-            let (report, target) = (report.clone(), target.clone());
+            let (report, target, answers) = (report.clone(), target.clone(), Arc::clone(&answers));
             let thread = std::thread::spawn(move || {
                 let bytes = format!("{token}\n");
-                match how {
-                    How::WriteFile => {
-                        let _ = fence.write_file(token, &target, bytes.as_bytes());
-                    }
-                    How::With => {
-                        let _ = fence.with(token, || {
+                let real = match how {
+                    How::WriteFile => match fence.write_file(token, &target, bytes.as_bytes()) {
+                        Ok(a) => said(a),
+                        Err(_) => answer(Ended::Failed),
+                    },
+                    How::With => answer(
+                        match fence.with(token, || {
                             pause(&report, &wait, i, At::Write);
                             fs::write(&target, bytes.as_bytes()).unwrap();
-                        });
-                    }
-                }
+                        }) {
+                            Ok(Ok(())) => Ended::Admitted { previous: None },
+                            Ok(Err(stale)) => Ended::Refused {
+                                highest: stale.highest,
+                            },
+                            Err(_) => Ended::Failed,
+                        },
+                    ),
+                };
+                answers.lock().unwrap()[i] = Some(real);
                 let _ = report.send((i, At::Done));
             });
             writers.push(Writer {
@@ -150,6 +186,7 @@ impl Real {
             at: vec![At::Done; m.writers.len()],
             reports,
             inodes: HashMap::new(),
+            answers,
         };
         // Opening the fences created the lock file; the model starts without one.
         fs::remove_file(real.lock_path()).unwrap();
@@ -241,6 +278,18 @@ impl Real {
                 format!("{:?}", self.at),
             ),
         ];
+        let answers = self.answers.lock().unwrap().clone();
+        let checks = checks.into_iter().chain([(
+            "what the returned calls answered",
+            format!(
+                "{:?}",
+                s.writers
+                    .iter()
+                    .map(|w| w.next.is_none().then(|| w.ended.map(answer)).flatten())
+                    .collect::<Vec<_>>()
+            ),
+            format!("{answers:?}"),
+        )]);
         for (what, model, real) in checks {
             if model != real {
                 return Err(format!("{what}: model {model}, real {real}"));

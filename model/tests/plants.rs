@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use flocklease_model::program::{self, AT_ONCE, DURABLE, FENCED, NAMED, ONE_HOLDER};
-use flocklease_model::resource::{ANSWERS, EXACT, NEVER_BACK, NO_STALE_WRITE};
+use flocklease_model::resource::{ANSWERS, BESIDE, EXACT, NEVER_BACK, NO_STALE_WRITE};
 
 /// One planted mistake.
 struct Plant {
@@ -84,6 +84,14 @@ const PLANTS: &[Plant] = &[
         to: "        let previous = self.highest()?;\n        if previous == Some(token) {\n            return Ok(Err(token));\n        }\n",
         config: "resource-fence",
         caught_by: &[EXACT],
+    },
+    Plant {
+        name: "a guarded write's temporary file made in the working directory, not beside its target",
+        file: "src/fence.rs",
+        from: "        let dir = match target.parent() {\n            Some(p) if !p.as_os_str().is_empty() => p,\n",
+        to: "        let dir = match target.parent() {\n            Some(p) if false => p,\n",
+        config: "resource-fence",
+        caught_by: &[BESIDE],
     },
 ];
 
