@@ -564,12 +564,56 @@ pub(crate) struct Gate {
     free: Condvar,
 }
 
-#[derive(Debug, Default)]
-struct GateState {
+/// What an id's turn keeps under its mutex, and its rules: taken or not, and how many callers
+/// wait for it. [`Gate`] runs them under its mutex with a condition variable; the model checker
+/// (`check --config threads`) runs the same rules with its threads parked and woken.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct GateState {
     busy: bool,
     /// Callers waiting for the turn: only then does leaving it wake anyone (a condition
     /// variable's notify is a system call even with nobody waiting).
     waiting: usize,
+}
+
+impl GateState {
+    /// A caller's look at the turn: takes it if it is free (`true`).
+    pub fn take(&mut self) -> bool {
+        let free = !self.busy;
+        self.busy = true;
+        free
+    }
+
+    /// A caller that found the turn taken starts waiting for it (counted, so that leaving
+    /// the turn wakes it).
+    pub fn park(&mut self) {
+        self.waiting += 1;
+    }
+
+    /// A waiting caller woke (woken, or at its deadline): no longer counted.
+    pub fn woke(&mut self) {
+        self.waiting -= 1;
+    }
+
+    /// The turn's holder leaves it: whether a waiting caller is to be woken.
+    pub fn leave(&mut self) -> bool {
+        self.busy = false;
+        self.waiting > 0
+    }
+
+    /// Whether the turn is taken.
+    pub fn busy(&self) -> bool {
+        self.busy
+    }
+
+    /// How many callers wait for the turn.
+    pub fn waiting(&self) -> usize {
+        self.waiting
+    }
+
+    /// Whether nobody has the turn or waits for it.
+    fn idle(&self) -> bool {
+        !self.busy() && self.waiting() == 0
+    }
 }
 
 impl Gate {
@@ -577,7 +621,7 @@ impl Gate {
     /// the deadline.
     pub(crate) fn enter(&self, deadline: Option<Instant>) -> Option<Turn<'_>> {
         let mut st = lock(&self.state);
-        while st.busy {
+        while !st.take() {
             let left = match deadline {
                 None => None,
                 Some(d) => {
@@ -588,7 +632,7 @@ impl Gate {
                     Some(left)
                 }
             };
-            st.waiting += 1;
+            st.park();
             st = match left {
                 None => self.free.wait(st).unwrap_or_else(PoisonError::into_inner),
                 Some(left) => {
@@ -598,17 +642,14 @@ impl Gate {
                         .0
                 }
             };
-            st.waiting -= 1;
+            st.woke();
         }
-        st.busy = true;
         Some(Turn { gate: self })
     }
 
     /// Whether nobody has the turn now (for pruning idle ids).
     pub(crate) fn is_free(&self) -> bool {
-        self.state
-            .try_lock()
-            .is_ok_and(|st| !st.busy && st.waiting == 0)
+        self.state.try_lock().is_ok_and(|st| st.idle())
     }
 }
 
@@ -619,9 +660,7 @@ pub(crate) struct Turn<'a> {
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
-        let mut st = lock(&self.gate.state);
-        st.busy = false;
-        if st.waiting > 0 {
+        if lock(&self.gate.state).leave() {
             self.gate.free.notify_one();
         }
     }

@@ -19,12 +19,21 @@
 //! timeout, and a call blocked for good shows as one still under way past its bound.
 //!
 //! What each holds: the id's **turn** (`front::Gate`, waited for until the call's deadline,
-//! not re-entrant), the instance's **state** of the id (a mutex, waited for without a deadline,
+//! not re-entrant; its state is the library's own [`GateState`], whose rules — take it if
+//! free, park counted, wake uncounted, leave and wake one if any is counted — each step runs,
+//! with the gate's condition variable simulated: a parked thread steps again only once a
+//! leaving caller's `notify_one` woke it, or at its deadline), the instance's **state** of the id (a mutex, waited for without a deadline,
 //! not re-entrant), the **lock** `<stem>.lock` (a new descriptor per call: a call's own
 //! section's lock excludes it; waited for until the call's deadline). `liveness_fd` takes the
 //! state for an instant; `acquire_wait`'s look at what the instance holds reads a flag the
 //! state keeps beside it (it takes nothing, never waits); a wait's wait for the holder takes
 //! nothing.
+//!
+//! The properties of the turn itself, the rules of [`GateState`] judged: **at most one call has
+//! the id's turn**; **while the turn is free, every call waiting for it has been woken** (a
+//! leaving caller that does not wake a waiter leaves it asleep to its deadline: planting
+//! `leave`'s `waiting > 0` as `< 0` breaks it); **the turn counts as waiting exactly the calls
+//! parked on it** (`woke`'s `-= 1` as `+= 1` breaks it).
 //!
 //! The property: **every call returns within its bound** — a transition and `liveness_fd`
 //! within the lock timeout (`liveness_fd` may wait for another thread's call waiting for the
@@ -46,7 +55,7 @@
 
 use std::fmt;
 
-use flocklease::driver::{Hold, HoldStep, TRANSITION};
+use flocklease::driver::{GateState, Hold, HoldStep, TRANSITION};
 use flocklease::flock::SECTION;
 use stateright::{Model, Property};
 
@@ -252,6 +261,10 @@ pub struct Thread {
     /// (Thread 1 only.) The clock moved while it waited for the turn, the state or the lock
     /// held by the section's thread (thread 0). Kept after it returned.
     pub waited: bool,
+    /// It waits for the turn on the gate's condition variable (counted by [`GateState::park`]).
+    pub parked: bool,
+    /// A caller leaving the turn woke it (the condition variable's `notify_one`).
+    pub woken: bool,
 }
 
 /// The whole system.
@@ -261,8 +274,13 @@ pub struct ThreadsState {
     pub now: u8,
     /// The threads.
     pub threads: Vec<Thread>,
-    /// Who has the id's turn (a thread, its frame).
+    /// Who has the id's turn (a thread, its frame): a ghost beside the gate's own state.
     pub turn: Option<(usize, usize)>,
+    /// The id's turn as the front's gate keeps it under its mutex: the library's own
+    /// [`GateState`], whose rules each step that takes, waits for or leaves the turn runs.
+    pub gate: GateState,
+    /// Ghost: the gate let a call take the turn another call had.
+    pub two_turns: bool,
     /// Who has the instance's state of the id.
     pub state: Option<(usize, usize)>,
     /// Who holds the transition lock.
@@ -290,6 +308,12 @@ pub enum ThreadsAction {
 
 /// The property's name.
 pub const WITHIN_BOUND: &str = "every call of a thread returns within its bound";
+/// The turn has one holder.
+pub const ONE_TURN: &str = "at most one call has the id's turn";
+/// Leaving the turn wakes a waiter.
+pub const WOKEN: &str = "while the turn is free, every call waiting for it has been woken";
+/// The gate counts its waiters.
+pub const COUNTED: &str = "the turn counts as waiting exactly the calls parked on it";
 /// Reachability: a call inside a fenced section returned.
 pub const INSIDE_RETURNED: &str = "a call inside a fenced section returned";
 /// Reachability: another thread's call that took time returned while a section ran.
@@ -335,7 +359,11 @@ impl ThreadsModel {
             return false;
         };
         match op {
-            Op::Take(Hold::Turn) => s.turn.is_none(),
+            // A look at the turn under the gate's mutex: at once, or once woken (or at the
+            // call's deadline) after it parked.
+            Op::Take(Hold::Turn) => {
+                !th.parked || th.woken || th.frames.last().is_some_and(|f| Self::past(s, f))
+            }
             Op::Take(Hold::State) => s.state.is_none(),
             Op::Take(Hold::Lock) => s.lock.is_none(),
             Op::Wait => {
@@ -352,16 +380,51 @@ impl ThreadsModel {
         }
     }
 
-    /// Whether thread `t` waits for the turn or the lock past its call's deadline.
+    /// Whether the call of frame `f` is at or past its deadline.
+    fn past(s: &ThreadsState, f: &Frame) -> bool {
+        s.now >= f.started + LOCK_TIMEOUT
+    }
+
+    /// Whether thread `t` waits for the lock past its call's deadline (the turn's wait ends at
+    /// its deadline by a step of its own: [`ThreadsModel::enter`]).
     fn can_time_out(s: &ThreadsState, t: usize) -> bool {
         let th = &s.threads[t];
-        let waiting = matches!(th.ops.get(th.pc), Some(Op::Take(Hold::Turn | Hold::Lock)))
-            && !Self::can_step(s, t);
-        waiting
-            && th
-                .frames
-                .last()
-                .is_some_and(|f| s.now >= f.started + LOCK_TIMEOUT)
+        let waiting =
+            matches!(th.ops.get(th.pc), Some(Op::Take(Hold::Lock))) && !Self::can_step(s, t);
+        waiting && th.frames.last().is_some_and(|f| Self::past(s, f))
+    }
+
+    /// One pass of `Gate::enter`'s loop under the gate's mutex, by thread `t`'s call (frame
+    /// `depth`): a parked caller (woken, or at its deadline) is no longer counted; then the
+    /// turn is taken if free, or the call fails at its deadline, or the caller parks.
+    fn enter(s: &mut ThreadsState, t: usize, depth: usize) {
+        if s.threads[t].parked {
+            s.gate.woke();
+            s.threads[t].parked = false;
+            s.threads[t].woken = false;
+        }
+        if s.gate.take() {
+            s.two_turns |= s.turn.is_some();
+            s.turn = Some((t, depth));
+            s.threads[t].frames[depth].holds.push(Hold::Turn);
+            s.threads[t].pc += 1;
+        } else if Self::past(s, &s.threads[t].frames[depth]) {
+            Self::time_out(s, t);
+        } else {
+            s.gate.park();
+            s.threads[t].parked = true;
+        }
+    }
+
+    /// The turn is left (`Turn`'s drop): the gate's rule says whether to wake a waiting
+    /// caller, and `notify_one` wakes one parked thread, if any.
+    fn leave_turn(s: &mut ThreadsState) {
+        s.turn = None;
+        if s.gate.leave()
+            && let Some(th) = s.threads.iter_mut().find(|th| th.parked && !th.woken)
+        {
+            th.woken = true;
+        }
     }
 
     /// Whether a call of a thread has run past its bound.
@@ -377,7 +440,7 @@ impl ThreadsModel {
         if holds.contains(&h) {
             holds.retain(|x| *x != h);
             match h {
-                Hold::Turn => s.turn = None,
+                Hold::Turn => Self::leave_turn(s),
                 Hold::State => s.state = None,
                 Hold::Lock => s.lock = None,
             }
@@ -388,7 +451,7 @@ impl ThreadsModel {
     fn give_back(s: &mut ThreadsState, t: usize, depth: usize) {
         for h in std::mem::take(&mut s.threads[t].frames[depth].holds) {
             match h {
-                Hold::Turn => s.turn = None,
+                Hold::Turn => Self::leave_turn(s),
                 Hold::State => s.state = None,
                 Hold::Lock => s.lock = None,
             }
@@ -406,13 +469,14 @@ impl ThreadsModel {
                     holds: Vec::new(),
                 });
             }
-            Op::Take(h) => {
-                match h {
-                    Hold::Turn => s.turn = Some((t, depth)),
-                    Hold::State => s.state = Some((t, depth)),
-                    Hold::Lock => s.lock = Some(Holder::Thread(t, depth)),
-                }
-                s.threads[t].frames[depth].holds.push(h);
+            Op::Take(Hold::Turn) => return Self::enter(s, t, depth),
+            Op::Take(Hold::State) => {
+                s.state = Some((t, depth));
+                s.threads[t].frames[depth].holds.push(Hold::State);
+            }
+            Op::Take(Hold::Lock) => {
+                s.lock = Some(Holder::Thread(t, depth));
+                s.threads[t].frames[depth].holds.push(Hold::Lock);
             }
             Op::Give(h) => Self::give(s, t, depth, h),
             Op::Run => Self::give(s, t, depth, Hold::Lock),
@@ -491,6 +555,8 @@ impl Model for ThreadsModel {
             frames: Vec::new(),
             failed: false,
             waited: false,
+            parked: false,
+            woken: false,
         };
         let mut states = Vec::new();
         for i in inner {
@@ -502,6 +568,8 @@ impl Model for ThreadsModel {
                         thread(self.thread_ops(o)),
                     ],
                     turn: None,
+                    gate: GateState::default(),
+                    two_turns: false,
                     state: None,
                     lock: None,
                     rival_since: None,
@@ -570,6 +638,13 @@ impl Model for ThreadsModel {
     fn properties(&self) -> Vec<Property<Self>> {
         vec![
             Property::always(WITHIN_BOUND, |_, s: &ThreadsState| !ThreadsModel::late(s)),
+            Property::always(ONE_TURN, |_, s: &ThreadsState| !s.two_turns),
+            Property::always(WOKEN, |_, s: &ThreadsState| {
+                s.gate.busy() || !s.threads.iter().any(|th| th.parked && !th.woken)
+            }),
+            Property::always(COUNTED, |_, s: &ThreadsState| {
+                s.gate.waiting() == s.threads.iter().filter(|th| th.parked).count()
+            }),
             Property::sometimes(INSIDE_RETURNED, |_, s: &ThreadsState| {
                 let th = &s.threads[0];
                 th.frames.len() == 1
@@ -655,8 +730,10 @@ mod tests {
         // not in the model); 271 299 since the other thread keeps whether it waited through a
         // tick for what the section's thread held, for the reachability of a call that waited
         // for a section (it held trivially once a thread could begin after a tick: a review
-        // found it).
-        harness::assert_holds(ThreadsModel::default(), 271_299);
+        // found it); 308 166 since the turn is the front's own `GateState` with its waiters
+        // parked and woken (a caller waiting for the turn parks in a step of its own, and wakes
+        // by a step of its own).
+        harness::assert_holds(ThreadsModel::default(), 308_166);
     }
 
     #[test]

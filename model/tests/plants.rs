@@ -17,6 +17,7 @@ use std::process::Command;
 
 use flocklease_model::program::{self, AT_ONCE, DURABLE, FENCED, NAMED, ONE_HOLDER};
 use flocklease_model::resource::{ANSWERS, BESIDE, EXACT, NEVER_BACK, NO_STALE_WRITE};
+use flocklease_model::threads::{COUNTED, ONE_TURN, WOKEN};
 
 /// One planted mistake.
 struct Plant {
@@ -92,6 +93,35 @@ const PLANTS: &[Plant] = &[
         to: "        let dir = match target.parent() {\n            Some(p) if false => p,\n",
         config: "resource-fence",
         caught_by: &[BESIDE],
+    },
+];
+
+/// The front's turn (src/front.rs `GateState`), caught by the threads of one instance
+/// (`threads`), which run its rules.
+const TURN_PLANTS: &[Plant] = &[
+    Plant {
+        name: "leaving the turn wakes nobody (a waiter sleeps to its deadline)",
+        file: "src/front.rs",
+        from: "        self.waiting > 0\n",
+        to: "        self.waiting < 0\n",
+        config: "threads",
+        caught_by: &[WOKEN],
+    },
+    Plant {
+        name: "a waiter that woke is counted again rather than no longer",
+        file: "src/front.rs",
+        from: "        self.waiting -= 1;\n",
+        to: "        self.waiting += 1;\n",
+        config: "threads",
+        caught_by: &[COUNTED],
+    },
+    Plant {
+        name: "the turn taken even when another call has it",
+        file: "src/front.rs",
+        from: "        let free = !self.busy;\n",
+        to: "        let free = true;\n",
+        config: "threads",
+        caught_by: &[ONE_TURN],
     },
 ];
 
@@ -280,11 +310,11 @@ fn every_planted_mistake_fails_check() {
     let tree = scratch.path().join("tree");
     copy_workspace(&tree);
     // The tree as it is passes first: a check that fails anyway would prove nothing.
-    for config in ["resource-fence", "flock-program"] {
+    for config in ["resource-fence", "threads", "flock-program"] {
         let (ok, out) = check(&tree, config);
         assert!(ok, "the unplanted tree fails {config}:\n{out}");
     }
-    for plant in PLANTS.iter().chain(FLOCK_PLANTS) {
+    for plant in PLANTS.iter().chain(TURN_PLANTS).chain(FLOCK_PLANTS) {
         let file = tree.join(plant.file);
         let text = std::fs::read_to_string(&file).unwrap();
         assert_eq!(
