@@ -26,7 +26,9 @@
 //! while it held it, or another writer's rename in the window overran it), and **the fence's
 //! files stay in its directory** (the simulated file system has the fence's one directory, and
 //! a call naming a path elsewhere — a temporary file not beside its target, another directory
-//! fsynced — is noted). Each safety property holds unless a writer renamed after the cleaner
+//! fsynced — is noted), and **every writer's call returns** (the simulated lock is given
+//! back only by the fence's unlock, as a lock whose descriptor a forked child shares is: a
+//! fence that only closed its lock would hold it there). Each safety property holds unless a writer renamed after the cleaner
 //! removed its lock while it held it, with no check of its lock between (for `write_file` the
 //! one system call between its last check and that rename; for `with`, while its closure ran):
 //! the window POSIX leaves (PROTOCOL §11). The model marks that window (a ghost per writer)
@@ -276,6 +278,8 @@ pub const EXACT: &str = "the fence admits exactly the tokens at or above the hig
 pub const ANSWERS: &str =
     "a call fails only when its lock was removed while it held it, or the window overran it";
 
+/// Every call returns: no writer waits for a lock nobody gives back.
+pub const RETURNS: &str = "every writer's call returns (a lock is given back by its unlock)";
 /// The fence's files stay in their directory.
 pub const BESIDE: &str = "every file the fence makes, renames or fsyncs is in the fence's directory (a temporary file beside its target)";
 
@@ -799,6 +803,9 @@ impl Model for ResourceModel {
             Property::always(EXACT, |_, s: &ResourceState| !s.inexact),
             Property::always(ANSWERS, |_, s: &ResourceState| !s.failed_undisturbed),
             Property::always(BESIDE, |_, s: &ResourceState| !s.files.astray),
+            Property::eventually(RETURNS, |_, s: &ResourceState| {
+                s.writers.iter().all(|w| w.next.is_none())
+            }),
             Property::sometimes(WINDOW, |_, s: &ResourceState| s.window),
             Property::sometimes(REFUSED_AT_RECHECK, |_, s: &ResourceState| {
                 s.refused_at_recheck

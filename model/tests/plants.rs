@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use flocklease_model::program::{self, AT_ONCE, DURABLE, FENCED, NAMED, ONE_HOLDER};
-use flocklease_model::resource::{ANSWERS, BESIDE, EXACT, NEVER_BACK, NO_STALE_WRITE};
+use flocklease_model::resource::{ANSWERS, BESIDE, EXACT, NEVER_BACK, NO_STALE_WRITE, RETURNS};
 use flocklease_model::threads::{COUNTED, ONE_TURN, WOKEN};
 
 /// One planted mistake.
@@ -93,6 +93,14 @@ const PLANTS: &[Plant] = &[
         to: "        let dir = match target.parent() {\n            Some(p) if false => p,\n",
         config: "resource-fence",
         caught_by: &[BESIDE],
+    },
+    Plant {
+        name: "the fence's lock not given back (only closing the descriptor would; a forked copy keeps it)",
+        file: "src/fence.rs",
+        from: "        let _ = self.fs.hook(FaultPoint::UnlockFence, &self.lock_path);\n        self.fs.unlock(lock);\n",
+        to: "        let _ = lock;\n",
+        config: "resource-fence",
+        caught_by: &[RETURNS],
     },
 ];
 
