@@ -66,7 +66,9 @@ use std::time::Duration;
 
 use flocklease::error::LockOf;
 use flocklease::fault::FaultPoint;
-use flocklease::flock::sys::{Access, Dir, FlockTx, Peeked, Slot, Sweeps, begin_or_wait, held_at};
+use flocklease::flock::sys::{
+    Access, Dir, FlockTx, Peeked, Slot, Sweeps, begin_or_wait, held_at, lock_and_record,
+};
 use flocklease::machine::{Event, Outcome};
 use flocklease::record::{self, LiveTag};
 use flocklease::{Error, Owner, SessionId, Timestamp};
@@ -375,8 +377,14 @@ fn temporary_of(name: &str) -> Option<u8> {
 }
 
 /// The id's file stem.
-fn stem() -> String {
-    SessionId::new(ID).expect("a valid id").stem().to_owned()
+/// The id's transition lock's file name, as the adapter names it.
+fn lock_name() -> String {
+    lock_and_record(&SessionId::new(ID).expect("a valid id")).0
+}
+
+/// The id's record's file name, as the adapter names it.
+fn record_name() -> String {
+    lock_and_record(&SessionId::new(ID).expect("a valid id")).1
 }
 
 /// The error every call of a step that is over returns (the process's run goes on to its end
@@ -911,11 +919,11 @@ fn run_step(
         armed: Cell::new(fail),
         kind: Cell::new(0),
         holding: Cell::new(false),
-        record: format!("{}.lease.json", id.stem()),
+        record: record_name(),
         now,
         planted,
         sweeps: Mutex::default(),
-        lock: format!("{}.lock", id.stem()),
+        lock: lock_name(),
     };
     let mut slot: Slot<SimFile<'_>> = Slot::new(Path::new(DIR), &id);
     let held = AtomicI64::new(i64::MIN);
@@ -1011,7 +1019,7 @@ impl ProgramModel {
     /// (or, with `fail`, reaches no fault point).
     fn step(&self, s: &mut ProgramState, p: u8, fail: bool) -> Option<()> {
         let i = usize::from(p);
-        let record = format!("{}.lease.json", stem());
+        let record = record_name();
         let record_before = s.files.names.get(&record).copied();
         let files = RefCell::new(std::mem::take(&mut s.files));
         let stepped = run_step(
@@ -1225,7 +1233,7 @@ impl Model for ProgramModel {
         if s.ticks > 0 {
             actions.push(ProgramAction::Tick);
         }
-        let lock = format!("{}.lock", SessionId::new(ID).expect("an id").stem());
+        let lock = lock_name();
         if s.cleaner > 0
             && s.files.names.contains_key(&lock)
             && !s.procs.iter().any(|p| p.in_window)
@@ -1246,7 +1254,7 @@ impl Model for ProgramModel {
                 // A holder — the record names it, unexpired — whose last commit came after the
                 // cleaner's last deletion of a liveness file: its end is what a rival's probe
                 // sees at once (PROTOCOL §5), whether its call returned or not.
-                let named = s.files.record(&format!("{}.lease.json", stem()));
+                let named = s.files.record(&record_name());
                 if let Some(r) = named
                     && r.owner == format!("p{p}")
                     && r.expiry.unix_nanos() / 1_000_000_000 > i128::from(s.now)
@@ -1277,10 +1285,7 @@ impl Model for ProgramModel {
                 s.crashed_holder = None;
                 // What the disk has: a returned grant's commit was fsynced, so it is there
                 // (or a later one).
-                let token = s
-                    .files
-                    .record(&format!("{}.lease.json", stem()))
-                    .map(|r| r.token);
+                let token = s.files.record(&record_name()).map(|r| r.token);
                 if s.max_returned.is_some_and(|m| token.is_none_or(|t| t < m)) {
                     s.lost = true;
                 }
@@ -1297,7 +1302,7 @@ impl Model for ProgramModel {
             }
             ProgramAction::DeleteLock => {
                 s.cleaner -= 1;
-                let ino = s.files.names.get(&format!("{}.lock", stem()));
+                let ino = s.files.names.get(&lock_name());
                 // A process that has taken it (an attempt still checking it only retries).
                 if let Some(d) = ino.and_then(|i| s.files.locked.get(i))
                     && s.procs[usize::from(d.0)].holding
@@ -1307,7 +1312,7 @@ impl Model for ProgramModel {
                     // Two transitions may overlap now: a crashed holder's file may be taken.
                     s.crashed_holder = None;
                 }
-                s.files.names.remove(&format!("{}.lock", stem()));
+                s.files.names.remove(&lock_name());
                 s.files.collect();
             }
             ProgramAction::DeleteLive => {
@@ -1341,7 +1346,7 @@ impl Model for ProgramModel {
                     <= 1
             }),
             Property::always(NAMED, |_, s: &ProgramState| {
-                let record = format!("{}.lease.json", SessionId::new(ID).expect("an id").stem());
+                let record = record_name();
                 let r = s.files.record(&record);
                 s.procs.iter().enumerate().all(|(i, p)| match p.holds {
                     Some((t, e)) if e > s.now => r

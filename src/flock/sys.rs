@@ -33,6 +33,15 @@ use crate::fault::FaultPoint;
 pub use crate::front::begin_or_wait;
 use crate::record::LiveTag;
 
+/// The file names of `id`'s transition lock and record in the lease directory
+/// (`<stem>.lock`, `<stem>.lease.json`), as the adapter's paths name them.
+#[cfg(feature = "internals")]
+pub fn lock_and_record(id: &crate::SessionId) -> (String, String) {
+    let paths = files::Paths::new(Path::new(""), id.stem().to_owned());
+    let name = |p: &Path| p.to_string_lossy().into_owned();
+    (name(&paths.lock), name(&paths.record))
+}
+
 /// What one look at an open file found: the first bytes it read, or the kind of file it is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Peeked {
