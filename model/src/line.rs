@@ -27,7 +27,10 @@
 //! down only at the transition's end rather than at the release's commit (as the flag that
 //! followed the generation went down at its close, a cleanup after the liveness file's
 //! deletion) breaks it. And the order itself: **no waiter in the line is granted while a
-//! running waiter ahead of it waits** (the pass-over passes only places that do not look).
+//! running waiter ahead of it waits** (the pass-over passes only places that do not look): a
+//! grant with a running waiter ahead that the look did not pass over breaks it too (a look
+//! that always lets its waiter try; one that forgets the file's first places, which a new
+//! file's first waiters hold: without a stray lock the waiters' places start at byte 0).
 //! Planting a pass-over of the lock the kernel reported rather than the earliest one ahead
 //! breaks it, and only it: overtaking is fast, so the bound never sees it.
 
@@ -183,7 +186,7 @@ pub const OWN_ORDER: &str =
 /// stopped waiter, a stray lock); a running waiter is never passed. An unqueued waiter (no
 /// place) and the holder's instance's waiter while its instance holds the lease ([`OWN_ORDER`])
 /// are outside the line, as documented.
-pub const IN_ORDER: &str = "no waiter in the line passes over a running waiter that has not let the lease go for the hand-off grace";
+pub const IN_ORDER: &str = "no waiter in the line is granted ahead of a running waiter, nor passes over one that has not let the lease go for the hand-off grace";
 /// Reachability: the sibling looks while its instance's release is under way.
 pub const OWN_LOOK: &str =
     "a waiter of the holder's instance looks between its instance's release's commit and end";
@@ -354,6 +357,19 @@ impl LineModel {
         );
         s.overtook |= Self::passes_running(s, w, passed);
         if turn && s.holder.is_none() {
+            // Granted with a running waiter ahead that it did not pass over (its look found
+            // its turn anyway): an overtaking too. Its instance's own waiter skips the line
+            // while the instance holds the lease (judged apart), and an unqueued one has no
+            // place in it.
+            s.overtook |= !held_here
+                && waiter.place.is_some_and(|me| {
+                    s.waiters.iter().enumerate().any(|(v, other)| {
+                        v != w
+                            && !other.gone
+                            && !other.stopped
+                            && other.place.is_some_and(|p| me.after < p.at && p.at < me.at)
+                    })
+                });
             let (k, _) = Self::ahead(s, w);
 
             if k > 0 {
@@ -417,7 +433,9 @@ impl Model for LineModel {
             .into_iter()
             .map(|stray| {
                 // The waiters join in order while the holder holds the lease.
-                let mut end = EARLIER;
+                // Without a stray lock the file may be new: its first waiter's place is byte 0
+                // (a look that ignored the file's first bytes would pass it).
+                let mut end = if stray.is_none() { 0 } else { EARLIER };
                 let waiters = (0..self.waiters)
                     .map(|w| {
                         let mut place = None;

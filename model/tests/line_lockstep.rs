@@ -87,8 +87,10 @@ fn walk(m: &LineModel, seed: u64) -> Result<Reached, String> {
     let lease = FlockLease::open(dir.path()).unwrap();
     let id = SessionId::new("line").unwrap();
     let path = dir.path().join(format!("{}.queue", id.stem()));
-    // The bytes of earlier waiters, long gone, and the stray lock, before the waiters come.
-    fs::write(&path, b"..").unwrap();
+    // The bytes of earlier waiters, long gone, and the stray lock, before the waiters come;
+    // without a stray lock, a new file (the model's first waiter is at byte 0 then).
+    let earlier: &[u8] = if s.stray.is_some() { b".." } else { b"" };
+    fs::write(&path, earlier).unwrap();
     let stray = OpenOptions::new()
         .read(true)
         .write(true)

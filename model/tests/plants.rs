@@ -15,6 +15,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use flocklease_model::line::IN_ORDER;
 use flocklease_model::program::{self, AT_ONCE, DURABLE, FENCED, NAMED, ONE_HOLDER};
 use flocklease_model::resource::{ANSWERS, BESIDE, EXACT, NEVER_BACK, NO_STALE_WRITE, RETURNS};
 use flocklease_model::threads::{COUNTED, ONE_TURN, WOKEN};
@@ -101,6 +102,26 @@ const PLANTS: &[Plant] = &[
         to: "        let _ = lock;\n",
         config: "resource-fence",
         caught_by: &[RETURNS],
+    },
+];
+
+/// The line's rule (src/line.rs), caught by the line of waiting acquires (`line`).
+const LINE_PLANTS: &[Plant] = &[
+    Plant {
+        name: "a waiter's look always lets it try (no order at all)",
+        file: "src/line.rs",
+        from: "        if self.turn(&mut held) {\n            return true;\n        }\n        yielded.seen(token);\n",
+        to: "        if true {\n            return true;\n        }\n        yielded.seen(token);\n",
+        config: "line",
+        caught_by: &[IN_ORDER],
+    },
+    Plant {
+        name: "a new count forgets the pass-over only to byte 1 (the file's first places passed)",
+        file: "src/line.rs",
+        from: "            self.after = -1;\n        }\n        if !yielded.grace_over(now) {\n",
+        to: "            self.after = 1;\n        }\n        if !yielded.grace_over(now) {\n",
+        config: "line",
+        caught_by: &[IN_ORDER],
     },
 ];
 
@@ -321,11 +342,16 @@ fn every_planted_mistake_fails_check() {
     let tree = scratch.path().join("tree");
     copy_workspace(&tree);
     // The tree as it is passes first: a check that fails anyway would prove nothing.
-    for config in ["resource-fence", "threads", "flock-program"] {
+    for config in ["resource-fence", "line", "threads", "flock-program"] {
         let (ok, out) = check(&tree, config);
         assert!(ok, "the unplanted tree fails {config}:\n{out}");
     }
-    for plant in PLANTS.iter().chain(TURN_PLANTS).chain(FLOCK_PLANTS) {
+    for plant in PLANTS
+        .iter()
+        .chain(LINE_PLANTS)
+        .chain(TURN_PLANTS)
+        .chain(FLOCK_PLANTS)
+    {
         let file = tree.join(plant.file);
         let text = std::fs::read_to_string(&file).unwrap();
         assert_eq!(
