@@ -76,7 +76,8 @@ pub struct ResourceModel {
 impl Default for ResourceModel {
     fn default() -> Self {
         ResourceModel {
-            writers: vec![(1, How::WriteFile), (2, How::WriteFile), (1, How::With)],
+            // 9 and 10: the fence file's decoding of one digit and of several.
+            writers: vec![(9, How::WriteFile), (10, How::WriteFile), (9, How::With)],
             cleaner: 1,
         }
     }

@@ -88,6 +88,14 @@ const PLANTS: &[Plant] = &[
         caught_by: &[EXACT],
     },
     Plant {
+        name: "a fence file's token of several digits read as having a leading zero",
+        file: "src/fence.rs",
+        from: "    if digits.len() > 1 && digits[0] == b'0' {\n",
+        to: "    if digits.len() > 1 && digits[0] != b'0' {\n",
+        config: "resource-fence",
+        caught_by: &[ANSWERS],
+    },
+    Plant {
         name: "a guarded write's temporary file made in the working directory, not beside its target",
         file: "src/fence.rs",
         from: "        let dir = match target.parent() {\n            Some(p) if !p.as_os_str().is_empty() => p,\n",
