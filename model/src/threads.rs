@@ -30,7 +30,8 @@
 //! nothing.
 //!
 //! The properties of the turn itself, the rules of [`GateState`] judged: **at most one call has
-//! the id's turn**; **while the turn is free, every call waiting for it has been woken** (a
+//! the id's turn**; **the turn is taken exactly while a call has it** (a leave that does not
+//! free it breaks it); **while the turn is free, every call waiting for it has been woken** (a
 //! leaving caller that does not wake a waiter leaves it asleep to its deadline: planting
 //! `leave`'s `waiting > 0` as `< 0` breaks it); **the turn counts as waiting exactly the calls
 //! parked on it** (`woke`'s `-= 1` as `+= 1` breaks it).
@@ -310,6 +311,8 @@ pub enum ThreadsAction {
 pub const WITHIN_BOUND: &str = "every call of a thread returns within its bound";
 /// The turn has one holder.
 pub const ONE_TURN: &str = "at most one call has the id's turn";
+/// The gate says the turn is taken exactly while a call has it.
+pub const TAKEN: &str = "the turn is taken exactly while a call has it";
 /// Leaving the turn wakes a waiter.
 pub const WOKEN: &str = "while the turn is free, every call waiting for it has been woken";
 /// The gate counts its waiters.
@@ -639,6 +642,9 @@ impl Model for ThreadsModel {
         vec![
             Property::always(WITHIN_BOUND, |_, s: &ThreadsState| !ThreadsModel::late(s)),
             Property::always(ONE_TURN, |_, s: &ThreadsState| !s.two_turns),
+            Property::always(TAKEN, |_, s: &ThreadsState| {
+                s.gate.busy() == s.turn.is_some()
+            }),
             Property::always(WOKEN, |_, s: &ThreadsState| {
                 s.gate.busy() || !s.threads.iter().any(|th| th.parked && !th.woken)
             }),

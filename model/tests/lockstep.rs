@@ -22,9 +22,9 @@ use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::Write as _;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, Once};
+use std::time::{Duration, Instant};
 
 use flocklease::driver::Step;
 use flocklease::fault::FaultHook;
@@ -45,6 +45,56 @@ const WALKS: u64 = 10_000;
 const WALK_LEN: usize = 40;
 /// Tokens whose liveness files are compared.
 const TOKENS: u64 = 6;
+
+/// The longest a real step may take. Each is one system call or a few, none of which waits (a
+/// lock held by another is the stepper's `Blocked`), so a step still under way after this is
+/// stuck: the watchdog fails the test rather than let it hang (a read loop that retried every
+/// error spun on a planted directory until the mutation run's timeout killed it).
+const STEP_LIMIT: Duration = Duration::from_secs(60);
+
+/// The real steps under way, by the thread running them: when each began, and what it is.
+static UNDER_WAY: Mutex<BTreeMap<String, (Instant, String)>> = Mutex::new(BTreeMap::new());
+
+/// A real step under way, known to the watchdog until dropped.
+struct UnderWay(String);
+
+impl UnderWay {
+    fn begin(what: String) -> UnderWay {
+        static WATCHDOG: Once = Once::new();
+        WATCHDOG.call_once(|| {
+            std::thread::spawn(|| {
+                loop {
+                    std::thread::sleep(Duration::from_secs(1));
+                    let under_way = UNDER_WAY.lock().unwrap_or_else(|e| e.into_inner());
+                    for (thread, (since, what)) in under_way.iter() {
+                        if since.elapsed() > STEP_LIMIT {
+                            eprintln!(
+                                "{thread}: a real step ({what}) has not returned in \
+                                 {STEP_LIMIT:?}: the adapter is stuck"
+                            );
+                            std::process::exit(1);
+                        }
+                    }
+                }
+            });
+        });
+        let thread = format!("{:?}", std::thread::current().id());
+        UNDER_WAY
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(thread.clone(), (Instant::now(), what));
+        UnderWay(thread)
+    }
+}
+
+impl Drop for UnderWay {
+    fn drop(&mut self) {
+        UNDER_WAY
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.0);
+    }
+}
 
 /// The configuration the walks explore: the default's bounds, every actor.
 fn model() -> LeaseModel {
@@ -459,6 +509,7 @@ impl Real {
     /// the model's next state. A failing step fails the real step's `k`-th fault point; if
     /// the real step has fewer, it succeeded, and so does the model's.
     fn apply(&mut self, m: &LeaseModel, s: &State, a: Action, k: u8) -> Result<State, String> {
+        let _watched = UnderWay::begin(format!("{a:?}"));
         let mut n = m
             .next_state(s, a)
             .ok_or_else(|| format!("the model cannot take {a:?}"))?;

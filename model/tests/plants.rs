@@ -18,7 +18,7 @@ use std::process::Command;
 use flocklease_model::line::IN_ORDER;
 use flocklease_model::program::{self, AT_ONCE, DURABLE, FENCED, NAMED, ONE_HOLDER};
 use flocklease_model::resource::{ANSWERS, BESIDE, EXACT, NEVER_BACK, NO_STALE_WRITE, RETURNS};
-use flocklease_model::threads::{COUNTED, ONE_TURN, WOKEN};
+use flocklease_model::threads::{COUNTED, ONE_TURN, TAKEN, WOKEN};
 
 /// One planted mistake.
 struct Plant {
@@ -159,6 +159,14 @@ const TURN_PLANTS: &[Plant] = &[
         to: "        let free = true;\n",
         config: "threads",
         caught_by: &[ONE_TURN],
+    },
+    Plant {
+        name: "leaving the turn does not free it",
+        file: "src/front.rs",
+        from: "    pub fn leave(&mut self) -> bool {\n        self.busy = false;\n",
+        to: "    pub fn leave(&mut self) -> bool {\n",
+        config: "threads",
+        caught_by: &[TAKEN],
     },
 ];
 
