@@ -68,7 +68,9 @@ impl UnderWay {
                     let under_way = UNDER_WAY.lock().unwrap_or_else(|e| e.into_inner());
                     for (thread, (since, what)) in under_way.iter() {
                         if since.elapsed() > STEP_LIMIT {
-                            eprintln!(
+                            // Past the test harness's capture, which the exit would lose.
+                            let _ = writeln!(
+                                std::io::stderr(),
                                 "{thread}: a real step ({what}) has not returned in \
                                  {STEP_LIMIT:?}: the adapter is stuck"
                             );
