@@ -565,8 +565,9 @@ pub(crate) struct Gate {
 }
 
 /// What an id's turn keeps under its mutex, and its rules: taken or not, and how many callers
-/// wait for it. [`Gate`] runs them under its mutex with a condition variable; the model checker
-/// (`check --config threads`) runs the same rules with its threads parked and woken.
+/// wait for it. The front's `Gate` runs them under its mutex with a condition variable; the
+/// model checker (`check --config threads`) runs the same rules with its threads parked and
+/// woken.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct GateState {
     busy: bool,
