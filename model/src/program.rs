@@ -61,7 +61,7 @@ use std::fmt;
 use std::io;
 use std::path::Path;
 use std::sync::atomic::AtomicI64;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{LazyLock, Mutex, MutexGuard};
 use std::time::Duration;
 
 use flocklease::error::LockOf;
@@ -376,15 +376,19 @@ fn temporary_of(name: &str) -> Option<u8> {
     u8::try_from(u64::from_str_radix(tag, 16).ok()? >> 32).ok()
 }
 
-/// The id's file stem.
-/// The id's transition lock's file name, as the adapter names it.
-fn lock_name() -> String {
-    lock_and_record(&SessionId::new(ID).expect("a valid id")).0
+/// The id's transition lock's and record's file names, as the adapter names them (made once:
+/// the actions and properties of every state ask for them).
+static NAMES: LazyLock<(String, String)> =
+    LazyLock::new(|| lock_and_record(&SessionId::new(ID).expect("a valid id")));
+
+/// The id's transition lock's file name.
+fn lock_name() -> &'static str {
+    &NAMES.0
 }
 
-/// The id's record's file name, as the adapter names it.
-fn record_name() -> String {
-    lock_and_record(&SessionId::new(ID).expect("a valid id")).1
+/// The id's record's file name.
+fn record_name() -> &'static str {
+    &NAMES.1
 }
 
 /// The error every call of a step that is over returns (the process's run goes on to its end
@@ -919,11 +923,11 @@ fn run_step(
         armed: Cell::new(fail),
         kind: Cell::new(0),
         holding: Cell::new(false),
-        record: record_name(),
+        record: record_name().to_owned(),
         now,
         planted,
         sweeps: Mutex::default(),
-        lock: lock_name(),
+        lock: lock_name().to_owned(),
     };
     let mut slot: Slot<SimFile<'_>> = Slot::new(Path::new(DIR), &id);
     let held = AtomicI64::new(i64::MIN);
@@ -1020,7 +1024,7 @@ impl ProgramModel {
     fn step(&self, s: &mut ProgramState, p: u8, fail: bool) -> Option<()> {
         let i = usize::from(p);
         let record = record_name();
-        let record_before = s.files.names.get(&record).copied();
+        let record_before = s.files.names.get(record).copied();
         let files = RefCell::new(std::mem::take(&mut s.files));
         let stepped = run_step(
             &files,
@@ -1046,7 +1050,7 @@ impl ProgramModel {
         s.procs[i].faulted |= stepped.fired;
         // This step committed a record naming this process: its generation's file is the
         // one the record names (until the cleaner deletes one).
-        if s.files.names.get(&record).copied() != record_before
+        if s.files.names.get(record).copied() != record_before
             && s.files
                 .record(&record)
                 .is_some_and(|r| r.owner == format!("p{p}"))
@@ -1234,9 +1238,7 @@ impl Model for ProgramModel {
             actions.push(ProgramAction::Tick);
         }
         let lock = lock_name();
-        if s.cleaner > 0
-            && s.files.names.contains_key(&lock)
-            && !s.procs.iter().any(|p| p.in_window)
+        if s.cleaner > 0 && s.files.names.contains_key(lock) && !s.procs.iter().any(|p| p.in_window)
         {
             actions.push(ProgramAction::DeleteLock);
         }
@@ -1254,7 +1256,7 @@ impl Model for ProgramModel {
                 // A holder — the record names it, unexpired — whose last commit came after the
                 // cleaner's last deletion of a liveness file: its end is what a rival's probe
                 // sees at once (PROTOCOL §5), whether its call returned or not.
-                let named = s.files.record(&record_name());
+                let named = s.files.record(record_name());
                 if let Some(r) = named
                     && r.owner == format!("p{p}")
                     && r.expiry.unix_nanos() / 1_000_000_000 > i128::from(s.now)
@@ -1285,7 +1287,7 @@ impl Model for ProgramModel {
                 s.crashed_holder = None;
                 // What the disk has: a returned grant's commit was fsynced, so it is there
                 // (or a later one).
-                let token = s.files.record(&record_name()).map(|r| r.token);
+                let token = s.files.record(record_name()).map(|r| r.token);
                 if s.max_returned.is_some_and(|m| token.is_none_or(|t| t < m)) {
                     s.lost = true;
                 }
@@ -1302,7 +1304,7 @@ impl Model for ProgramModel {
             }
             ProgramAction::DeleteLock => {
                 s.cleaner -= 1;
-                let ino = s.files.names.get(&lock_name());
+                let ino = s.files.names.get(lock_name());
                 // A process that has taken it (an attempt still checking it only retries).
                 if let Some(d) = ino.and_then(|i| s.files.locked.get(i))
                     && s.procs[usize::from(d.0)].holding
@@ -1312,7 +1314,7 @@ impl Model for ProgramModel {
                     // Two transitions may overlap now: a crashed holder's file may be taken.
                     s.crashed_holder = None;
                 }
-                s.files.names.remove(&lock_name());
+                s.files.names.remove(lock_name());
                 s.files.collect();
             }
             ProgramAction::DeleteLive => {
@@ -1346,8 +1348,7 @@ impl Model for ProgramModel {
                     <= 1
             }),
             Property::always(NAMED, |_, s: &ProgramState| {
-                let record = record_name();
-                let r = s.files.record(&record);
+                let r = s.files.record(record_name());
                 s.procs.iter().enumerate().all(|(i, p)| match p.holds {
                     Some((t, e)) if e > s.now => r
                         .as_ref()
