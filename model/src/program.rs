@@ -1052,7 +1052,7 @@ impl ProgramModel {
         // one the record names (until the cleaner deletes one).
         if s.files.names.get(record).copied() != record_before
             && s.files
-                .record(&record)
+                .record(record)
                 .is_some_and(|r| r.owner == format!("p{p}"))
             && !s.procs[i].disturbed
         {
@@ -1078,7 +1078,7 @@ impl ProgramModel {
         }
         s.procs[i].started = true;
         // The record's token, judged after every step that may have renamed one into place.
-        if let Some(r) = s.files.record(&record) {
+        if let Some(r) = s.files.record(record) {
             if s.max_token.is_some_and(|m| r.token < m) {
                 s.went_back = true;
             }
