@@ -87,7 +87,7 @@ pub fn commit_steps(grain: Grain, plan: &Plan) -> Vec<CommitStep> {
 /// The rules of an id's in-process turn ([`Hold::Turn`]), which the front's gate runs under its
 /// mutex and the model checker runs with its threads.
 #[cfg(feature = "internals")]
-pub use crate::front::GateState;
+pub use crate::front::{GateState, TurnLook};
 
 /// What a fenced section or a transition holds of an id (PROTOCOL §9.2).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

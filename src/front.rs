@@ -576,22 +576,52 @@ pub struct GateState {
     waiting: usize,
 }
 
+/// What a caller's look at the turn came to ([`GateState::look`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TurnLook {
+    /// It has the turn.
+    Taken,
+    /// The turn is taken and the caller's deadline has come: it gives up.
+    TimedOut,
+    /// The turn is taken: the caller is counted as waiting, and waits to be woken (or for its
+    /// deadline), then looks again.
+    Park,
+}
+
 impl GateState {
-    /// A caller's look at the turn: takes it if it is free (`true`).
-    pub fn take(&mut self) -> bool {
+    /// One look at the turn by a caller, under the gate's mutex (`parked`: it waited, and
+    /// woke, woken or at its deadline): no longer counted as waiting; then the turn is taken
+    /// if free, or, taken, the caller gives up if it is `past` its deadline (asked only then)
+    /// or parks.
+    pub fn look(&mut self, parked: bool, past: impl FnOnce() -> bool) -> TurnLook {
+        if parked {
+            self.woke();
+        }
+        if self.take() {
+            TurnLook::Taken
+        } else if past() {
+            TurnLook::TimedOut
+        } else {
+            self.park();
+            TurnLook::Park
+        }
+    }
+
+    /// Takes the turn if it is free (`true`).
+    fn take(&mut self) -> bool {
         let free = !self.busy;
         self.busy = true;
         free
     }
 
-    /// A caller that found the turn taken starts waiting for it (counted, so that leaving
-    /// the turn wakes it).
-    pub fn park(&mut self) {
+    /// Counts a caller that found the turn taken as waiting (so that leaving the turn wakes
+    /// it).
+    fn park(&mut self) {
         self.waiting += 1;
     }
 
-    /// A waiting caller woke (woken, or at its deadline): no longer counted.
-    pub fn woke(&mut self) {
+    /// A waiting caller woke: no longer counted.
+    fn woke(&mut self) {
         self.waiting -= 1;
     }
 
@@ -622,18 +652,19 @@ impl Gate {
     /// the deadline.
     pub(crate) fn enter(&self, deadline: Option<Instant>) -> Option<Turn<'_>> {
         let mut st = lock(&self.state);
-        while !st.take() {
-            let left = match deadline {
-                None => None,
-                Some(d) => {
-                    let left = d.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return None;
-                    }
-                    Some(left)
-                }
+        let mut parked = false;
+        loop {
+            // The time left, read only when the turn is taken.
+            let mut left = None;
+            let past = || {
+                left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+                left.is_some_and(|l| l.is_zero())
             };
-            st.park();
+            match st.look(parked, past) {
+                TurnLook::Taken => return Some(Turn { gate: self }),
+                TurnLook::TimedOut => return None,
+                TurnLook::Park => parked = true,
+            }
             st = match left {
                 None => self.free.wait(st).unwrap_or_else(PoisonError::into_inner),
                 Some(left) => {
@@ -643,9 +674,7 @@ impl Gate {
                         .0
                 }
             };
-            st.woke();
         }
-        Some(Turn { gate: self })
     }
 
     /// Whether nobody has the turn now (for pruning idle ids).

@@ -19,11 +19,12 @@
 //! timeout, and a call blocked for good shows as one still under way past its bound.
 //!
 //! What each holds: the id's **turn** (`front::Gate`, waited for until the call's deadline,
-//! not re-entrant; its state is the library's own [`GateState`], whose rules — take it if
-//! free, park counted, wake uncounted, leave and wake one if any is counted — each step runs,
-//! with the gate's condition variable simulated: a parked thread steps again only once a
-//! leaving caller's `notify_one` woke it, or at its deadline), the instance's **state** of the id (a mutex, waited for without a deadline,
-//! not re-entrant), the **lock** `<stem>.lock` (a new descriptor per call: a call's own
+//! not re-entrant; its state is the library's own [`GateState`], whose rules — one look: no
+//! longer counted if it woke, take it if free, give up at the deadline, else park counted;
+//! leave, and wake one if any is counted — each step runs, with the gate's condition variable
+//! simulated: a parked thread steps again only once a leaving caller's `notify_one` woke it,
+//! or at its deadline), the instance's **state** of the id (a mutex, waited for without a
+//! deadline, not re-entrant), the **lock** `<stem>.lock` (a new descriptor per call: a call's own
 //! section's lock excludes it; waited for until the call's deadline). `liveness_fd` takes the
 //! state for an instant; `acquire_wait`'s look at what the instance holds reads a flag the
 //! state keeps beside it (it takes nothing, never waits); a wait's wait for the holder takes
@@ -56,7 +57,7 @@
 
 use std::fmt;
 
-use flocklease::driver::{GateState, Hold, HoldStep, TRANSITION};
+use flocklease::driver::{GateState, Hold, HoldStep, TRANSITION, TurnLook};
 use flocklease::flock::SECTION;
 use stateright::{Model, Property};
 
@@ -398,24 +399,21 @@ impl ThreadsModel {
     }
 
     /// One pass of `Gate::enter`'s loop under the gate's mutex, by thread `t`'s call (frame
-    /// `depth`): a parked caller (woken, or at its deadline) is no longer counted; then the
-    /// turn is taken if free, or the call fails at its deadline, or the caller parks.
+    /// `depth`): the library's own look ([`GateState::look`]), by a caller that parked and
+    /// woke (woken, or at its deadline) or one that has not waited yet.
     fn enter(s: &mut ThreadsState, t: usize, depth: usize) {
-        if s.threads[t].parked {
-            s.gate.woke();
-            s.threads[t].parked = false;
-            s.threads[t].woken = false;
-        }
-        if s.gate.take() {
-            s.two_turns |= s.turn.is_some();
-            s.turn = Some((t, depth));
-            s.threads[t].frames[depth].holds.push(Hold::Turn);
-            s.threads[t].pc += 1;
-        } else if Self::past(s, &s.threads[t].frames[depth]) {
-            Self::time_out(s, t);
-        } else {
-            s.gate.park();
-            s.threads[t].parked = true;
+        let parked = std::mem::take(&mut s.threads[t].parked);
+        s.threads[t].woken = false;
+        let past = Self::past(s, &s.threads[t].frames[depth]);
+        match s.gate.look(parked, || past) {
+            TurnLook::Taken => {
+                s.two_turns |= s.turn.is_some();
+                s.turn = Some((t, depth));
+                s.threads[t].frames[depth].holds.push(Hold::Turn);
+                s.threads[t].pc += 1;
+            }
+            TurnLook::TimedOut => Self::time_out(s, t),
+            TurnLook::Park => s.threads[t].parked = true,
         }
     }
 
