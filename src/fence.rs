@@ -67,7 +67,7 @@
 //! # }
 //! ```
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -267,20 +267,12 @@ impl FenceBuilder {
     /// - [`Error::Corrupt`] when the fence file does not hold a token.
     pub fn open(self) -> Result<Fence, Error> {
         let path = self.path;
-        let Some(name) = path.file_name() else {
-            return Err(Error::NotAFile { path: path.clone() });
-        };
-        let dir = match path.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
-            _ => PathBuf::from("."),
-        };
+        let (dir, _) = dir_and_name(&path)?;
         // The directory must exist: a typo never creates a tree.
-        fs::metadata(&dir).map_err(|e| Error::io("open", &dir, e))?;
-        let (dir_file, owners, sticky) = open_dir(&dir, self.allow_network_fs, false)?;
-        let mut lock_name = name.to_owned();
-        lock_name.push(".lock");
+        fs::metadata(dir).map_err(|e| Error::io("open", dir, e))?;
+        let (dir_file, owners, sticky) = open_dir(dir, self.allow_network_fs, false)?;
         let kernel = Kernel {
-            dir: dir.clone(),
+            dir: dir.to_owned(),
             dir_file,
             opener: Opener {
                 owners,
@@ -343,21 +335,13 @@ impl<F: Fs> FenceOn<F> {
     ///
     /// [`Error::NotAFile`] when the path names no file (`/`, `..`).
     pub fn on(fs: F, path: &Path, lock_timeout: Duration) -> Result<Self, Error> {
-        let Some(name) = path.file_name() else {
-            return Err(Error::NotAFile {
-                path: path.to_owned(),
-            });
-        };
-        let dir = match path.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
-            _ => PathBuf::from("."),
-        };
+        let (dir, name) = dir_and_name(path)?;
         let mut lock_name = name.to_owned();
         lock_name.push(".lock");
         Ok(FenceOn {
             lock_path: dir.join(lock_name),
             path: dir.join(name),
-            dir,
+            dir: dir.to_owned(),
             lock_timeout,
             fs,
         })
@@ -682,13 +666,7 @@ impl<F: Fs> FenceOn<F> {
         commit: impl FnOnce() -> Result<Result<(), u64>, Error>,
         renaming: impl FnOnce() -> Result<(), Error>,
     ) -> Result<Result<(), u64>, Error> {
-        let name = target.file_name().ok_or_else(|| Error::NotAFile {
-            path: target.to_owned(),
-        })?;
-        let dir = match target.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p,
-            _ => Path::new("."),
-        };
+        let (dir, name) = dir_and_name(target)?;
         let mode = self.fs.mode(target)?;
         let mut tmp_name = OsString::from(".");
         tmp_name.push(name);
@@ -837,6 +815,26 @@ impl Fs for Kernel {
     fn hook(&self, point: FaultPoint, path: &Path) -> Result<(), Error> {
         self.opener.faults.check(point, path)
     }
+}
+
+/// The directory a file path is in and its name: a bare name's directory is the working
+/// directory (`.`), never the empty path, so the fence's lock, its fence file and a guarded
+/// write's temporary file are made beside the file the path names.
+///
+/// # Errors
+///
+/// [`Error::NotAFile`] when the path names no file (`/`, `..`).
+fn dir_and_name(path: &Path) -> Result<(&Path, &OsStr), Error> {
+    let Some(name) = path.file_name() else {
+        return Err(Error::NotAFile {
+            path: path.to_owned(),
+        });
+    };
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    Ok((dir, name))
 }
 
 /// The fence file's content for `token`.

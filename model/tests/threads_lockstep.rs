@@ -1,11 +1,12 @@
 //! Lockstep of what one `FlockLease` call holds with the model's threads (`check --config
-//! threads`, `flocklease_model::threads`): a real transition (`acquire`) and a real fenced
-//! section run with a fault hook that observes each step of what they hold
-//! ([`FaultPoint::Held`]); after each step, whether the instance's turn on the id, its state
-//! of the id and the id's transition lock are held is compared with what the model's thread
-//! holds after the same step of the same order (`driver::TRANSITION`, `flock::SECTION`). The
-//! model runs the orders as data; this checks that the adapter's steps do what the data says
-//! (a step that forgets to give back, or gives back the wrong thing, diverges).
+//! threads`, `flocklease_model::threads`): a real transition (an acquire, through
+//! `acquire_guard`) and a real fenced section run with a fault hook that observes each step
+//! of what they hold ([`FaultPoint::Held`]); after each step, whether the instance's turn on
+//! the id, its state of the id and the id's transition lock are held is compared with what
+//! the model's thread holds after the same step of the same order (`driver::TRANSITION`,
+//! `flock::SECTION`). The model runs the orders as data; this checks that the adapter's steps
+//! do what the data says (a step that forgets to give back, or gives back the wrong thing,
+//! diverges).
 
 #![allow(clippy::unwrap_used)]
 
@@ -15,7 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use flocklease::driver::Hold;
 use flocklease::fault::{FaultHook, FaultPoint};
-use flocklease::{FlockLease, Owner, SessionId};
+use flocklease::{FlockLease, SessionId};
 use flocklease_model::threads::{Call, Op, Thread, ThreadsAction, ThreadsModel, ThreadsState, ops};
 use stateright::Model;
 
@@ -102,11 +103,12 @@ fn what_a_call_holds_follows_the_model_step_by_step() {
     let lease = Arc::new(FlockLease::builder(dir.path()).faults(hook).open().unwrap());
     *lease_of.lock().unwrap() = Some(Arc::clone(&lease));
 
-    let granted = lease.acquire(&id, &Owner::new("a").unwrap()).unwrap();
+    // Through the guard a service takes the lease with (`acquire_guard`, an acquire under a
+    // fresh owner), kept past the guard.
+    let guard = lease.acquire_guard(&id).unwrap();
     let got = std::mem::take(&mut *seen.lock().unwrap());
     assert_eq!(got, expected(Call::Transition), "an acquire's transition");
-
-    let held = granted.lease().unwrap();
+    let held = guard.expect("the id was free: granted").into_lease();
     let ran = lease.fenced(&held, || ()).unwrap();
     assert!(ran.is_some(), "the section ran");
     let got = std::mem::take(&mut *seen.lock().unwrap());
