@@ -85,9 +85,10 @@ pub fn commit_steps(grain: Grain, plan: &Plan) -> Vec<CommitStep> {
 }
 
 /// The rules of an id's in-process turn ([`Hold::Turn`]), which the front's gate runs under its
-/// mutex and the model checker runs with its threads.
+/// mutex and the model checker runs with its threads; and the registry's rule for which ids'
+/// entries it keeps when it prunes, which the model checker judges its instances' slots by.
 #[cfg(feature = "internals")]
-pub use crate::front::{GateState, TurnLook};
+pub use crate::front::{GateState, Idle, TurnLook, keeps};
 
 /// What a fenced section or a transition holds of an id (PROTOCOL §9.2).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -515,6 +515,14 @@ pub trait Idle {
     fn idle(&self) -> bool;
 }
 
+/// Whether a pruning registry keeps an entry: while a caller refers to it (`shared`: it may
+/// be about to use it), or while it is in use (not [`Idle`]: it holds a lock or owes work).
+/// Pruning anything else loses nothing; pruning an entry in use would drop what it holds (a
+/// generation's liveness lock) or split the id in two.
+pub fn keeps(shared: bool, idle: bool) -> bool {
+    shared || !idle
+}
+
 impl<E: Idle> Registry<E> {
     /// The entry for `key`, made by `new` if there is none.
     pub(crate) fn entry(&self, key: &str, new: impl FnOnce() -> E) -> Arc<E> {
@@ -527,7 +535,7 @@ impl<E: Idle> Registry<E> {
             // are made under the map's lock: nobody can be about to use a removed entry.
             slots
                 .map
-                .retain(|_, entry| Arc::strong_count(entry) != 1 || !entry.idle());
+                .retain(|_, entry| keeps(Arc::strong_count(entry) != 1, entry.idle()));
             slots.prune_at = (slots.map.len() * 2).max(PRUNE_AT);
         }
         let entry = Arc::new(new());

@@ -64,6 +64,7 @@ use std::sync::atomic::AtomicI64;
 use std::sync::{LazyLock, Mutex, MutexGuard};
 use std::time::Duration;
 
+use flocklease::driver::{Idle, keeps};
 use flocklease::error::LockOf;
 use flocklease::fault::FaultPoint;
 use flocklease::flock::sys::{
@@ -317,6 +318,9 @@ pub struct ProgramState {
     pub kept_locked: bool,
     /// Ghost: a call ended leaving a temporary file of its own.
     pub left_temporary: bool,
+    /// Ghost: after a call, the registry would have pruned the instance's entry for the id
+    /// while it held a lock or owed a sweep, or kept it while it did neither.
+    pub pruned_wrong: bool,
 }
 
 /// One step.
@@ -364,6 +368,8 @@ pub const GIVEN_BACK: &str =
     "a call ends holding no lock but, after a grant, its generation's liveness lock";
 /// Temporary files.
 pub const NO_LEFTOVER: &str = "a call ends leaving no temporary file of its own";
+/// The registry's pruning.
+pub const PRUNED: &str = "between calls, the registry may prune an instance's entry for the id exactly when it holds no lock and owes no sweep";
 /// Reachability: a crashed holder replaced.
 pub const REPLACED: &str = "a process is granted the lease a crashed holder held";
 /// Reachability: a late renew.
@@ -889,6 +895,10 @@ struct Stepped {
     /// After each of those calls, whether the instance's held flag (`held_at`) said it held
     /// the id.
     says_held: Vec<bool>,
+    /// After each of those calls, with no caller in the instance's entry for the id: whether
+    /// the registry would prune it (`driver::keeps` of the slot's `Idle`), and whether the slot
+    /// owes a sweep.
+    between: Vec<(bool, bool)>,
     /// Its visible call (see `Sim::kind`).
     kind: u8,
     /// Whether it holds its transition lock at the step's end.
@@ -933,6 +943,8 @@ fn run_step(
     let held = AtomicI64::new(i64::MIN);
     let mut ended = Vec::new();
     let mut says_held = Vec::new();
+    let mut between = Vec::new();
+    let judged = |slot: &Slot<SimFile<'_>>| (!keeps(false, slot.idle()), slot.owes_sweep());
     let mut kept: Option<SimFile<'_>> = None;
     let mut token = None;
     for call in script {
@@ -951,6 +963,7 @@ fn run_step(
             (_, None) => {
                 ended.push(None);
                 says_held.push(false);
+                between.push(judged(&slot));
                 continue;
             }
         };
@@ -973,6 +986,7 @@ fn run_step(
                 &held,
                 Timestamp::from_unix_secs(now).expect("in range"),
             ));
+            between.push(judged(&slot));
             continue;
         };
         sim.holding.set(true);
@@ -1003,6 +1017,7 @@ fn run_step(
             &held,
             Timestamp::from_unix_secs(now).expect("in range"),
         ));
+        between.push(judged(&slot));
     }
     // The run is over, its values dropped after it: nothing more acts.
     sim.over.set(true);
@@ -1012,6 +1027,7 @@ fn run_step(
         log: (!sim.blocked.get()).then(|| sim.log.take()),
         ended,
         says_held,
+        between,
         kind: sim.kind.get(),
         holding: sim.holding.get(),
         fired: fail && !sim.armed.get(),
@@ -1110,6 +1126,14 @@ impl ProgramModel {
                 Some(Ok(Outcome::Granted { .. })) if locks > 1 => s.kept_locked = true,
                 Some(Ok(Outcome::Released)) if locks > 0 => s.kept_locked = true,
                 _ => {}
+            }
+            // The registry, pruning between calls, drops the instance's entry for the id
+            // exactly when that loses nothing: no lock held (a liveness lock would go with
+            // it), no sweep owed (a leftover would stay for good); and keeps it otherwise
+            // (memory bounded by the ids in use).
+            let (prunable, owes_sweep) = stepped.between[k];
+            if !proc.lock_removed && prunable == (locks > 0 || owes_sweep) {
+                s.pruned_wrong = true;
             }
             proc.lock_removed = false;
             if s.overlap == Some(p) {
@@ -1210,6 +1234,7 @@ impl Model for ProgramModel {
             overlap: None,
             held_wrong: false,
             kept_locked: false,
+            pruned_wrong: false,
             left_temporary: false,
         }]
     }
@@ -1368,6 +1393,7 @@ impl Model for ProgramModel {
             Property::always(HELD_FLAG, |_, s: &ProgramState| !s.held_wrong),
             Property::always(GIVEN_BACK, |_, s: &ProgramState| !s.kept_locked),
             Property::always(NO_LEFTOVER, |_, s: &ProgramState| !s.left_temporary),
+            Property::always(PRUNED, |_, s: &ProgramState| !s.pruned_wrong),
             Property::sometimes(REPLACED, |_, s: &ProgramState| s.replaced_crashed),
             Property::sometimes(LATE_RENEW, |_, s: &ProgramState| s.renewed_late),
         ]

@@ -82,6 +82,12 @@ impl<F> Slot<F> {
         }
     }
 
+    /// Whether a sweep a takeover left waits for this id's next transition here (the
+    /// registry keeps the slot for it).
+    pub fn owes_sweep(&self) -> bool {
+        self.pending_sweep.is_some()
+    }
+
     /// Leaves a listing below `below` to this id's next transition here.
     pub(super) fn keep_sweep(&mut self, below: u64) {
         self.pending_sweep = Some(self.pending_sweep.map_or(below, |b| b.max(below)));
@@ -805,7 +811,7 @@ impl<D: Dir> FlockTx<'_, D> {
     }
 }
 
-impl Idle for Slot {
+impl<F> Idle for Slot<F> {
     fn idle(&self) -> bool {
         self.local.is_none() && self.pending_sweep.is_none()
     }
