@@ -21,7 +21,8 @@
 //!
 //! After every action the test compares the step each process takes next, each call's
 //! answer, the row (owner, token, expiry) and, for every token, how many sessions hold its
-//! advisory lock exclusively, with the model's state. A divergence fails with the schedule.
+//! advisory lock exclusively, with the model's state, and that no instance says the lease
+//! store is gone (the model's server keeps its table). A divergence fails with the schedule.
 //! Without PostgreSQL the test skips, loudly; with `FLOCKLEASE_REQUIRE_PG=1` (CI) it fails
 //! instead.
 
@@ -424,6 +425,13 @@ impl Real {
                 "after {a:?} the server differs\n  real:  {real:?}\n  model: {model:?}\n  \
                  model state: {n:?}"
             ));
+        }
+        // The model's server keeps its table for the whole walk: no instance may say the
+        // lease store is gone (a keep-alive would end its leases on that word).
+        for (p, inst) in self.insts.iter().enumerate() {
+            if let Some(why) = inst.store_gone() {
+                return Err(format!("after {a:?} p{p} says the store is gone: {why:?}"));
+            }
         }
         Ok(n)
     }
