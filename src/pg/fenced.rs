@@ -278,7 +278,7 @@ impl PgLease {
     }
 
     /// Whether the synchronous standbys confirmed what `conn`'s session committed (its WAL
-    /// position now is at or past the commit record): see [`super::tx::standbys_confirm`].
+    /// position now is at or past the commit record): see [`super::tx::judge_reread`].
     fn confirmed(&self, conn: &Conn) -> Result<(), String> {
         let inner = &self.inner;
         let wal = inner
@@ -291,7 +291,8 @@ impl PgLease {
                     e.into_error("read the WAL position", None)
                 )
             })?;
-        super::tx::standbys_confirm(inner, conn, &wal)
+        // The section's own commit: on the server (its reply came).
+        super::tx::judge_reread(inner, conn, &wal, true).map(drop)
     }
 
     /// Whether this instance holds `lease`'s generation (its liveness lock).

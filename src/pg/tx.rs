@@ -182,13 +182,9 @@ impl PgTx<'_> {
             Some(row) => super::row_record(self.id, &row)?.1.as_ref() == Some(record),
             None => false,
         };
-        let confirmed = if ours {
-            standbys_confirm(self.inner, &conn, &wal)
-        } else {
-            Ok(())
-        };
+        let judged = judge_reread(self.inner, &conn, &wal, ours);
         self.inner.give_back(conn);
-        confirmed.map(|()| ours).map_err(unknown)
+        judged.map_err(unknown)
     }
 
     /// After a commit whose reply never came but which did commit `record`, generation
@@ -507,34 +503,49 @@ impl PgTx<'_> {
     }
 }
 
-/// Waits until the synchronous standbys that must confirm commits (as
+/// What a re-read after a commit whose reply never came proves, as [`durable::verdict`]
+/// judges it: `Ok(false)` when the row did not hold our record (`ours`: nothing was
+/// committed), `Ok(true)` once the synchronous standbys that must confirm commits (as
 /// `synchronous_standby_names` = `names` says) have confirmed WAL position `lsn`, both read
-/// from `wal` (a row of [`durable::WAL_POSITION`]), asking on `conn` until its reply bound
-/// ([`durable::verdict`] judges). `Err` says why the commit is not known durable.
-pub(super) fn standbys_confirm(inner: &Inner, conn: &Conn, wal: &Row) -> Result<(), String> {
+/// from `wal` (a row of [`durable::WAL_POSITION`]), asking on `conn` until its reply bound.
+/// `Err` says why a commit found on the server is not known durable.
+pub(super) fn judge_reread(
+    inner: &Inner,
+    conn: &Conn,
+    wal: &Row,
+    ours: bool,
+) -> Result<bool, String> {
     let names: &str = &wal.try_get::<_, String>(0).unwrap_or_default();
     let lsn: &str = &wal.try_get::<_, String>(1).unwrap_or_default();
     let required = durable::standbys_required(names);
     let by = Instant::now() + conn.reply_bound;
     loop {
-        let confirmed = if required == Some(0) {
-            0
+        let (read, confirmed) = if ours {
+            let confirmed = if required == Some(0) {
+                0
+            } else {
+                inner
+                    .exec(PgStep::Reread, conn, |c| async move {
+                        c.client
+                            .query_one(durable::CONFIRMED_STANDBYS, &[&lsn])
+                            .await
+                            .map(|r| r.try_get::<_, i64>(0).unwrap_or(0))
+                    })
+                    .unwrap_or(0)
+            };
+            let confirmed = u32::try_from(confirmed).unwrap_or(u32::MAX);
+            let read = durable::Reread::Ours {
+                required,
+                confirmed,
+            };
+            (read, confirmed)
         } else {
-            inner
-                .exec(PgStep::Reread, conn, |c| async move {
-                    c.client
-                        .query_one(durable::CONFIRMED_STANDBYS, &[&lsn])
-                        .await
-                        .map(|r| r.try_get::<_, i64>(0).unwrap_or(0))
-                })
-                .unwrap_or(0)
+            (durable::Reread::NotOurs, 0)
         };
-        let read = durable::Reread::Ours {
-            required,
-            confirmed: u32::try_from(confirmed).unwrap_or(u32::MAX),
-        };
-        if durable::verdict(read) == durable::Verdict::Committed {
-            return Ok(());
+        match durable::verdict(read) {
+            durable::Verdict::NotCommitted => return Ok(false),
+            durable::Verdict::Committed => return Ok(true),
+            durable::Verdict::NotYetDurable => {}
         }
         if Instant::now() >= by {
             return Err(format!(
