@@ -495,11 +495,6 @@ impl HeldLock {
         let at = standing(dir, path).map_err(|e| Error::io("stat", path, e))?;
         Ok(at.filter(|m| m.id() == (self.dev, self.ino)))
     }
-
-    /// Whether it is still the file at `path` (a stat; a failed one answers no).
-    fn still_at(&self, path: &Path, dir: Option<&File>) -> bool {
-        standing(dir, path).is_ok_and(|m| m.is_some_and(|m| m.id() == (self.dev, self.ino)))
-    }
 }
 
 /// What a stat found standing at a path: which file it is, and when it was last modified.
@@ -640,23 +635,86 @@ pub(crate) fn lock_once(
     kept: Option<HeldLock>,
     deadline: Option<Instant>,
 ) -> Result<Option<HeldLock>, Error> {
+    lock_once_on(&KernelLocks { dir, faults, open }, path, kept, deadline)
+}
+
+/// What one attempt at a lock file asks of the file system, a system call each
+/// ([`lock_once_on`]): the kernel's (what every lock of the crate takes), and, inside the model
+/// checker, a simulated lease directory's, so that the attempt it checks is this one.
+pub trait LockSteps {
+    /// An open lock file, knowing which file it is.
+    type Lock;
+
+    /// The fault seam at `point` (`Err`: the step fails there).
+    ///
+    /// # Errors
+    ///
+    /// The injected failure.
+    fn fault(&self, point: FaultPoint, path: &Path) -> Result<(), Error>;
+
+    /// Opens (creating) the lock file at `path`, and notes which file it is.
+    ///
+    /// # Errors
+    ///
+    /// What stands at the path is refused, or I/O failed.
+    fn open_lock(&self, path: &Path) -> Result<Self::Lock, Error>;
+
+    /// One `flock` that does not wait: `Ok(false)` when another description holds it.
+    ///
+    /// # Errors
+    ///
+    /// The `flock` failed.
+    fn try_lock(&self, lock: &Self::Lock) -> io::Result<bool>;
+
+    /// Waits for the lock until `deadline` (`None`: no limit): `Ok(false)` at the deadline.
+    ///
+    /// # Errors
+    ///
+    /// A `flock` failed.
+    fn wait_lock(&self, lock: &Self::Lock, deadline: Option<Instant>) -> io::Result<bool>;
+
+    /// Whether `lock` is the file at `path` now (one stat of the path): its modification
+    /// time (whole seconds since the Unix epoch) when it is.
+    ///
+    /// # Errors
+    ///
+    /// The stat failed.
+    fn at(&self, lock: &Self::Lock, path: &Path) -> io::Result<Option<i64>>;
+
+    /// Touches a lock file locked now whose modification time, `mtime`, is older than an
+    /// hour (see [`keep_fresh`]). Best effort.
+    fn keep_fresh(&self, lock: &Self::Lock, mtime: i64);
+}
+
+/// [`lock_once`] on `l`: the kept descriptor first, if any; then the path opened. The one
+/// attempt of the crate, which the model checker runs on its simulated directory.
+///
+/// # Errors
+///
+/// The open, a `flock` or a stat failed, or a fault was injected; nothing is held then.
+pub fn lock_once_on<L: LockSteps>(
+    l: &L,
+    path: &Path,
+    kept: Option<L::Lock>,
+    deadline: Option<Instant>,
+) -> Result<Option<L::Lock>, Error> {
     if let Some(lock) = kept {
-        match attempt(path, dir, faults, lock, deadline)? {
+        match attempt(l, path, lock, deadline)? {
             Attempt::Taken(lock) => return Ok(Some(lock)),
             Attempt::Busy => return Ok(None),
             Attempt::Moved => {}
         }
     }
-    match attempt(path, dir, faults, HeldLock::open(path, open)?, deadline)? {
+    match attempt(l, path, l.open_lock(path)?, deadline)? {
         Attempt::Taken(lock) => Ok(Some(lock)),
         Attempt::Busy | Attempt::Moved => Ok(None),
     }
 }
 
 /// What one lock of an open lock file came to.
-enum Attempt {
+enum Attempt<Lock> {
     /// Locked, and the file at the path.
-    Taken(HeldLock),
+    Taken(Lock),
     /// Not locked by the deadline, while the file at the path.
     Busy,
     /// Not the file at the path (dropped: its descriptor closed, which unlocks it).
@@ -665,34 +723,78 @@ enum Attempt {
 
 /// Locks `lock`, waiting for it until `deadline` while it is still the file at `path`, and
 /// checks it is.
-fn attempt(
+fn attempt<L: LockSteps>(
+    l: &L,
     path: &Path,
-    dir: Option<&File>,
-    faults: &Faults,
-    lock: HeldLock,
+    lock: L::Lock,
     deadline: Option<Instant>,
-) -> Result<Attempt, Error> {
-    faults.check(FaultPoint::LockStable, path)?;
-    let taken = match lock.file.try_lock() {
-        Ok(()) => true,
-        // Busy: wait for it only while it is still the file at the path.
-        Err(fs::TryLockError::WouldBlock) if lock.still_at(path, dir) => {
-            super::wait::try_lock_until(&lock.file, deadline)
-                .map_err(|e| Error::io("lock", path, e))?
-        }
-        Err(fs::TryLockError::WouldBlock) => return Ok(Attempt::Moved),
-        Err(fs::TryLockError::Error(e)) => return Err(Error::io("lock", path, e)),
+) -> Result<Attempt<L::Lock>, Error> {
+    l.fault(FaultPoint::LockStable, path)?;
+    let taken = match l.try_lock(&lock) {
+        Ok(true) => true,
+        // Busy: wait for it only while it is still the file at the path (a failed stat
+        // answers no).
+        Ok(false) if l.at(&lock, path).is_ok_and(|at| at.is_some()) => l
+            .wait_lock(&lock, deadline)
+            .map_err(|e| Error::io("lock", path, e))?,
+        Ok(false) => return Ok(Attempt::Moved),
+        Err(e) => return Err(Error::io("lock", path, e)),
     };
     if !taken {
         return Ok(Attempt::Busy);
     }
-    Ok(match lock.at(path, dir, faults)? {
-        Some(meta) => {
-            keep_fresh(&lock.file, &meta);
-            Attempt::Taken(lock)
+    l.fault(FaultPoint::StatStable, path)?;
+    Ok(
+        match l.at(&lock, path).map_err(|e| Error::io("stat", path, e))? {
+            Some(mtime) => {
+                l.keep_fresh(&lock, mtime);
+                Attempt::Taken(lock)
+            }
+            None => Attempt::Moved,
+        },
+    )
+}
+
+/// The kernel's [`LockSteps`]: `open` opens the lock file; its name is looked up in `dir`, if
+/// open (see [`standing`]).
+struct KernelLocks<'a, O> {
+    dir: Option<&'a File>,
+    faults: &'a Faults,
+    open: O,
+}
+
+impl<O: Fn() -> Result<File, Error>> LockSteps for KernelLocks<'_, O> {
+    type Lock = HeldLock;
+
+    fn fault(&self, point: FaultPoint, path: &Path) -> Result<(), Error> {
+        self.faults.check(point, path)
+    }
+
+    fn open_lock(&self, path: &Path) -> Result<HeldLock, Error> {
+        HeldLock::open(path, &self.open)
+    }
+
+    fn try_lock(&self, lock: &HeldLock) -> io::Result<bool> {
+        match lock.file.try_lock() {
+            Ok(()) => Ok(true),
+            Err(fs::TryLockError::WouldBlock) => Ok(false),
+            Err(fs::TryLockError::Error(e)) => Err(e),
         }
-        None => Attempt::Moved,
-    })
+    }
+
+    fn wait_lock(&self, lock: &HeldLock, deadline: Option<Instant>) -> io::Result<bool> {
+        super::wait::try_lock_until(&lock.file, deadline)
+    }
+
+    fn at(&self, lock: &HeldLock, path: &Path) -> io::Result<Option<i64>> {
+        Ok(standing(self.dir, path)?
+            .filter(|m| m.id() == (lock.dev, lock.ino))
+            .map(|m| m.mtime))
+    }
+
+    fn keep_fresh(&self, lock: &HeldLock, mtime: i64) {
+        keep_fresh(&lock.file, mtime);
+    }
 }
 
 /// How old a lock file's modification time may grow before a transition touches it.
@@ -701,9 +803,9 @@ const TOUCH_AFTER: Duration = Duration::from_secs(3600);
 /// Keeps tmp cleaners that age files by modification time (systemd-tmpfiles, tmpreaper: days)
 /// from ever choosing a lock in use: a lock older than [`TOUCH_AFTER`] is touched when locked.
 /// Best effort (a failure only leaves the lock's age as it was).
-fn keep_fresh(file: &File, meta: &Standing) {
+fn keep_fresh(file: &File, mtime: i64) {
     let now = std::time::SystemTime::now();
-    let modified = u64::try_from(meta.mtime).map_or(std::time::UNIX_EPOCH, |secs| {
+    let modified = u64::try_from(mtime).map_or(std::time::UNIX_EPOCH, |secs| {
         std::time::UNIX_EPOCH + Duration::from_secs(secs)
     });
     let old = now

@@ -19,6 +19,10 @@ use std::sync::MutexGuard;
 use super::FlockLease;
 use super::files;
 pub use super::files::Access;
+/// One attempt at a lock file over its own seam: the transition lock's, which the model
+/// checker runs on its simulated directory.
+#[cfg(feature = "internals")]
+pub use super::files::{LockSteps, lock_once_on};
 // What the model checker needs to run a transition on its own directory.
 #[cfg(feature = "internals")]
 pub use super::live::Published;
