@@ -682,7 +682,7 @@ pub trait LockSteps {
     fn at(&self, lock: &Self::Lock, path: &Path) -> io::Result<Option<i64>>;
 
     /// Touches a lock file locked now whose modification time, `mtime`, is older than an
-    /// hour (see [`keep_fresh`]). Best effort.
+    /// hour (a tmp cleaner ages files by it). Best effort.
     fn keep_fresh(&self, lock: &Self::Lock, mtime: i64);
 }
 
