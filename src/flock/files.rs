@@ -686,8 +686,14 @@ pub trait LockSteps {
     fn keep_fresh(&self, lock: &Self::Lock, mtime: i64);
 }
 
-/// [`lock_once`] on `l`: the kept descriptor first, if any; then the path opened. The one
-/// attempt of the crate, which the model checker runs on its simulated directory.
+/// One attempt at the lock file at `path` on `l`: `kept`, a descriptor of it kept unlocked
+/// from an earlier attempt, is locked first, and dropped if the file it locks is no longer the
+/// one at the path; else (or then) the path is opened, creating it, and locked. A busy lock
+/// is waited for until `deadline` only while it is still the file at the path; a lock taken
+/// is checked to be the file at the path. `None`: not taken by the deadline, or the file
+/// locked is not the one at the path any more. The one attempt of the crate (the kernel's
+/// steps behind every lock file it takes), which the model checker runs on its simulated
+/// directory.
 ///
 /// # Errors
 ///
