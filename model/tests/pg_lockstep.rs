@@ -22,7 +22,8 @@
 //! After every action the test compares the step each process takes next, each call's
 //! answer, the row (owner, token, expiry) and, for every token, how many sessions hold its
 //! advisory lock exclusively, with the model's state, and that no instance says the lease
-//! store is gone (the model's server keeps its table). A divergence fails with the schedule.
+//! store is gone (the walks never drop the table; the PostgreSQL backend answers with the
+//! front's default, which this checks). A divergence fails with the schedule.
 //! Without PostgreSQL the test skips, loudly; with `FLOCKLEASE_REQUIRE_PG=1` (CI) it fails
 //! instead.
 
@@ -426,8 +427,9 @@ impl Real {
                  model state: {n:?}"
             ));
         }
-        // The model's server keeps its table for the whole walk: no instance may say the
-        // lease store is gone (a keep-alive would end its leases on that word).
+        // The walks never drop the table: no instance may say the lease store is gone (a
+        // keep-alive would end its leases on that word; the backend answers with the front's
+        // default).
         for (p, inst) in self.insts.iter().enumerate() {
             if let Some(why) = inst.store_gone() {
                 return Err(format!("after {a:?} p{p} says the store is gone: {why:?}"));

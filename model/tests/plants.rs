@@ -250,7 +250,7 @@ const FLOCK_PLANTS: &[Plant] = &[
     Plant {
         name: "a slot is never idle (the registry never prunes the id: memory grows with ids)",
         file: "src/flock/tx.rs",
-        from: "        self.local.is_none() && self.pending_sweep.is_none()\n",
+        from: "        self.local.is_none() && !self.owes_sweep()\n",
         to: "        false\n",
         config: "flock-program",
         caught_by: &[program::PRUNED],

@@ -492,8 +492,13 @@ impl HeldLock {
         faults: &Faults,
     ) -> Result<Option<Standing>, Error> {
         faults.check(FaultPoint::StatStable, path)?;
-        let at = standing(dir, path).map_err(|e| Error::io("stat", path, e))?;
-        Ok(at.filter(|m| m.id() == (self.dev, self.ino)))
+        self.standing_at(path, dir)
+            .map_err(|e| Error::io("stat", path, e))
+    }
+
+    /// Its status when it is the file at `path` now (one stat of the path, in `dir`).
+    fn standing_at(&self, path: &Path, dir: Option<&File>) -> io::Result<Option<Standing>> {
+        Ok(standing(dir, path)?.filter(|m| m.id() == (self.dev, self.ino)))
     }
 }
 
@@ -793,9 +798,7 @@ impl<O: Fn() -> Result<File, Error>> LockSteps for KernelLocks<'_, O> {
     }
 
     fn at(&self, lock: &HeldLock, path: &Path) -> io::Result<Option<i64>> {
-        Ok(standing(self.dir, path)?
-            .filter(|m| m.id() == (lock.dev, lock.ino))
-            .map(|m| m.mtime))
+        Ok(lock.standing_at(path, self.dir)?.map(|m| m.mtime))
     }
 
     fn keep_fresh(&self, lock: &HeldLock, mtime: i64) {

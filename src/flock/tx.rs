@@ -813,7 +813,7 @@ impl<D: Dir> FlockTx<'_, D> {
 
 impl<F> Idle for Slot<F> {
     fn idle(&self) -> bool {
-        self.local.is_none() && self.pending_sweep.is_none()
+        self.local.is_none() && !self.owes_sweep()
     }
 }
 

@@ -291,8 +291,12 @@ impl PgLease {
                     e.into_error("read the WAL position", None)
                 )
             })?;
-        // The section's own commit: on the server (its reply came).
-        super::tx::judge_reread(inner, conn, &wal, true).map(drop)
+        // The section's own commit, on the server (its reply came): only its durability is
+        // in question.
+        match super::tx::judge_reread(inner, conn, &wal, true)? {
+            true => Ok(()),
+            false => Err("the server did not show the section's commit".to_owned()),
+        }
     }
 
     /// Whether this instance holds `lease`'s generation (its liveness lock).
