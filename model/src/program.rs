@@ -20,8 +20,9 @@
 //! what it opened, the directory's fsync, the clock) are made in the same step. At the visible
 //! call after that the step ends: that call and every one after it fails without acting, and
 //! the run is discarded. A wait for a transition lock held by another description is a step
-//! not enabled until the lock is free (the kernel's `flock` waits). Closing a file is a call too (the handle's `drop`), so
-//! a dropped liveness file releases its lock exactly where the adapter drops it.
+//! not enabled until the lock is free (the kernel's `flock` waits). Closing a file is a call
+//! too (the handle's `drop`), so a dropped liveness file releases its lock exactly where the
+//! adapter drops it.
 //!
 //! The transition lock's attempt is the library's too (`flock::sys::lock_once_on`, the
 //! kernel's `files::lock_once` over its own seam, `LockSteps`: the descriptor kept from the
@@ -44,8 +45,8 @@
 //! holding no lock but, after a grant, its generation's liveness lock, and **leaves no
 //! temporary file of its own**; **the registry prunes exactly what loses nothing** (between
 //! calls, `driver::keeps` of the slot's `Idle` lets the registry drop the instance's entry
-//! exactly when the process holds no lock in the directory and its slot owes no sweep). Each holds
-//! outside the window POSIX leaves between the commit check's stat of `<stem>.lock` and the
+//! exactly when the process holds no lock in the directory and its slot owes no sweep). Each
+//! holds outside the window POSIX leaves between the commit check's stat of `<stem>.lock` and the
 //! rename (PROTOCOL §11): the cleaner does not act while a process is in it (the lease model
 //! shows that window reachable).
 //!
@@ -550,10 +551,20 @@ impl<'a> Sim<'a> {
         (self.me, self.opened.get())
     }
 
-    /// A stat of `name` (visible).
+    /// A stat of `name` (visible): the inode there, if any (`None`: the step ended).
+    #[track_caller]
+    fn stat(&self, name: &str) -> Option<Option<u8>> {
+        match self.call(true, |f| Some(Answer::Standing(f.names.get(name).copied())))? {
+            Answer::Standing(ino) => Some(ino),
+            _ => None,
+        }
+    }
+
+    /// The commit check's stat of `name` (visible), which opens or keeps the window the
+    /// cleaner does not act in (see [`Proc::in_window`]).
     fn standing_name(&self, name: &str) -> Option<Option<u8>> {
         let fresh = self.pos.get() == self.log.borrow().len();
-        let answer = self.call(true, |f| Some(Answer::Standing(f.names.get(name).copied())));
+        let answer = self.stat(name);
         if fresh && answer.is_some() {
             if name == self.lock {
                 self.kind.set(1);
@@ -561,10 +572,7 @@ impl<'a> Sim<'a> {
                 self.kind.set(2);
             }
         }
-        match answer? {
-            Answer::Standing(ino) => Some(ino),
-            _ => None,
-        }
+        answer
     }
 }
 
@@ -642,12 +650,7 @@ impl<'a> LockSteps for &'a Sim<'a> {
     fn at(&self, lock: &SimFile<'a>, path: &Path) -> io::Result<Option<i64>> {
         // A stat of the path (not the commit check's: it opens no window, so the cleaner may
         // act while the attempt waits, and right after its check).
-        let n = name(path);
-        let here = match self.call(true, |f| Some(Answer::Standing(f.names.get(&n).copied()))) {
-            Some(Answer::Standing(ino)) => Some(ino),
-            _ => None,
-        };
-        match here {
+        match self.stat(&name(path)) {
             // The model has no modification times: a lock is never old.
             Some(here) => Ok((here == Some(lock.ino)).then_some(0)),
             None => Err(io::Error::other("the model's step ends here")),

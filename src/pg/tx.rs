@@ -505,7 +505,8 @@ impl PgTx<'_> {
 
 /// What a re-read after a commit whose reply never came proves (or, for a fenced section's
 /// commit whose reply came, whether it is durable), as [`durable::verdict`] judges it:
-/// `Ok(false)` when the row did not hold our record (`ours`: nothing was committed), `Ok(true)` once the synchronous standbys that must confirm commits (as
+/// `Ok(false)` when the row did not hold our record (`ours`: nothing was committed),
+/// `Ok(true)` once the synchronous standbys that must confirm commits (as
 /// `synchronous_standby_names` = `names` says) have confirmed WAL position `lsn`, both read
 /// from `wal` (a row of [`durable::WAL_POSITION`]), asking on `conn` until its reply bound.
 /// `Err` says why a commit found on the server is not known durable.
